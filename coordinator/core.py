@@ -1,0 +1,155 @@
+"""The coordinator: owns stem and head, discovers nodes, plans and executes paths."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from layerswarm.models.checkpoint import ModelDirError, read_manifest
+from layerswarm.models.checkpoint import load_stem_head as load_parts
+from layerswarm.wire import codec
+
+from .clients import ClientPool
+from .discovery import MdnsDiscovery
+from .executor import ExecOptions, PathExecutor, PathResult
+from .health import HealthMonitor
+from .metrics import CoordinatorMetrics
+from .planner import Policy, plan_path
+from .registry import FamilySpec, Registry
+from .settings import CoordinatorSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClassifyOptions:
+    top_k: int = 5
+    policy: Policy | None = None  # None: the family's default
+    seed: int | None = None
+    min_blocks: int | None = None
+    max_blocks: int | None = None
+    exit_confidence: float | None = None  # early exit once the head is this sure (after min_blocks)
+
+
+@dataclass
+class Classification:
+    probs: torch.Tensor  # (B, classes)
+    path: PathResult
+    policy: Policy
+    seed: int
+    elapsed_ms: float
+
+
+def family_spec(settings: CoordinatorSettings) -> FamilySpec:
+    """The coordinator's family, with the weights its own and sibling manifests vouch for."""
+    own = read_manifest(settings.model_dir)
+    known: dict[tuple[str, int], str] = {}
+    for model_dir in (settings.model_dir, *settings.family_dirs):
+        manifest = own if model_dir == settings.model_dir else read_manifest(model_dir)
+        if manifest.family_id != own.family_id:
+            raise ModelDirError(f"{model_dir} is of family {manifest.family_id}, not {own.family_id}")
+        for i in range(manifest.config.depth):
+            known[(manifest.model_id, i)] = manifest.block_sha256(i)
+    cfg = own.config
+    return FamilySpec(own.family_id, cfg.depth, cfg.num_tokens, cfg.dim, known)
+
+
+class Coordinator:
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.manifest = read_manifest(settings.model_dir)
+        self.config = self.manifest.config
+        self.stem, self.head = load_parts(settings.model_dir, self.manifest)
+        self.registry = Registry(family_spec(settings), settings.eject_after, settings.quarantine_s)
+        self.pool = ClientPool()
+        self.executor = PathExecutor(self.registry, self.pool)
+        self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
+        self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces) if settings.mdns else None
+        self.metrics = CoordinatorMetrics(self.registry)
+        self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
+        self.spec = codec.TensorSpec((None, self.config.num_tokens, self.config.dim), max_batch=settings.max_batch)
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
+        self.in_flight = 0
+        torch.set_num_threads(settings.threads)
+        for peer in settings.peers:
+            self.registry.add_candidate(peer, "static")
+
+    @property
+    def shuffle_robust(self) -> bool:
+        return self.config.shuffle_robust
+
+    @property
+    def default_policy(self) -> Policy:
+        if self.settings.default_policy != "auto":
+            return Policy(self.settings.default_policy)
+        return Policy.SHUFFLE if self.shuffle_robust else Policy.SEQUENTIAL
+
+    async def start(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.start()
+        await self.monitor.check_all()
+        self.monitor.start()
+
+    async def stop(self) -> None:
+        await self.monitor.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
+        await self.pool.close()
+        self._compute.shutdown(wait=False, cancel_futures=True)
+
+    def ready(self) -> tuple[bool, str]:
+        depth = self.registry.reachable_depth()
+        need = self.settings.min_blocks
+        if depth >= need:
+            return True, f"{depth} of {self.config.depth} blocks reachable (minimum {need})"
+        return False, f"only {depth} of {self.config.depth} blocks reachable, minimum depth is {need}"
+
+    async def classify(self, images: torch.Tensor, opts: ClassifyOptions) -> Classification:
+        """images: (B, C, H, W) float32 in [0, 1]. Raises DepthError when too few blocks can run."""
+        started = time.monotonic()
+        policy = opts.policy or self.default_policy
+        seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**31)
+        rng = random.Random(seed)
+        min_blocks = opts.min_blocks if opts.min_blocks is not None else self.settings.min_blocks
+        x = await self._run_local(self.stem, images)
+        plan = plan_path(policy, self.registry.routable_by_block(), self.config.depth, rng, opts.max_blocks,
+                         preferred_model=self.manifest.model_id)
+        exec_opts = ExecOptions(
+            hop_timeout_s=self.settings.hop_timeout_s, deadline=started + self.settings.request_timeout_s,
+            min_blocks=min_blocks, shuffle_robust=self.shuffle_robust and policy is not Policy.SEQUENTIAL,
+            wire_dtype=self.wire_dtype, spec=self.spec, request_id=uuid.uuid4().hex[:16],
+            early_exit=self._confident(opts.exit_confidence) if opts.exit_confidence else None,
+        )
+        result = await self.executor.run(x, plan, exec_opts, rng)
+        logits = await self._run_local(self.head, result.activations)
+        for hop in result.hops:
+            self.metrics.hops.labels(hop.outcome).inc()
+        if result.exited_early:
+            self.metrics.early_exits.inc()
+        return Classification(logits.softmax(-1), result, policy, seed, (time.monotonic() - started) * 1e3)
+
+    def _confident(self, threshold: float):  # type: ignore[no-untyped-def]
+        async def check(x: torch.Tensor) -> bool:
+            probs = (await self._run_local(self.head, x)).softmax(-1)
+            return bool((probs.max(-1).values >= threshold).all())
+
+        return check
+
+    async def _run_local(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        def compute() -> torch.Tensor:
+            with torch.inference_mode():
+                return module(x)
+
+        return await asyncio.get_running_loop().run_in_executor(self._compute, compute)
+
+
+def load_family_dirs(paths: list[Path]) -> tuple[Path, ...]:
+    return tuple(p for p in paths if (p / "manifest.json").is_file())

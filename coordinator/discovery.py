@@ -1,0 +1,74 @@
+"""Node discovery: zeroconf's async browser for `_layerswarm._tcp.local.`, plus static peers.
+
+A record adds a candidate (or marks it ignored when it advertises another family); a goodbye removes
+it. Whether a candidate is routable is decided by the health monitor, never by mDNS alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from zeroconf import IPVersion, ServiceStateChange, Zeroconf
+from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+from layerswarm.wire.discovery import SERVICE_TYPE, Advert
+
+from .registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class MdnsDiscovery:
+    def __init__(self, registry: Registry, interfaces: tuple[str, ...] = ()) -> None:
+        self.registry = registry
+        self.interfaces = list(interfaces)
+        self._zc: AsyncZeroconf | None = None
+        self._browser: AsyncServiceBrowser | None = None
+        self._addresses: dict[str, str] = {}  # instance name -> HOST:PORT
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        kwargs = {"interfaces": self.interfaces} if self.interfaces else {}
+        self._zc = AsyncZeroconf(ip_version=IPVersion.V4Only, **kwargs)  # type: ignore[arg-type]
+        self._browser = AsyncServiceBrowser(self._zc.zeroconf, [SERVICE_TYPE], handlers=[self._on_change])
+
+    async def stop(self) -> None:
+        if self._browser is not None:
+            await self._browser.async_cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._zc is not None:
+            await self._zc.async_close()
+
+    def _on_change(self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
+        if state_change is ServiceStateChange.Removed:
+            address = self._addresses.pop(name, None)
+            if address is not None:
+                log.info("mDNS goodbye from %s (%s)", name, address)
+                self.registry.remove(address)
+            return
+        task = asyncio.ensure_future(self._resolve(service_type, name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve(self, service_type: str, name: str) -> None:
+        assert self._zc is not None
+        info = AsyncServiceInfo(service_type, name)
+        if not await info.async_request(self._zc.zeroconf, 3000):
+            log.warning("could not resolve mDNS record %s", name)
+            return
+        addresses = info.parsed_addresses(IPVersion.V4Only)
+        if not addresses or info.port is None:
+            log.warning("mDNS record %s has no IPv4 address or port", name)
+            return
+        address = f"{addresses[0]}:{info.port}"
+        try:
+            advert = Advert.from_txt(info.properties)
+        except ValueError as exc:
+            log.warning("ignoring mDNS record %s: %s", name, exc)
+            return
+        self._addresses[name] = address
+        record = self.registry.add_candidate(address, "mdns", advert.family)
+        log.info("discovered %s at %s (family %s, block %d): %s", name, address, advert.family, advert.block,
+                 record.state.value)

@@ -1,0 +1,182 @@
+"""Pushes activations through a planned path, hop by hop, routing around whatever fails.
+
+Per hop: try the planned node; on an error, timeout or malformed reply, try the same block index on
+another node (another model of the family); for shuffle-robust families, any block not used yet; when
+nothing can stand in, skip the hop. The request fails only if fewer than `min_blocks` blocks ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grpc
+import torch
+
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .clients import ClientPool
+from .planner import Plan, substitutes
+from .registry import NodeRecord, Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Attempt:
+    node: str
+    model_id: str | None
+    block: int
+    error: str
+
+
+@dataclass
+class Hop:
+    position: int
+    planned_block: int
+    block: int | None = None  # the block that actually ran (None: skipped)
+    node: str | None = None
+    model_id: str | None = None
+    latency_ms: float = 0.0
+    outcome: str = "ok"  # ok | substituted | skipped
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["latency_ms"] = round(self.latency_ms, 3)
+        return data
+
+
+@dataclass
+class PathResult:
+    activations: torch.Tensor
+    hops: list[Hop]
+    unreachable: list[int]
+    exited_early: bool = False
+
+    @property
+    def depth(self) -> int:
+        return sum(1 for h in self.hops if h.block is not None)
+
+
+class DepthError(RuntimeError):
+    """Fewer blocks ran than the request's minimum depth: the coordinator answers 503 with this."""
+
+
+@dataclass
+class ExecOptions:
+    hop_timeout_s: float
+    deadline: float  # absolute time.monotonic() by which the path must be done
+    min_blocks: int
+    shuffle_robust: bool
+    wire_dtype: torch.dtype
+    spec: codec.TensorSpec
+    request_id: str
+    early_exit: Callable[[torch.Tensor], Awaitable[bool]] | None = None  # True: confident enough to stop
+
+
+class HopFailed(Exception):
+    def __init__(self, message: str, quarantine: bool = False) -> None:
+        super().__init__(message)
+        self.quarantine = quarantine
+
+
+class PathExecutor:
+    def __init__(self, registry: Registry, pool: ClientPool) -> None:
+        self.registry = registry
+        self.pool = pool
+
+    async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
+        hops: list[Hop] = []
+        used: set[int] = set()
+        for step_index, step in enumerate(plan.steps):
+            position = sum(1 for h in hops if h.block is not None)
+            hop = Hop(position=position, planned_block=step.block)
+            hops.append(hop)
+            if step.block in used:  # a substitute already ran this block index
+                hop.outcome = "skipped"
+                continue
+            planned_later = {s.block for s in plan.steps[step_index + 1 :]}
+            result = await self._run_hop(x, hop, step.candidates, used, planned_later, opts, rng)
+            if result is not None:
+                x = result
+                if opts.early_exit is not None and position + 1 >= opts.min_blocks and await opts.early_exit(x):
+                    return PathResult(x, hops, plan.unreachable, exited_early=True)
+        result = PathResult(x, hops, plan.unreachable)
+        if result.depth < opts.min_blocks:
+            raise DepthError(f"only {result.depth} blocks could run (minimum {opts.min_blocks}); "
+                             f"unreachable blocks {plan.unreachable}, "
+                             f"skipped {[h.planned_block for h in hops if h.block is None]}")
+        return result
+
+    async def _run_hop(self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], used: set[int],
+                       planned_later: set[int], opts: ExecOptions, rng: random.Random) -> torch.Tensor | None:
+        tried: set[str] = set()
+        for record in self._alternatives(hop, candidates, used, planned_later, opts, rng, tried):
+            if time.monotonic() >= opts.deadline:
+                hop.attempts.append(Attempt(record.address, None, record.block, "request deadline reached"))
+                break
+            tried.add(record.address)
+            started = time.monotonic()
+            try:
+                out = await self._call(record, x, hop.position, opts)
+            except HopFailed as exc:
+                ident = record.identity
+                hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block,
+                                            str(exc)))
+                if exc.quarantine:
+                    self.registry.quarantine(record.address, str(exc))
+                else:
+                    self.registry.record_failure(record.address, str(exc))
+                continue
+            latency_ms = (time.monotonic() - started) * 1e3
+            self.registry.record_success(record.address, latency_ms)
+            hop.block, hop.node, hop.latency_ms = record.block, record.address, latency_ms
+            hop.model_id = record.identity.model_id if record.identity else None
+            hop.outcome = "ok" if not hop.attempts else "substituted"
+            used.add(record.block)
+            return out
+        hop.outcome = "skipped"
+        return None
+
+    def _alternatives(self, hop: Hop, candidates: list[NodeRecord], used: set[int], planned_later: set[int],
+                      opts: ExecOptions, rng: random.Random, tried: set[str]):  # type: ignore[no-untyped-def]
+        """Planned candidates first; then (robust families) nodes of spare block indices."""
+        for record in candidates:
+            if record.routable and record.address not in tried:
+                yield record
+        if opts.shuffle_robust:
+            by_block = self.registry.routable_by_block()
+            for _block, record in substitutes(by_block, used, planned_later | {hop.planned_block}, rng, tried):
+                if record.routable and record.address not in tried:
+                    yield record
+
+    async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, opts: ExecOptions) -> torch.Tensor:
+        timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
+        request = pb.ForwardRequest(request_id=opts.request_id, activations=codec.encode(x, opts.wire_dtype),
+                                    position=position, path_length=0)
+        record.in_flight += 1
+        try:
+            reply = await self.pool.get(record.address).block.Forward(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise HopFailed(f"{exc.code().name}: {exc.details()}") from exc
+        except asyncio.TimeoutError as exc:
+            raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
+        finally:
+            record.in_flight -= 1
+        try:
+            out = codec.decode(reply.activations, opts.spec)
+            if out.shape != x.shape:
+                raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
+            if out.dtype != opts.wire_dtype:
+                raise codec.TensorError(f"reply dtype {out.dtype}, asked for {opts.wire_dtype}")
+        except codec.TensorError as exc:
+            log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
+            raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
+        return out.to(torch.float32)

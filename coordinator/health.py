@@ -1,0 +1,79 @@
+"""Liveness and identity: Info for who a node is, grpc.health.v1 for whether it serves.
+
+mDNS is only a membership hint: a SIGKILLed node never says goodbye and its record lingers, so
+ejection and re-admission come from here (and from request failures in the executor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .clients import ClientPool
+from .registry import NodeIdentity, NodeState, Registry
+
+log = logging.getLogger(__name__)
+HEALTH_SERVICE = "layerswarm.v1.BlockNode"
+
+
+def identity_from_info(info: pb.NodeInfo) -> NodeIdentity:
+    return NodeIdentity(
+        family_id=info.family_id, model_id=info.model_id, block=info.block_index, variant=info.variant,
+        weights_sha256=info.weights_sha256, boot_id=info.boot_id, protocol_version=info.protocol_version,
+        depth=info.depth, tokens=info.tokens, dim=info.dim, shuffle_robust=info.shuffle_robust,
+        device=info.device,
+    )
+
+
+class HealthMonitor:
+    def __init__(self, registry: Registry, pool: ClientPool, interval_s: float, timeout_s: float) -> None:
+        self.registry = registry
+        self.pool = pool
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._task: asyncio.Task[None] | None = None
+        self.rounds = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="health-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.interval_s)
+
+    async def check_all(self) -> None:
+        records = [r for r in self.registry.nodes.values()
+                   if not (r.state is NodeState.IGNORED and r.identity is None and r.advert_family)]
+        await asyncio.gather(*(self.check(r.address) for r in records))
+        self.rounds += 1
+
+    async def check(self, address: str) -> None:
+        client = self.pool.get(address)
+        record = self.registry.nodes.get(address)
+        if record is None:
+            return
+        try:
+            if record.identity is None or record.state is not NodeState.HEALTHY:
+                # Identity can change under one address (a restarted node): re-read it before re-admitting.
+                info = await client.block.Info(pb.InfoRequest(), timeout=self.timeout_s)
+                self.registry.admit(address, identity_from_info(info))
+            reply = await client.health.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE),
+                                              timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            self.registry.health_failed(address, f"health check: {exc.code().name}")
+            return
+        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+            self.registry.health_ok(address)
+        else:
+            self.registry.eject(address, "node reports NOT_SERVING (draining)")

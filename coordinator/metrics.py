@@ -1,0 +1,42 @@
+"""The coordinator's Prometheus metrics (its own registry, exposed at GET /metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .registry import NodeState, Registry
+
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _SwarmCollector(Collector):
+    """Node counts by state, read from the registry at scrape time (never stale)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.swarm = registry
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily("layerswarm_nodes", "Known nodes by state", labels=["state"])
+        for state in NodeState:
+            gauge.add_metric([state.value], sum(1 for r in self.swarm.nodes.values() if r.state is state))
+        yield gauge
+        depth = GaugeMetricFamily("layerswarm_reachable_depth", "Distinct block indices routable now")
+        depth.add_metric([], self.swarm.reachable_depth())
+        yield depth
+
+
+class CoordinatorMetrics:
+    def __init__(self, swarm: Registry) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("layerswarm_requests", "Classification requests by HTTP status", ["status"],
+                                registry=self.registry)
+        self.latency = Histogram("layerswarm_request_seconds", "End-to-end classification latency",
+                                 buckets=REQUEST_BUCKETS, registry=self.registry)
+        self.hops = Counter("layerswarm_hops", "Hops by outcome", ["outcome"], registry=self.registry)
+        self.early_exits = Counter("layerswarm_early_exits", "Requests that stopped early, confident",
+                                   registry=self.registry)
+        self.registry.register(_SwarmCollector(swarm))

@@ -1,0 +1,83 @@
+"""Plans a path through the swarm for one request: pure logic over a registry snapshot.
+
+A path is an ordered list of steps; each step names one block index (used at most once per path) and
+the nodes that can serve it, best first. Nodes of any model of the family serve a block index, so a
+missing node is substituted by the same block of a sibling model before anything is skipped.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import Enum
+
+from .registry import NodeRecord
+
+
+class Policy(str, Enum):
+    SEQUENTIAL = "sequential"  # block index order: the only order a baseline-trained family survives
+    SHUFFLE = "shuffle"  # a fresh random order per request, as LayerShuffle trained for
+    FASTEST = "fastest"  # least loaded / lowest latency node per block
+
+
+@dataclass
+class Step:
+    block: int
+    candidates: list[NodeRecord]
+
+
+@dataclass
+class Plan:
+    steps: list[Step]
+    unreachable: list[int]  # block indices with no routable node (skipped before the request starts)
+
+
+def plan_path(
+    policy: Policy,
+    by_block: dict[int, list[NodeRecord]],
+    depth: int,
+    rng: random.Random,
+    max_blocks: int | None = None,
+    preferred_model: str | None = None,
+) -> Plan:
+    """Choose the blocks, their order, and each step's candidate nodes (best first)."""
+    present = [b for b in range(depth) if by_block.get(b)]
+    unreachable = [b for b in range(depth) if not by_block.get(b)]
+    limit = len(present) if max_blocks is None else min(max_blocks, len(present))
+    if policy is Policy.SHUFFLE:
+        blocks = rng.sample(present, limit)
+    else:
+        # Pruned sequential paths keep blocks spread over the depth, in order (as in the paper).
+        blocks = _spread(present, limit)
+    steps = [Step(block=b, candidates=rank_candidates(policy, by_block[b], rng, preferred_model)) for b in blocks]
+    return Plan(steps=steps, unreachable=unreachable)
+
+
+def rank_candidates(policy: Policy, nodes: list[NodeRecord], rng: random.Random,
+                    preferred_model: str | None) -> list[NodeRecord]:
+    if policy is Policy.FASTEST:
+        return sorted(nodes, key=lambda r: (r.score(), r.address))
+    shuffled = list(nodes)
+    rng.shuffle(shuffled)  # spread load over the family's models
+    if policy is Policy.SEQUENTIAL and preferred_model is not None:
+        # Sequential order is what a non-robust model was trained for: its own blocks first.
+        shuffled.sort(key=lambda r: r.identity is None or r.identity.model_id != preferred_model)
+    return shuffled
+
+
+def substitutes(by_block: dict[int, list[NodeRecord]], used: set[int], planned: set[int], rng: random.Random,
+                exclude: set[str]) -> list[tuple[int, NodeRecord]]:
+    """For shuffle-robust families: nodes of block indices neither used nor planned, in random order."""
+    spare = [(b, r) for b, nodes in by_block.items() if b not in used and b not in planned for r in nodes
+             if r.address not in exclude]
+    rng.shuffle(spare)
+    return spare
+
+
+def _spread(blocks: list[int], k: int) -> list[int]:
+    if k >= len(blocks):
+        return list(blocks)
+    if k <= 0:
+        return []
+    picks = sorted({round(i * (len(blocks) - 1) / max(1, k - 1)) for i in range(k)}) if k > 1 else [0]
+    return [blocks[i] for i in picks]

@@ -1,0 +1,222 @@
+"""The swarm as the coordinator sees it: pure bookkeeping, no sockets, testable with a fake clock.
+
+Membership comes from hints (mDNS records, static peers); identity from the node's own Info reply;
+liveness from health checks and real traffic. A node is routable only once all three agree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from layerswarm.wire.discovery import PROTOCOL_VERSION
+
+
+class NodeState(str, Enum):
+    PENDING = "pending"  # heard of, identity not confirmed yet
+    HEALTHY = "healthy"  # routable
+    EJECTED = "ejected"  # failing health checks or requests; re-admitted when it recovers
+    QUARANTINED = "quarantined"  # returned malformed activations; re-admitted only after a cool-down
+    IGNORED = "ignored"  # not ours (other family, protocol, shape, or refused weights)
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What a node says it serves (from its Info reply)."""
+
+    family_id: str
+    model_id: str
+    block: int
+    variant: str
+    weights_sha256: str
+    boot_id: str
+    protocol_version: int
+    depth: int
+    tokens: int
+    dim: int
+    shuffle_robust: bool
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What the coordinator serves: nodes must match this to be routable."""
+
+    family_id: str
+    depth: int
+    tokens: int
+    dim: int
+    known_weights: dict[tuple[str, int], str] = field(default_factory=dict)  # (model, block) -> sha256
+
+
+@dataclass
+class NodeRecord:
+    address: str
+    source: str  # "mdns" or "static"
+    state: NodeState = NodeState.PENDING
+    reason: str = "waiting for Info"
+    identity: NodeIdentity | None = None
+    advert_family: str | None = None
+    consecutive_failures: int = 0
+    ewma_ms: float | None = None
+    in_flight: int = 0
+    served: int = 0
+    failed: int = 0
+    last_ok: float | None = None
+    state_since: float = 0.0
+
+    @property
+    def block(self) -> int:
+        return -1 if self.identity is None else self.identity.block
+
+    @property
+    def routable(self) -> bool:
+        return self.state is NodeState.HEALTHY
+
+    def score(self) -> float:
+        """Lower is better: expected latency inflated by queue depth (for the `fastest` policy)."""
+        latency = self.ewma_ms if self.ewma_ms is not None else 1.0
+        return latency * (1 + self.in_flight)
+
+    def to_json(self) -> dict[str, Any]:
+        ident = self.identity
+        return {
+            "address": self.address, "source": self.source, "state": self.state.value, "reason": self.reason,
+            "family_id": ident.family_id if ident else self.advert_family,
+            "model_id": ident.model_id if ident else None, "block": ident.block if ident else None,
+            "variant": ident.variant if ident else None, "device": ident.device if ident else None,
+            "boot_id": ident.boot_id if ident else None,
+            "weights_sha256": ident.weights_sha256 if ident else None,
+            "ewma_latency_ms": None if self.ewma_ms is None else round(self.ewma_ms, 3),
+            "in_flight": self.in_flight, "served": self.served, "failed": self.failed,
+            "consecutive_failures": self.consecutive_failures,
+        }
+
+
+class Registry:
+    EWMA_ALPHA = 0.2
+
+    def __init__(self, family: FamilySpec, eject_after: int = 2, quarantine_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.family = family
+        self.eject_after = eject_after
+        self.quarantine_s = quarantine_s
+        self.clock = clock
+        self.nodes: dict[str, NodeRecord] = {}
+
+    # --- membership --------------------------------------------------------------------------------------
+
+    def add_candidate(self, address: str, source: str, advert_family: str | None = None) -> NodeRecord:
+        record = self.nodes.get(address)
+        if record is None:
+            record = NodeRecord(address=address, source=source, state_since=self.clock())
+            self.nodes[address] = record
+        if advert_family is not None:
+            record.advert_family = advert_family
+            if advert_family != self.family.family_id:
+                self._set(record, NodeState.IGNORED, f"advertises family {advert_family}, not ours")
+        return record
+
+    def remove(self, address: str) -> None:
+        self.nodes.pop(address, None)
+
+    def admit(self, address: str, identity: NodeIdentity) -> NodeRecord:
+        """Record what a node says it is, and decide whether it is one of ours."""
+        record = self.nodes.get(address) or self.add_candidate(address, "static")
+        if record.identity is not None and record.identity.boot_id != identity.boot_id:
+            record.ewma_ms, record.consecutive_failures = None, 0  # a new incarnation starts fresh
+        record.identity = identity
+        refusal = self._refusal(identity)
+        if refusal:
+            self._set(record, NodeState.IGNORED, refusal)
+        elif record.state in (NodeState.PENDING, NodeState.IGNORED):
+            self._set(record, NodeState.HEALTHY, "ok")
+        return record
+
+    def _refusal(self, ident: NodeIdentity) -> str | None:
+        fam = self.family
+        if ident.protocol_version != PROTOCOL_VERSION:
+            return f"protocol v{ident.protocol_version}, coordinator speaks v{PROTOCOL_VERSION}"
+        if ident.family_id != fam.family_id:
+            return f"family {ident.family_id}, not ours ({fam.family_id})"
+        if (ident.tokens, ident.dim) != (fam.tokens, fam.dim) or not 0 <= ident.block < fam.depth:
+            return f"shape (T={ident.tokens}, D={ident.dim}, block {ident.block}) does not fit the family"
+        expected = fam.known_weights.get((ident.model_id, ident.block))
+        if expected is not None and expected != ident.weights_sha256:
+            return "weights sha256 differs from the family manifest"
+        return None
+
+    # --- liveness ----------------------------------------------------------------------------------------
+
+    def record_success(self, address: str, latency_ms: float) -> None:
+        record = self.nodes.get(address)
+        if record is None:
+            return
+        record.served += 1
+        record.consecutive_failures = 0
+        record.last_ok = self.clock()
+        a = self.EWMA_ALPHA
+        record.ewma_ms = latency_ms if record.ewma_ms is None else (1 - a) * record.ewma_ms + a * latency_ms
+        if record.state is NodeState.EJECTED:
+            self._set(record, NodeState.HEALTHY, "recovered")
+
+    def record_failure(self, address: str, reason: str) -> None:
+        record = self.nodes.get(address)
+        if record is None:
+            return
+        record.failed += 1
+        record.consecutive_failures += 1
+        if record.state is NodeState.HEALTHY and record.consecutive_failures >= self.eject_after:
+            self._set(record, NodeState.EJECTED, reason)
+
+    def eject(self, address: str, reason: str) -> None:
+        record = self.nodes.get(address)
+        if record is not None and record.state is NodeState.HEALTHY:
+            self._set(record, NodeState.EJECTED, reason)
+
+    def quarantine(self, address: str, reason: str) -> None:
+        record = self.nodes.get(address)
+        if record is not None and record.state is not NodeState.IGNORED:
+            record.failed += 1
+            self._set(record, NodeState.QUARANTINED, reason)
+
+    def health_ok(self, address: str) -> None:
+        record = self.nodes.get(address)
+        if record is None or record.identity is None:
+            return
+        record.consecutive_failures = 0
+        if record.state is NodeState.EJECTED:
+            self._set(record, NodeState.HEALTHY, "recovered")
+        elif record.state is NodeState.QUARANTINED and self.clock() - record.state_since >= self.quarantine_s:
+            self._set(record, NodeState.HEALTHY, "quarantine over")
+
+    def health_failed(self, address: str, reason: str) -> None:
+        record = self.nodes.get(address)
+        if record is None:
+            return
+        record.consecutive_failures += 1
+        if record.state is NodeState.HEALTHY and record.consecutive_failures >= self.eject_after:
+            self._set(record, NodeState.EJECTED, reason)
+
+    def _set(self, record: NodeRecord, state: NodeState, reason: str) -> None:
+        if record.state is not state:
+            record.state_since = self.clock()
+        record.state, record.reason = state, reason
+
+    # --- views -------------------------------------------------------------------------------------------
+
+    def routable_by_block(self) -> dict[int, list[NodeRecord]]:
+        by_block: dict[int, list[NodeRecord]] = {}
+        for record in self.nodes.values():
+            if record.routable:
+                by_block.setdefault(record.block, []).append(record)
+        return by_block
+
+    def reachable_depth(self) -> int:
+        return len(self.routable_by_block())
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in sorted(self.nodes.values(), key=lambda r: (r.block, r.address))]

@@ -1,0 +1,30 @@
+"""Coordinator settings: built once from the command line, passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    model_dir: Path
+    family_dirs: tuple[Path, ...] = ()  # sibling model dirs whose manifests vouch for nodes' weights
+    peers: tuple[str, ...] = ()  # static HOST:PORT nodes (networks without multicast, Kubernetes)
+    mdns: bool = True
+    mdns_interfaces: tuple[str, ...] = ()
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 0.5
+    eject_after: int = 2
+    quarantine_s: float = 30.0
+    hop_timeout_s: float = 2.0
+    request_timeout_s: float = 10.0
+    min_blocks: int = 1
+    default_policy: str = "auto"  # auto: shuffle for shuffle-robust families, else sequential
+    wire_dtype: str = "fp32"
+    max_batch: int = 64
+    max_upload_bytes: int = 4 * 1024 * 1024
+    max_concurrent_requests: int = 64
+    threads: int = 1

@@ -1,0 +1,233 @@
+"""The model directory format: a manifest plus one safetensors file per part.
+
+    DIR/manifest.json            format version, ids, variant, config, recipe, dataset, metrics, file hashes
+    DIR/stem.safetensors         patch embedding, class token, position embedding
+    DIR/head.safetensors         final norm and classifier
+    DIR/block_00.safetensors ... one file per block, so a node can fetch and verify one block alone
+
+Ids are derived, never typed: the model id hashes the config and every file's sha256; the family id
+hashes the architecture and the lineage root (the birth hash of the from-scratch ancestor, or the hash
+of an imported checkpoint). Blocks of one family may be mixed; a model cannot claim a family whose
+architecture it does not have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .config import ViTConfig
+from .vit import Block, Head, Stem, ViT
+
+FORMAT = "layerswarm.model"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ModelDirError(ValueError):
+    """A model directory is missing, tampered with, or inconsistent (message says which and how)."""
+
+
+def block_file(index: int) -> str:
+    return f"block_{index:02d}.safetensors"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def derive_family_id(cfg: ViTConfig, lineage_root: str) -> str:
+    return "fam-" + hashlib.sha256(_canonical({"arch": cfg.architecture(), "root": lineage_root})).hexdigest()[:16]
+
+
+def derive_model_id(cfg: ViTConfig, file_hashes: dict[str, str]) -> str:
+    return "mdl-" + hashlib.sha256(_canonical({"config": cfg.to_dict(), "files": file_hashes})).hexdigest()[:16]
+
+
+def birth_hash(model: nn.Module) -> str:
+    """A stable hash of freshly initialised weights: the lineage root of a from-scratch model."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return "birth-" + digest.hexdigest()[:24]
+
+
+@dataclass
+class Lineage:
+    root: str  # birth hash of the from-scratch ancestor, or hash of an imported checkpoint
+    parent: str | None = None  # model id this one was fine-tuned from
+    source: str = "scratch"  # scratch | model | huggingface
+
+
+@dataclass
+class Manifest:
+    config: ViTConfig
+    lineage: Lineage
+    files: dict[str, str]  # file name -> sha256
+    model_id: str
+    family_id: str
+    recipe: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def variant(self) -> str:
+        return self.config.variant
+
+    def block_sha256(self, index: int) -> str:
+        return self.files[block_file(index)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model_id": self.model_id,
+            "family_id": self.family_id,
+            "variant": self.config.variant,
+            "lineage": vars(self.lineage),
+            "config": self.config.to_dict(),
+            "recipe": self.recipe,
+            "dataset": self.dataset,
+            "metrics": self.metrics,
+            "files": {name: {"sha256": sha} for name, sha in sorted(self.files.items())},
+        }
+
+
+def save_model(
+    model: ViT,
+    out_dir: str | os.PathLike[str],
+    lineage: Lineage,
+    recipe: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> Manifest:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts: dict[str, nn.Module] = {"stem.safetensors": model.stem, "head.safetensors": model.head}
+    parts.update({block_file(i): block for i, block in enumerate(model.blocks)})
+    files: dict[str, str] = {}
+    for name, module in parts.items():
+        tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+        save_file(tensors, str(out / name), metadata={"format": FORMAT})
+        files[name] = sha256_file(out / name)
+    cfg = model.cfg
+    manifest = Manifest(
+        config=cfg,
+        lineage=lineage,
+        files=files,
+        model_id=derive_model_id(cfg, files),
+        family_id=derive_family_id(cfg, lineage.root),
+        recipe=recipe or {},
+        dataset=dataset or {},
+        metrics=metrics or {},
+    )
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n")
+    tmp.replace(out / MANIFEST)  # atomic: a reader never sees a half-written manifest
+    return manifest
+
+
+def read_manifest(model_dir: str | os.PathLike[str]) -> Manifest:
+    """Parse and check a manifest's own consistency (ids re-derived); file hashes are checked on load."""
+    path = Path(model_dir) / MANIFEST
+    if not path.is_file():
+        raise ModelDirError(f"{model_dir}: no {MANIFEST} (is this a layerswarm model directory?)")
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
+            raise ModelDirError(
+                f"{path}: format {raw.get('format')!r} v{raw.get('format_version')!r}, "
+                f"expected {FORMAT!r} v{FORMAT_VERSION}"
+            )
+        cfg = ViTConfig.from_dict(raw["config"])
+        manifest = Manifest(
+            config=cfg,
+            lineage=Lineage(**raw["lineage"]),
+            files={name: entry["sha256"] for name, entry in raw["files"].items()},
+            model_id=raw["model_id"],
+            family_id=raw["family_id"],
+            recipe=raw.get("recipe", {}),
+            dataset=raw.get("dataset", {}),
+            metrics=raw.get("metrics", {}),
+        )
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+        if isinstance(exc, ModelDirError):
+            raise
+        raise ModelDirError(f"{path}: malformed manifest ({exc})") from exc
+    expected_files = {"stem.safetensors", "head.safetensors"} | {block_file(i) for i in range(cfg.depth)}
+    if set(manifest.files) != expected_files:
+        raise ModelDirError(f"{path}: lists files {sorted(manifest.files)}, expected {sorted(expected_files)}")
+    if manifest.model_id != derive_model_id(cfg, manifest.files):
+        raise ModelDirError(f"{path}: model_id does not match its config and file hashes (edited manifest?)")
+    if manifest.family_id != derive_family_id(cfg, manifest.lineage.root):
+        raise ModelDirError(f"{path}: family_id does not derive from its architecture and lineage")
+    return manifest
+
+
+def verified_tensors(model_dir: str | os.PathLike[str], manifest: Manifest, name: str) -> dict[str, torch.Tensor]:
+    """Load one part's tensors after checking its sha256 against the manifest."""
+    path = Path(model_dir) / name
+    if name not in manifest.files:
+        raise ModelDirError(f"{model_dir}: the manifest lists no file {name!r}")
+    if not path.is_file():
+        raise ModelDirError(f"{path}: missing (the manifest lists it)")
+    actual = sha256_file(path)
+    if actual != manifest.files[name]:
+        raise ModelDirError(
+            f"{path}: sha256 {actual[:16]}... does not match the manifest's {manifest.files[name][:16]}... "
+            "(tampered or corrupted weights)"
+        )
+    return load_file(str(path))
+
+
+def _load_into(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
+    try:
+        module.load_state_dict(tensors, strict=True)
+    except RuntimeError as exc:
+        raise ModelDirError(f"{where}: weights do not fit the config ({exc})") from exc
+
+
+def load_block(model_dir: str | os.PathLike[str], index: int, manifest: Manifest | None = None) -> Block:
+    manifest = manifest or read_manifest(model_dir)
+    depth = manifest.config.depth
+    if not 0 <= index < depth:
+        raise ModelDirError(f"block index {index} out of range: {model_dir} has blocks 0..{depth - 1}")
+    block = Block(manifest.config)
+    _load_into(block, verified_tensors(model_dir, manifest, block_file(index)), f"{model_dir}/{block_file(index)}")
+    return block.eval()
+
+
+def load_stem_head(model_dir: str | os.PathLike[str], manifest: Manifest | None = None) -> tuple[Stem, Head]:
+    manifest = manifest or read_manifest(model_dir)
+    stem, head = Stem(manifest.config), Head(manifest.config)
+    _load_into(stem, verified_tensors(model_dir, manifest, "stem.safetensors"), f"{model_dir}/stem")
+    _load_into(head, verified_tensors(model_dir, manifest, "head.safetensors"), f"{model_dir}/head")
+    return stem.eval(), head.eval()
+
+
+def load_model(model_dir: str | os.PathLike[str]) -> tuple[ViT, Manifest]:
+    manifest = read_manifest(model_dir)
+    model = ViT(manifest.config)
+    stem, head = load_stem_head(model_dir, manifest)
+    model.stem.load_state_dict(stem.state_dict())
+    model.head.load_state_dict(head.state_dict())
+    for i in range(manifest.config.depth):
+        model.blocks[i].load_state_dict(load_block(model_dir, i, manifest).state_dict())
+    return model.eval(), manifest

@@ -1,0 +1,186 @@
+"""`layerswarm train`, `family` and `eval`: the model side of the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import ModelDirError, read_manifest, save_model
+from .config import VARIANTS
+from .data import load_dataset
+from .evaluate import EvalPlan, check_targets, evaluate_models
+from .train import Trainer, TrainRecipe, build_model
+
+log = logging.getLogger(__name__)
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH")
+    p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach (default: %(default)s)")
+    p.add_argument("--out", required=True, type=Path, help="model directory to write")
+    p.add_argument("--init", help="start from a model directory (fine-tune: same family) or hf:PATH (a local "
+                                  "Hugging Face ViT with config.json + model.safetensors); default: from scratch")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0, help="training seed (order of batches, block orders, init)")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine-decayed after warm-up")
+    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--no-augment", action="store_true", help="turn off flips and small shifts")
+    p.add_argument("--depth", type=int, default=6, help="blocks (from scratch only)")
+    p.add_argument("--dim", type=int, default=64, help="embedding size D (from scratch only)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (from scratch only)")
+    p.add_argument("--patch-size", type=int, default=8, help="patch side P (from scratch only)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
+
+
+def train_main(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    data = load_dataset(args.data, seed=args.data_seed)
+    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": args.patch_size}
+    model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
+    recipe = TrainRecipe(variant=args.variant, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                         weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, seed=args.seed,
+                         augment=not args.no_augment, threads=args.threads)
+    trainer = Trainer(model, data, recipe, device, args.out / ".train_state")
+    if args.resume:
+        trainer.load_state()
+    trainer.fit()
+    model = trainer.model.cpu().eval()
+    metrics = _quick_metrics(model, data)
+    recipe_record = {**asdict(recipe), "init": args.init, "command": _command_line(),
+                     "history": trainer.history, "seconds": round(time.perf_counter() - started, 1)}
+    dataset = {**data.describe(), "data_seed": args.data_seed}
+    manifest = save_model(model, args.out, lineage, recipe=recipe_record, dataset=dataset, metrics=metrics)
+    print(json.dumps({"event": "trained", "out": str(args.out), "model_id": manifest.model_id,
+                      "family_id": manifest.family_id, "variant": args.variant, **metrics}))
+    return 0
+
+
+@torch.inference_mode()
+def _quick_metrics(model: Any, data: Any, orders: int = 5) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(0)
+    x, y = data.test_x, data.test_y
+    seq = float((model(x).argmax(-1) == y).float().mean())
+    depth = len(model.blocks)
+    arb = [float((model(x, torch.randperm(depth, generator=gen).tolist()).argmax(-1) == y).float().mean())
+           for _ in range(orders)]
+    return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
+
+
+def _command_line() -> str:
+    return "layerswarm " + " ".join(sys.argv[1:])
+
+
+def add_family_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base", required=True, type=Path, help="model directory every member is fine-tuned from")
+    p.add_argument("--members", type=int, default=4, help="how many members (default: %(default)s)")
+    p.add_argument("--out", required=True, type=Path, help="folder for the members (OUT/<prefix>-<i>)")
+    p.add_argument("--prefix", default="member", help="member directory prefix (default: %(default)s)")
+    p.add_argument("--variant", choices=VARIANTS, default="layershuffle")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--first-seed", type=int, default=1, help="member i trains with seed FIRST_SEED + i")
+    p.add_argument("--jobs", type=int, default=2, help="members trained in parallel, one thread each")
+    p.add_argument("--data", help="data spec (default: the base model's)")
+
+
+def family_main(args: argparse.Namespace) -> int:
+    base = read_manifest(args.base)
+    data = args.data or base.dataset.get("spec")
+    if not data:
+        raise SystemExit("layerswarm family: --data is needed (the base manifest names no dataset)")
+    data_seed = str(base.dataset.get("data_seed", 0))
+    cmds = []
+    for i in range(args.members):
+        out = args.out / f"{args.prefix}-{i}"
+        cmds.append([sys.executable, "-m", "layerswarm", "train", "--data", data, "--data-seed", data_seed,
+                     "--variant", args.variant, "--init", str(args.base), "--out", str(out), "--epochs",
+                     str(args.epochs), "--lr", str(args.lr), "--seed", str(args.first_seed + i), "--threads", "1"])
+    failed = _run_parallel(cmds, args.jobs)
+    if failed:
+        print(f"layerswarm family: {failed} member(s) failed", file=sys.stderr)
+        return 1
+    for i in range(args.members):
+        m = read_manifest(args.out / f"{args.prefix}-{i}")
+        print(f"{args.prefix}-{i}: {m.model_id} family {m.family_id} seq {m.metrics.get('test_sequential')} "
+              f"arb {m.metrics.get('test_arbitrary')}")
+    return 0
+
+
+def _run_parallel(cmds: list[list[str]], jobs: int) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pending, running, failed = list(cmds), [], 0
+    while pending or running:
+        while pending and len(running) < max(1, jobs):
+            running.append(subprocess.Popen(pending.pop(0), env=env))
+        time.sleep(0.5)
+        for proc in [p for p in running if p.poll() is not None]:
+            running.remove(proc)
+            failed += proc.returncode != 0
+    return failed
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_dirs", nargs="+", type=Path, help="model directories (a family's members, baselines...)")
+    p.add_argument("--json", type=Path, required=True, help="write the report here")
+    p.add_argument("--plots", type=Path, help="write figures (PNG) into this folder")
+    p.add_argument("--data", help="data spec (default: the first model's)")
+    p.add_argument("--orders", type=int, default=10, help="random orders per arbitrary-order figure (>= 10)")
+    p.add_argument("--merges", type=int, default=20, help="random merged models per family (>= 20)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def eval_main(args: argparse.Namespace) -> int:
+    try:
+        first = read_manifest(args.model_dirs[0])
+    except ModelDirError as exc:
+        raise SystemExit(f"layerswarm eval: {exc}") from exc
+    spec = args.data or first.dataset.get("spec")
+    if not spec:
+        raise SystemExit("layerswarm eval: --data is needed (the manifest names no dataset)")
+    data = load_dataset(spec, seed=int(first.dataset.get("data_seed", 0)))
+    report = evaluate_models([str(d) for d in args.model_dirs], data,
+                             EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed))
+    report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.plots:
+        from .plots import plot_merged, plot_pruning
+
+        args.plots.mkdir(parents=True, exist_ok=True)
+        plot_pruning(report, args.plots / "accuracy_vs_blocks.png")
+        if report["groups"]:
+            plot_merged(report, args.plots / "merged.png")
+    print(render_table(report))
+    return 0
+
+
+def render_table(report: dict[str, Any]) -> str:
+    lines = ["| model | variant | sequential | arbitrary (mean ± std) |", "| --- | --- | --- | --- |"]
+    for name, m in report["models"].items():
+        a = m["arbitrary"]
+        lines.append(f"| {name} | {m['variant']} | {m['sequential']:.4f} | {a['mean']:.4f} ± {a['std']:.4f} |")
+    for key, g in report["groups"].items():
+        lines.append(f"| merged ({len(g['members'])} members) | {g['variant']} | "
+                     f"{g['merged_sequential']['mean']:.4f} | {g['merged']['mean']:.4f} ± {g['merged']['std']:.4f} |")
+        lines.append(f"| ensemble ({len(g['members'])} members) | {g['variant']} | {g['ensemble_sequential']:.4f} | "
+                     f"{g['ensemble']:.4f} |")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Model hyperparameters: one dataclass, saved beside the weights in every model directory."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+VARIANTS = ("baseline", "layershuffle", "layershuffle-position", "layershuffle-predict", "layerdrop")
+# Variants whose blocks were trained to work at any position (the coordinator may shuffle them).
+SHUFFLE_ROBUST_VARIANTS = frozenset({"layershuffle", "layershuffle-position", "layershuffle-predict"})
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    image_size: int = 32
+    patch_size: int = 8
+    in_channels: int = 3
+    num_classes: int = 10
+    dim: int = 64
+    depth: int = 6
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-6
+    variant: str = "layershuffle"
+    position_dim: int = 32  # layershuffle-position: size of the per-block position embedding
+    layerdrop: float = 0.2  # layerdrop: probability of dropping a block during training
+    # A std of 0.02 (ViT-B's) made tiny models learn very slowly here; 1.0 trains fast.
+    pos_embed_init_std: float = 1.0
+    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    class_names: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.dim % self.heads:
+            raise ValueError(f"dim {self.dim} is not a multiple of heads {self.heads}")
+        if self.depth < 1:
+            raise ValueError("depth must be at least 1")
+        if not 0.0 <= self.layerdrop < 1.0:
+            raise ValueError("layerdrop must be in [0, 1)")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_patches + 1  # patches + class token
+
+    @property
+    def shuffle_robust(self) -> bool:
+        return self.variant in SHUFFLE_ROBUST_VARIANTS
+
+    def architecture(self) -> dict[str, Any]:
+        """The fields that decide tensor shapes: blocks can only be mixed when these agree."""
+        keys = ("image_size", "patch_size", "in_channels", "num_classes", "dim", "depth", "heads", "mlp_ratio")
+        arch = {k: getattr(self, k) for k in keys}
+        arch["block_kind"] = "position" if self.variant == "layershuffle-position" else "plain"
+        if self.variant == "layershuffle-position":
+            arch["position_dim"] = self.position_dim
+        return arch
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown config keys: {sorted(unknown)}")
+        values = dict(data)
+        for key in ("image_mean", "image_std", "class_names"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        return dataclasses.replace(self, **changes)

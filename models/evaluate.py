@@ -1,0 +1,172 @@
+"""The paper's experiments on any set of model directories.
+
+Per model: sequential accuracy, arbitrary-order accuracy over random orders, pruning to k blocks (in
+order and in arbitrary order). Per group of models (same family and variant, two or more members):
+merged "Frankenstein" models (each block index from a randomly assigned member, blocks spread evenly
+over the members, run in random order) and the ensemble of the members (mean logits).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from .checkpoint import Manifest, load_model
+from .data import Dataset
+from .vit import Block, ViT, run_blocks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalPlan:
+    orders: int = 10  # random orders per arbitrary-order figure
+    merges: int = 20  # random merged models per group
+    prune_trials: int = 5  # random subsets per pruned arbitrary-order figure
+    prune_ks: Sequence[int] | None = None  # None: 1..depth
+    seed: int = 0
+    batch_size: int = 1000
+
+
+@dataclass
+class Evaluated:
+    name: str
+    model: ViT
+    manifest: Manifest
+    stem_out: Tensor = field(default_factory=lambda: torch.empty(0))
+
+
+def accuracy(head: torch.nn.Module, x: Tensor, blocks: Sequence[Block], labels: Tensor) -> float:
+    return float((head(run_blocks(blocks, x)).argmax(-1) == labels).float().mean())
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+@torch.inference_mode()
+def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) -> dict[str, Any]:
+    rng = random.Random(plan.seed)
+    models = [_load(d, data) for d in model_dirs]
+    report: dict[str, Any] = {"dataset": data.describe(), "plan": {
+        "orders": plan.orders, "merges": plan.merges, "prune_trials": plan.prune_trials, "seed": plan.seed},
+        "models": {}, "groups": {}}
+    y = data.test_y
+    for ev in tqdm(models, desc="models", unit="model", disable=None):
+        report["models"][ev.name] = _evaluate_one(ev, y, plan, rng)
+    for key, members in _groups(models).items():
+        report["groups"][key] = _evaluate_group(members, report["models"], y, plan, rng)
+    return report
+
+
+def _load(model_dir: str, data: Dataset) -> Evaluated:
+    model, manifest = load_model(model_dir)
+    if manifest.config.num_classes != len(data.class_names):
+        raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has "
+                         f"{len(data.class_names)}")
+    name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
+    return Evaluated(name, model, manifest, model.stem(data.test_x))
+
+
+def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) -> dict[str, Any]:
+    blocks, head, x = list(ev.model.blocks), ev.model.head, ev.stem_out
+    depth = len(blocks)
+    arbitrary = [accuracy(head, x, _permuted(blocks, rng), y) for _ in range(plan.orders)]
+    pruned: dict[str, dict[str, float]] = {}
+    for k in plan.prune_ks or range(1, depth + 1):
+        if not 1 <= k <= depth:
+            continue
+        kept = _spread_indices(depth, k)
+        seq = accuracy(head, x, [blocks[i] for i in kept], y)
+        arb = [accuracy(head, x, rng.sample(blocks, k), y) for _ in range(plan.prune_trials)]
+        pruned[str(k)] = {"sequential": seq, "arbitrary": statistics.fmean(arb)}
+    return {"model_id": ev.manifest.model_id, "family_id": ev.manifest.family_id, "variant": ev.manifest.variant,
+            "sequential": accuracy(head, x, blocks, y), "arbitrary": summary(arbitrary), "pruned": pruned}
+
+
+def _evaluate_group(members: list[Evaluated], per_model: dict[str, Any], y: Tensor, plan: EvalPlan,
+                    rng: random.Random) -> dict[str, Any]:
+    first = members[0]
+    depth = len(first.model.blocks)
+    head, x = first.model.head, first.stem_out  # merged models keep the first member's stem and head
+    merged, merged_seq = [], []
+    for _ in range(plan.merges):
+        blocks = _merge(members, depth, rng)
+        merged_seq.append(accuracy(head, x, blocks, y))
+        merged.append(accuracy(head, x, _permuted(blocks, rng), y))
+    rows = [per_model[m.name] for m in members]
+    ks = rows[0]["pruned"].keys()
+    return {
+        "family_id": first.manifest.family_id, "variant": first.manifest.variant,
+        "members": [m.name for m in members],
+        "sequential": statistics.fmean(r["sequential"] for r in rows),
+        "arbitrary": summary([r["arbitrary"]["mean"] for r in rows]),
+        "pruned": {k: {o: statistics.fmean(r["pruned"][k][o] for r in rows) for o in ("sequential", "arbitrary")}
+                   for k in ks},
+        "merged": summary(merged), "merged_sequential": summary(merged_seq),
+        "ensemble": _ensemble(members, y, rng, shuffled=True),
+        "ensemble_sequential": _ensemble(members, y, rng, shuffled=False),
+        "best_member_arbitrary": max(r["arbitrary"]["mean"] for r in rows),
+    }
+
+
+def _ensemble(members: list[Evaluated], y: Tensor, rng: random.Random, shuffled: bool) -> float:
+    logits = torch.stack([m.model.head(run_blocks(_permuted(list(m.model.blocks), rng) if shuffled else
+                                                  list(m.model.blocks), m.stem_out)) for m in members]).mean(0)
+    return float((logits.argmax(-1) == y).float().mean())
+
+
+def _merge(members: list[Evaluated], depth: int, rng: random.Random) -> list[Block]:
+    """Block index i from member owner[i]; owners spread evenly (each member gives depth/K blocks)."""
+    owners = [i % len(members) for i in range(depth)]
+    rng.shuffle(owners)
+    return [members[o].model.blocks[i] for i, o in enumerate(owners)]
+
+
+def _permuted(blocks: list[Block], rng: random.Random) -> list[Block]:
+    return rng.sample(blocks, len(blocks))
+
+
+def _spread_indices(depth: int, k: int) -> list[int]:
+    if k == 1:
+        return [0]
+    return sorted({round(i * (depth - 1) / (k - 1)) for i in range(k)})
+
+
+def _groups(models: list[Evaluated]) -> dict[str, list[Evaluated]]:
+    groups: dict[str, list[Evaluated]] = {}
+    for ev in models:
+        groups.setdefault(f"{ev.manifest.family_id}/{ev.manifest.variant}", []).append(ev)
+    return {k: v for k, v in groups.items() if len(v) >= 2}
+
+
+def check_targets(report: dict[str, Any], chance: float) -> dict[str, Any]:
+    """The issue's targets, evaluated on a report (for the README and the CLI summary)."""
+    out: dict[str, Any] = {}
+    for key, g in report["groups"].items():
+        if g["variant"].startswith("layershuffle"):
+            arb = g["arbitrary"]["mean"]
+            out[key] = {
+                "arbitrary_over_sequential": arb / g["sequential"],
+                "merged_over_arbitrary": g["merged"]["mean"] / arb,
+                "ensemble_minus_best_member": g["ensemble"] - g["best_member_arbitrary"],
+                "pruning_monotone_arbitrary": _monotone([v["arbitrary"] for v in g["pruned"].values()]),
+            }
+    for name, m in report["models"].items():
+        if m["variant"] == "baseline":
+            out[name] = {"baseline_arbitrary_minus_chance": m["arbitrary"]["mean"] - chance,
+                         "pruning_monotone_arbitrary": _monotone([v["arbitrary"] for v in m["pruned"].values()])}
+    return out
+
+
+def _monotone(values: list[float], slack: float = 0.01) -> bool:
+    return all(b >= a - slack for a, b in zip(values, values[1:], strict=False))

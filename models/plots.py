@@ -1,0 +1,53 @@
+"""Figures like the paper's: accuracy against blocks kept (Figure 1), merged accuracies (Figure 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_pruning(report: dict[str, Any], path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, order in zip(axes, ("sequential", "arbitrary"), strict=True):
+        for name, m in report["models"].items():
+            ks = [int(k) for k in m["pruned"]]
+            ax.plot(ks, [m["pruned"][str(k)][order] for k in ks], marker="o", label=f"{name} ({m['variant']})")
+        ax.set_title(f"{order} order")
+        ax.set_xlabel("blocks kept")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Accuracy against blocks kept (cf. LayerShuffle, Figure 1)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_merged(report: dict[str, Any], path: Path) -> Path:
+    groups = report["groups"]
+    fig, ax = plt.subplots(figsize=(max(4, 3 * len(groups)), 4))
+    labels, positions = [], []
+    for i, (key, g) in enumerate(groups.items()):
+        base = i * 4
+        members = [report["models"][n]["arbitrary"]["mean"] for n in g["members"]]
+        ax.bar(base, sum(members) / len(members), color="tab:blue", label="members" if i == 0 else None)
+        ax.bar(base + 1, g["merged"]["mean"], yerr=g["merged"]["std"], color="tab:orange",
+               label="merged" if i == 0 else None, capsize=4)
+        ax.bar(base + 2, g["ensemble"], color="tab:green", label="ensemble" if i == 0 else None)
+        labels.append(f"{g['variant']}\n{key.split('/')[0][:12]}")
+        positions.append(base + 1)
+    ax.set_xticks(positions, labels, fontsize=8)
+    ax.set_ylabel("test accuracy, arbitrary order")
+    ax.set_title("Members, merged models and ensembles (cf. LayerShuffle, Figure 5)")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

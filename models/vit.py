@@ -1,0 +1,166 @@
+"""A pre-norm Vision Transformer in three parts that can run on different machines.
+
+    image (B, C, H, W) -> Stem -> (B, T, D) -> Block x depth (any order) -> (B, T, D) -> Head -> (B, classes)
+
+Every block takes its current position in the path, so position-aware variants can adapt to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ViTConfig
+
+
+class Stem(nn.Module):
+    """Normalisation, patch embedding, class token and learned position embedding.
+
+    Takes images in [0, 1]; the mean and std come from the config, so every caller agrees on them."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(cfg.image_mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(cfg.image_std).view(1, -1, 1, 1), persistent=False)
+        self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, cfg.num_tokens, cfg.dim) * cfg.pos_embed_init_std)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.patch_embed((images - self.mean) / self.std)  # (B, D, H/P, W/P)
+        x = x.flatten(2).transpose(1, 2)  # (B, N, D)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
+        x = torch.cat([cls, x], dim=1) + self.pos_embed  # (B, T, D)
+        return self.dropout(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.dropout = dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        qkv = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, heads, T, D/heads)
+        drop = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.fc2(F.gelu(self.fc1(x))))
+
+
+class PositionAdapter(nn.Module):
+    """LayerShuffle-position: concatenate a learned embedding of the current position to every
+    token, then LN -> Linear(D + P -> D) -> GELU -> Dropout, added to the input."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(cfg.depth, cfg.position_dim)
+        self.norm = nn.LayerNorm(cfg.dim + cfg.position_dim, eps=cfg.layer_norm_eps)
+        self.proj = nn.Linear(cfg.dim + cfg.position_dim, cfg.dim)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, position: int) -> Tensor:
+        pos = self.embed.weight[position].expand(x.shape[0], x.shape[1], -1)  # (B, T, P)
+        h = torch.cat([x, pos], dim=-1)  # (B, T, D + P)
+        return x + self.dropout(F.gelu(self.proj(self.norm(h))))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: the unit a node serves."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.depth = cfg.depth
+        self.position_adapter = PositionAdapter(cfg) if cfg.variant == "layershuffle-position" else None
+        self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg.dim, cfg.heads, cfg.dropout)
+        self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(cfg.dim, int(cfg.dim * cfg.mlp_ratio), cfg.dropout)
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+        # LayerShuffle-predict: a linear head that guesses the block's current position.
+        self.position_head = nn.Linear(cfg.dim, cfg.depth) if cfg.variant == "layershuffle-predict" else None
+
+    def forward(self, x: Tensor, position: int = 0) -> Tensor:
+        if not 0 <= position < self.depth:
+            raise ValueError(f"position {position} outside [0, {self.depth})")
+        if self.position_adapter is not None:
+            x = self.position_adapter(x, position)
+        x = x + self.attn_dropout(self.attn(self.norm1(x)))
+        return x + self.mlp(self.norm2(x))
+
+    def position_logits(self, out: Tensor) -> Tensor:
+        """(B, T, D) block output -> (B, depth) logits of the position it held (predict variant)."""
+        if self.position_head is None:
+            raise RuntimeError("this block has no position head (variant is not layershuffle-predict)")
+        return self.position_head(F.layer_norm(out.mean(dim=1), out.shape[-1:]))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the classifier on the class token."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
+        self.classifier = nn.Linear(cfg.dim, cfg.num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.norm(x[:, 0]))  # (B, classes)
+
+
+class ViT(nn.Module):
+    """Stem, blocks and head, runnable in any block order (`order` lists block indices)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.stem = Stem(cfg)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
+        self.head = Head(cfg)
+        self.apply(_init_weights)
+
+    def forward(self, images: Tensor, order: Sequence[int] | None = None) -> Tensor:
+        return self.head(self.features(images, order))
+
+    def features(self, images: Tensor, order: Sequence[int] | None = None) -> Tensor:
+        x = self.stem(images)
+        for position, index in enumerate(self.default_order() if order is None else order):
+            x = self.blocks[index](x, position)
+        return x
+
+    def default_order(self) -> list[int]:
+        return list(range(len(self.blocks)))
+
+
+def run_blocks(blocks: Sequence[Block], x: Tensor) -> Tensor:
+    """Run an explicit list of blocks (possibly from several models) at positions 0..k-1."""
+    for position, block in enumerate(blocks):
+        x = block(x, position)
+    return x
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

@@ -1,0 +1,27 @@
+"""The shipped weights: a small family trained by this project's own trainer (see zoo/shapes/README.md)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from .checkpoint import Manifest, read_manifest
+
+SHIPPED = "shapes"
+
+
+def family_root(name: str = SHIPPED) -> Path:
+    return Path(str(resources.files("layerswarm.models") / "zoo" / name))
+
+
+def model_dirs(root: Path) -> list[tuple[Path, Manifest]]:
+    """Every model directory directly under `root`, sorted by name."""
+    found = [(p, read_manifest(p)) for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()]
+    if not found:
+        raise FileNotFoundError(f"no model directories under {root}")
+    return found
+
+
+def robust_members(root: Path) -> list[Path]:
+    """The shuffle-robust members of a family folder (the ones a swarm can mix and reorder)."""
+    return [p for p, m in model_dirs(root) if m.config.shuffle_robust]

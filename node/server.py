@@ -1,0 +1,112 @@
+"""Start a node: verify the block, serve gRPC (+ health, metrics), then advertise; drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import uuid
+
+import grpc
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from prometheus_client import start_http_server
+
+from layerswarm.models.checkpoint import read_manifest
+from layerswarm.wire.discovery import PROTOCOL_VERSION, Advert
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+from .advertise import Advertiser, routable_addresses
+from .metrics import NodeMetrics
+from .runtime import BlockRuntime, pick_device
+from .service import BlockService
+from .settings import NodeSettings
+
+log = logging.getLogger(__name__)
+HEALTH_SERVICE = "layerswarm.v1.BlockNode"
+
+
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ]
+
+
+class Node:
+    """A running node. `start()` returns once it serves and is advertised; `stop()` drains."""
+
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.boot_id = uuid.uuid4().hex
+        self.manifest = read_manifest(settings.model_dir)
+        torch.set_num_threads(settings.threads)
+        device = pick_device(settings.device)
+        self.runtime = BlockRuntime(str(settings.model_dir), settings.block, self.manifest, device)
+        self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
+        self.health = HealthServicer()
+        self.server = grpc.aio.server(options=grpc_options(settings.max_message_bytes))
+        self.port = 0
+        self.advertiser: Advertiser | None = None
+        self._metrics_server: object | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        pb_grpc.add_BlockNodeServicer_to_server(BlockService(self.runtime, s, self.metrics, self.boot_id),
+                                                self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        if self.port == 0:
+            raise OSError(f"could not bind {s.host}:{s.port}")
+        await self.server.start()
+        for service in ("", HEALTH_SERVICE):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if s.metrics_port is not None:
+            self._metrics_server = start_http_server(s.metrics_port, addr=s.host, registry=self.metrics.registry)
+        if s.advertise:  # only once gRPC answers: a browser may call us as soon as it sees the record
+            advert = Advert(family=self.manifest.family_id, model=self.manifest.model_id, block=s.block,
+                            variant=self.manifest.variant, proto=PROTOCOL_VERSION, boot=self.boot_id,
+                            sha=self.manifest.block_sha256(s.block)[:16])
+            addresses = [s.advertise_address] if s.advertise_address else routable_addresses(s.host)
+            self.advertiser = Advertiser(advert, self.manifest.model_id, self.port, addresses, s.mdns_interfaces)
+            await self.advertiser.start()
+
+    async def stop(self) -> None:
+        """Refuse new work (health NOT_SERVING), drain in-flight requests, then say goodbye on mDNS."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.settings.grace_s)
+        if self.advertiser is not None:
+            await self.advertiser.stop()
+        if self._metrics_server is not None:
+            server, _thread = self._metrics_server  # type: ignore[misc]
+            server.shutdown()
+        self.runtime.close()
+
+    def ready_line(self) -> str:
+        return json.dumps({"event": "ready", "role": "node", "host": self.settings.host, "port": self.port,
+                           "block": self.settings.block, "model_id": self.manifest.model_id,
+                           "family_id": self.manifest.family_id, "boot_id": self.boot_id})
+
+
+async def serve(settings: NodeSettings) -> None:
+    node = Node(settings)
+    await node.start()
+    print(node.ready_line(), flush=True)  # the CLI's own output: supervisors and tests wait for it
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining for up to %.1f s", settings.grace_s)
+    await node.stop()
+
+
+def run(settings: NodeSettings) -> int:
+    asyncio.run(serve(settings))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,124 @@
+"""The BlockNode gRPC servicer: validate, compute off the loop, answer with a precise status code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import torch
+
+from layerswarm import __version__
+from layerswarm.wire import codec
+from layerswarm.wire.discovery import PROTOCOL_VERSION
+from layerswarm.wire.v1 import block_pb2 as pb
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+from .metrics import NodeMetrics
+from .runtime import BlockRuntime
+from .settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A request the node refuses; carries the gRPC status to answer with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BlockService(pb_grpc.BlockNodeServicer):
+    def __init__(self, runtime: BlockRuntime, settings: NodeSettings, metrics: NodeMetrics, boot_id: str) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.metrics = metrics
+        self.boot_id = boot_id
+        cfg = runtime.manifest.config
+        self.spec = codec.TensorSpec(shape=(None, cfg.num_tokens, cfg.dim), max_batch=settings.max_batch,
+                                     max_bytes=settings.max_message_bytes)
+
+    async def Forward(self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext) -> pb.ForwardResponse:
+        self.metrics.requests.labels("Forward").inc()
+        try:
+            return await self._handle(request)
+        except RequestError as exc:
+            self.metrics.errors.labels(exc.code.name).inc()
+            await context.abort(exc.code, str(exc))
+            raise  # unreachable: abort raises
+
+    async def ForwardStream(self, request_iterator: AsyncIterator[pb.ForwardRequest],
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ForwardResponse]:
+        async for request in request_iterator:
+            self.metrics.requests.labels("ForwardStream").inc()
+            try:
+                yield await self._handle(request)
+            except RequestError as exc:
+                self.metrics.errors.labels(exc.code.name).inc()
+                await context.abort(exc.code, str(exc))
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.NodeInfo:
+        rt, cfg = self.runtime, self.runtime.manifest.config
+        return pb.NodeInfo(
+            family_id=rt.manifest.family_id, model_id=rt.manifest.model_id, block_index=rt.index,
+            variant=cfg.variant, weights_sha256=rt.manifest.block_sha256(rt.index), device=str(rt.device),
+            compute_dtype=codec.wire_dtype(rt.dtype), software_version=__version__,
+            protocol_version=PROTOCOL_VERSION, boot_id=self.boot_id, depth=cfg.depth, tokens=cfg.num_tokens,
+            dim=cfg.dim, max_batch=self.settings.max_batch, shuffle_robust=cfg.shuffle_robust,
+            load=pb.Load(in_flight=rt.in_flight, max_in_flight=self.settings.max_in_flight,
+                         ewma_latency_ms=rt.ewma_ms, served=rt.served),
+        )
+
+    async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
+        x, reply_dtype = self._validate(request)
+        if self.runtime.in_flight >= self.settings.max_in_flight:
+            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"node busy: {self.runtime.in_flight} requests in flight (limit "
+                               f"{self.settings.max_in_flight})")
+        self.metrics.in_flight.inc()
+        try:
+            out, ms = await self.runtime.forward(x, request.position)
+        except RuntimeError as exc:  # a device error, out of memory: the client must see why
+            log.exception("block compute failed")
+            raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.latency.observe(ms / 1e3)
+        out = await self._inject_faults(out)
+        return pb.ForwardResponse(request_id=request.request_id, activations=codec.encode(out, reply_dtype),
+                                  compute_ms=ms)
+
+    def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype]:
+        depth = self.runtime.manifest.config.depth
+        if not request.HasField("activations"):
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request has no activations")
+        if not 0 <= request.position < depth:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"position {request.position} outside [0, {depth}) for this model")
+        if request.HasField("token_mask"):
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_mask is reserved and not supported yet")
+        try:
+            x = codec.decode(request.activations, self.spec)
+            reply_dtype = x.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else codec.torch_dtype(
+                request.reply_dtype)
+        except codec.TensorError as exc:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
+        return x, reply_dtype
+
+    async def _inject_faults(self, out: torch.Tensor) -> torch.Tensor:
+        """Test-only misbehaviour (--fault-*): a slow or lying node, for the failure-injection suites."""
+        s = self.settings
+        if s.fault_delay_ms > 0:
+            started = time.perf_counter()
+            await asyncio.sleep(s.fault_delay_ms / 1e3)
+            log.debug("fault: delayed %.1f ms", (time.perf_counter() - started) * 1e3)
+        if s.fault_mode == "nan":
+            return torch.full_like(out, float("nan"))
+        if s.fault_mode == "shape":
+            return out[:, :-1]
+        if s.fault_mode == "dtype":
+            return out.to(torch.bfloat16)  # the coordinator asked for another dtype
+        return out

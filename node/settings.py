@@ -1,0 +1,27 @@
+"""Node settings: built once from the command line, passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    model_dir: Path
+    block: int
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port (reported on stdout when ready)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 1  # torch threads; idle nodes' spinning OpenMP threads steal cores from busy ones
+    max_in_flight: int = 16  # past this, RESOURCE_EXHAUSTED
+    max_batch: int = 64
+    max_message_bytes: int = 64 * 1024 * 1024
+    metrics_port: int | None = None  # Prometheus /metrics; None: off
+    advertise: bool = True  # mDNS (DNS-SD) announcement
+    advertise_address: str | None = None  # address put in the mDNS record; default: the bound host
+    mdns_interfaces: tuple[str, ...] = ()  # empty: all interfaces
+    grace_s: float = 5.0  # drain time on SIGTERM
+    # Test-only fault injection (failure-injection suites): never set in production.
+    fault_delay_ms: float = 0.0
+    fault_mode: str = "none"  # none | nan | shape | dtype

@@ -1,0 +1,5 @@
+import sys
+
+from layerswarm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,189 @@
+"""The `layerswarm` command line: train, family, eval, node, coordinator, up."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from . import __version__
+
+EXAMPLES = """\
+examples:
+  layerswarm up                                   # a local swarm from the shipped weights, end to end
+  layerswarm train --data shapes --variant layershuffle --out runs/ls
+  layerswarm family --base runs/base --members 4 --out runs/family
+  layerswarm eval runs/family/member-* --json report.json --plots figures/
+  layerswarm node --model-dir runs/family/member-0 --block 3 --host 0.0.0.0 --port 50051
+  layerswarm coordinator --model-dir runs/family/member-0 --http-port 8080
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but errors name the command and exit 2 without a traceback."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from layerswarm.models.commands import add_eval_args, add_family_args, add_train_args
+
+    parser = Parser(prog="layerswarm", description="Distributed edge inference: every transformer block is its "
+                    "own network node, and a coordinator routes through them in any order.", epilog=EXAMPLES,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"layerswarm {__version__}")
+    parser.add_argument("--log-level", default=os.environ.get("LAYERSWARM_LOG", "WARNING"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging verbosity (default: %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+
+    add_train_args(sub.add_parser("train", help="train one model (LayerShuffle and its variants, baselines)",
+                                  description="Train one model and write a model directory (manifest + "
+                                  "safetensors per stem, block and head)."))
+    add_family_args(sub.add_parser("family", help="fine-tune K members from one base: a mergeable family",
+                                   description="Fine-tune K models from one base model with different seeds. "
+                                   "Members share the base's family id, so their blocks can be mixed."))
+    add_eval_args(sub.add_parser("eval", help="the paper's experiments: orders, pruning, merging, ensembles",
+                                 description="Sequential and arbitrary-order accuracy, pruning, merged models "
+                                 "and ensembles, as JSON (and plots)."))
+    add_node_args(sub.add_parser("node", help="serve one block over gRPC, advertised over mDNS",
+                                 description="Load one block (sha256-verified), serve it over gRPC with health "
+                                 "checks and metrics, and advertise it as _layerswarm._tcp.local."))
+    add_coordinator_args(sub.add_parser("coordinator", help="discover nodes, route requests, serve HTTP",
+                                        description="Own stem and head, discover the family's nodes (mDNS and "
+                                        "static peers), and serve POST /v1/classify."))
+    add_up_args(sub.add_parser("up", help="run a local swarm end to end (the demo)",
+                               description="Start nodes from the shipped family, a coordinator, classify "
+                               "images over HTTP, kill nodes, and show requests still succeed."))
+    return parser
+
+
+def add_node_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-dir", required=True, type=Path, help="model directory holding the block")
+    p.add_argument("--block", required=True, type=int, help="index of the block to serve")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 on a LAN; default: %(default)s)")
+    p.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port; default: %(default)s)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--max-in-flight", type=int, default=16, help="past this: RESOURCE_EXHAUSTED")
+    p.add_argument("--max-batch", type=int, default=64, help="largest batch accepted")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
+    p.add_argument("--no-advertise", action="store_true", help="do not announce over mDNS (static peers only)")
+    p.add_argument("--advertise-address", help="address to put in the mDNS record (default: the bound host)")
+    p.add_argument("--mdns-interface", action="append", default=[], help="IP of an interface for mDNS (repeatable)")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM (default: %(default)s)")
+    p.add_argument("--fault-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # test-only
+    p.add_argument("--fault-mode", choices=["none", "nan", "shape", "dtype"], default="none", help=argparse.SUPPRESS)
+
+
+def add_coordinator_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-dir", required=True, type=Path, help="model directory: stem, head and family")
+    p.add_argument("--family-dir", action="append", type=Path, default=[],
+                   help="another member's model directory: its manifest vouches for its nodes' weights")
+    p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="static node (repeatable)")
+    p.add_argument("--no-mdns", action="store_true", help="static peers only (no multicast)")
+    p.add_argument("--mdns-interface", action="append", default=[], help="IP of an interface for mDNS (repeatable)")
+    p.add_argument("--http-host", default="127.0.0.1", help="HTTP bind address (default: %(default)s)")
+    p.add_argument("--http-port", type=int, default=8080, help="HTTP port (0: any free port; default: %(default)s)")
+    p.add_argument("--policy", default="auto", choices=["auto", "sequential", "shuffle", "fastest"],
+                   help="default path policy (auto: shuffle for shuffle-robust families)")
+    p.add_argument("--min-blocks", type=int, default=1, help="fail (503) below this depth (default: %(default)s)")
+    p.add_argument("--hop-timeout", type=float, default=2.0, help="seconds per hop before substituting")
+    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request, all hops")
+    p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")
+    p.add_argument("--wire-dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="activations on the wire")
+    p.add_argument("--max-upload-bytes", type=int, default=4 * 1024 * 1024, help="largest image accepted")
+
+
+def add_up_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, help="how many nodes (default: two models per block)")
+    p.add_argument("--kill", type=int, help="how many nodes to SIGKILL mid-run (default: a third)")
+    p.add_argument("--requests", type=int, default=40, help="requests before and after the kills (each)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    p.add_argument("--network", choices=["auto", "netns", "loopback"], default="auto",
+                   help="netns: mDNS inside a private network namespace; loopback: static peers on 127.0.0.1, "
+                        "no multicast; auto: netns when possible (default)")
+    p.add_argument("--family-dir", type=Path, help="folder of model directories (default: the shipped family)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _dispatch(args, sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, OSError) as exc:  # ModelDirError is a ValueError
+        print(f"layerswarm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.command == "train":
+        from layerswarm.models.commands import train_main
+
+        return train_main(args)
+    if args.command == "family":
+        from layerswarm.models.commands import family_main
+
+        return family_main(args)
+    if args.command == "eval":
+        from layerswarm.models.commands import eval_main
+
+        return eval_main(args)
+    if args.command == "node":
+        return _node(args)
+    if args.command == "coordinator":
+        return _coordinator(args)
+    return _up(args, argv)
+
+
+def _node(args: argparse.Namespace) -> int:
+    from layerswarm.node.server import run
+    from layerswarm.node.settings import NodeSettings
+
+    return run(NodeSettings(
+        model_dir=args.model_dir, block=args.block, host=args.host, port=args.port, device=args.device,
+        threads=args.threads, max_in_flight=args.max_in_flight, max_batch=args.max_batch,
+        metrics_port=args.metrics_port, advertise=not args.no_advertise, advertise_address=args.advertise_address,
+        mdns_interfaces=tuple(args.mdns_interface), grace_s=args.grace, fault_delay_ms=args.fault_delay_ms,
+        fault_mode=args.fault_mode))
+
+
+def _coordinator(args: argparse.Namespace) -> int:
+    from layerswarm.coordinator.server import run
+    from layerswarm.coordinator.settings import CoordinatorSettings
+
+    return run(CoordinatorSettings(
+        model_dir=args.model_dir, family_dirs=tuple(args.family_dir), peers=tuple(args.peer), mdns=not args.no_mdns,
+        mdns_interfaces=tuple(args.mdns_interface), http_host=args.http_host, http_port=args.http_port,
+        default_policy=args.policy, min_blocks=args.min_blocks, hop_timeout_s=args.hop_timeout,
+        request_timeout_s=args.request_timeout, health_interval_s=args.health_interval,
+        wire_dtype=args.wire_dtype, max_upload_bytes=args.max_upload_bytes))
+
+
+def _up(args: argparse.Namespace, argv: list[str]) -> int:
+    from . import netns
+    from .up import UpOptions, render, run_up, to_json
+
+    mdns = args.network != "loopback"
+    if mdns and not netns.in_private_netns():
+        if netns.can_unshare():
+            return netns.reexec_in_private_netns(argv)
+        if args.network == "netns":
+            print("layerswarm up: error: --network netns needs `unshare` (root or user namespaces)", file=sys.stderr)
+            return 2
+        print("layerswarm up: no private network namespace available: using static peers on 127.0.0.1 "
+              "(no multicast leaves this machine)", file=sys.stderr)
+        mdns = False
+    if mdns and not netns.loopback_multicast_ready():
+        print("layerswarm up: error: loopback has no multicast; run: " + netns.LOOPBACK_MULTICAST, file=sys.stderr)
+        return 2
+    summary = run_up(UpOptions(nodes=args.nodes, requests_per_phase=args.requests, kill=args.kill, mdns=mdns,
+                               family_dir=args.family_dir, seed=args.seed))
+    print(to_json(summary) if args.json else render(summary))
+    return 0 if summary["succeeded"] == summary["requests"] else 1

@@ -1,0 +1,47 @@
+"""Keep multicast off real networks: run mDNS work inside a private network namespace.
+
+`layerswarm up` (and the test runner) re-execute themselves under `unshare --net`, where only a
+loopback interface exists; multicast is routed to it so zeroconf works, and nothing reaches a LAN.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+LOOPBACK_MULTICAST = "ip link set lo up; ip link set lo multicast on; ip route add 224.0.0.0/4 dev lo 2>/dev/null; true"
+
+
+def interfaces() -> list[str]:
+    net = Path("/sys/class/net")
+    return sorted(p.name for p in net.iterdir()) if net.is_dir() else []
+
+
+def in_private_netns() -> bool:
+    """True when loopback is the only interface: multicast cannot leave this machine."""
+    return interfaces() == ["lo"]
+
+
+def loopback_multicast_ready() -> bool:
+    out = subprocess.run(["ip", "-o", "link", "show", "lo"], capture_output=True, text=True, check=False).stdout
+    return "MULTICAST" in out and ",UP" in out.replace("<", ",")
+
+
+def can_unshare() -> bool:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    flags = ["-n"] if os.geteuid() == 0 else ["-rn"]
+    probe = subprocess.run(["unshare", *flags, "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def reexec_in_private_netns(argv: list[str]) -> int:
+    """Run `python -m layerswarm ARGV` in a fresh network namespace with multicast on loopback."""
+    flags = ["-n"] if os.geteuid() == 0 else ["-rn"]
+    script = f'{LOOPBACK_MULTICAST}; exec "$@"'
+    cmd = ["unshare", *flags, "sh", "-c", script, "sh", sys.executable, "-m", "layerswarm", *argv]
+    env = {**os.environ, "LAYERSWARM_NETNS": "1"}
+    return subprocess.run(cmd, env=env, check=False).returncode

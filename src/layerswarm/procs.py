@@ -1,0 +1,105 @@
+"""Start layerswarm processes and wait for their ready line (used by `up`, tests and the chaos harness).
+
+Every server prints one JSON line {"event": "ready", ...} on stdout once it serves; waiting for it
+beats polling ports. Processes are ended by PID, only the ones started here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ProcessError(RuntimeError):
+    pass
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[str]
+    ready: dict[str, Any] = field(default_factory=dict)
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            os.kill(self.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.alive:
+            self.signal(signal.SIGCONT)  # a frozen process cannot handle SIGTERM
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+
+def layerswarm_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "layerswarm", *args]
+
+
+def spawn(name: str, cmd: Sequence[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> Proc:
+    """Start `cmd` and wait for its ready line; raise ProcessError with its output if it dies first."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    popen = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
+    proc = Proc(name, popen)
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_pump, args=(popen, proc.output, lines), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        if line.startswith('{"event": "ready"'):
+            proc.ready = json.loads(line)
+            return proc
+    proc.stop(2)
+    tail = "".join(proc.output[-30:])
+    raise ProcessError(f"{name} did not become ready (exit {popen.returncode}):\n{tail}")
+
+
+def _pump(popen: subprocess.Popen[str], sink: list[str], lines: queue.Queue[str | None]) -> None:
+    assert popen.stdout is not None
+    for line in popen.stdout:
+        sink.append(line)
+        del sink[:-200]  # keep the tail only: bounded memory for long runs
+        lines.put(line)
+    lines.put(None)
+
+
+def stop_all(procs: Sequence[Proc], timeout: float = 10.0) -> None:
+    for proc in procs:
+        if proc.alive:
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.popen.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(5)

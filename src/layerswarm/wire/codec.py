@@ -1,0 +1,120 @@
+"""The one tensor codec: torch.Tensor <-> layerswarm.v1.Tensor, with validation at every boundary.
+
+Bytes are little-endian and C-contiguous; bfloat16 travels as its raw 16-bit pattern. Decoding never
+trusts the sender: dtype, rank, shape, byte count, size limit and finiteness are all checked, and a
+violation raises TensorError with a message fit to send back as INVALID_ARGUMENT or HTTP 4xx.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .v1 import block_pb2 as pb
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_TO_WIRE = {torch.float32: pb.DTYPE_FLOAT32, torch.float16: pb.DTYPE_FLOAT16, torch.bfloat16: pb.DTYPE_BFLOAT16}
+_FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+if sys.byteorder != "little":  # pragma: no cover - every platform we target is little-endian
+    raise ImportError("layerswarm's wire codec assumes a little-endian host")
+
+
+class TensorError(ValueError):
+    """An incoming tensor is malformed, of the wrong shape or dtype, too large, or not finite."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a boundary accepts: rank and fixed dims (None = any, up to `max_batch` for dim 0)."""
+
+    shape: tuple[int | None, ...]
+    max_batch: int = 64
+    max_bytes: int = DEFAULT_MAX_BYTES
+    allow_non_finite: bool = False
+
+
+def dtype_by_name(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown wire dtype {name!r}: choose one of {', '.join(DTYPES)}") from None
+
+
+def wire_dtype(dtype: torch.dtype) -> int:
+    try:
+        return _TO_WIRE[dtype]
+    except KeyError:
+        raise TensorError(f"dtype {dtype} cannot travel; use one of {', '.join(DTYPES)}") from None
+
+
+def torch_dtype(wire: int) -> torch.dtype:
+    try:
+        return _FROM_WIRE[wire]
+    except KeyError:
+        raise TensorError(f"unsupported wire dtype {wire}; expected fp32, fp16 or bf16") from None
+
+
+def encode(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> pb.Tensor:
+    """Tensor -> message (raw bytes). Casts to `dtype` first when given (e.g. fp16 on the wire)."""
+    t = tensor.detach()
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    t = t.cpu().contiguous()
+    code = wire_dtype(t.dtype)
+    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t  # numpy has no bfloat16
+    return pb.Tensor(dtype=code, shape=list(t.shape), data=raw.numpy().tobytes())
+
+
+def decode(msg: pb.Tensor, spec: TensorSpec | None = None) -> torch.Tensor:
+    """Message -> tensor, validated against `spec`. The result owns its memory (writable)."""
+    dtype = torch_dtype(msg.dtype)
+    shape = tuple(int(d) for d in msg.shape)
+    if any(d < 0 for d in shape):
+        raise TensorError(f"negative dimension in shape {shape}")
+    if spec is not None:
+        check_shape(shape, spec)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = 1
+    for d in shape:
+        numel *= d
+    if len(msg.data) != numel * itemsize:
+        raise TensorError(f"tensor of shape {shape} and {itemsize}-byte elements needs {numel * itemsize} bytes, "
+                          f"got {len(msg.data)}")
+    limit = spec.max_bytes if spec else DEFAULT_MAX_BYTES
+    if len(msg.data) > limit:
+        raise TensorError(f"tensor of {len(msg.data)} bytes exceeds the {limit}-byte limit")
+    raw_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
+    tensor = torch.frombuffer(bytearray(msg.data), dtype=raw_dtype).reshape(shape) if numel else torch.empty(
+        shape, dtype=raw_dtype)
+    if dtype == torch.bfloat16:
+        tensor = tensor.view(torch.bfloat16)
+    if not (spec and spec.allow_non_finite) and numel and not bool(torch.isfinite(tensor).all()):
+        raise TensorError("tensor has NaN or Inf values")
+    return tensor
+
+
+def check_shape(shape: tuple[int, ...], spec: TensorSpec) -> None:
+    if len(shape) != len(spec.shape):
+        raise TensorError(f"expected a rank-{len(spec.shape)} tensor {_fmt(spec.shape)}, got shape {shape}")
+    for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
+        if want is not None and got != want:
+            raise TensorError(f"dim {axis} is {got}, expected {want} (shape {_fmt(spec.shape)}, got {shape})")
+    if shape and spec.shape[0] is None and not 1 <= shape[0] <= spec.max_batch:
+        raise TensorError(f"batch size {shape[0]} outside 1..{spec.max_batch}")
+
+
+def check_tensor(tensor: torch.Tensor, spec: TensorSpec) -> None:
+    """Validate an in-memory tensor (e.g. a node's reply at the coordinator) against a spec."""
+    check_shape(tuple(tensor.shape), spec)
+    if tensor.dtype not in _TO_WIRE:
+        raise TensorError(f"dtype {tensor.dtype} is not a wire dtype")
+    if not spec.allow_non_finite and not bool(torch.isfinite(tensor).all()):
+        raise TensorError("tensor has NaN or Inf values")
+
+
+def _fmt(shape: tuple[int | None, ...]) -> str:
+    return "(" + ", ".join("B" if d is None else str(d) for d in shape) + ")"

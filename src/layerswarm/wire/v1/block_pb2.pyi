@@ -1,0 +1,107 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_FLOAT16: _ClassVar[DType]
+    DTYPE_BFLOAT16: _ClassVar[DType]
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT32: DType
+DTYPE_FLOAT16: DType
+DTYPE_BFLOAT16: DType
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ForwardRequest(_message.Message):
+    __slots__ = ("request_id", "activations", "position", "path_length", "token_mask", "reply_dtype")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    PATH_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MASK_FIELD_NUMBER: _ClassVar[int]
+    REPLY_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    activations: Tensor
+    position: int
+    path_length: int
+    token_mask: Tensor
+    reply_dtype: DType
+    def __init__(self, request_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., path_length: _Optional[int] = ..., token_mask: _Optional[_Union[Tensor, _Mapping]] = ..., reply_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+
+class ForwardResponse(_message.Message):
+    __slots__ = ("request_id", "activations", "compute_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    activations: Tensor
+    compute_ms: float
+    def __init__(self, request_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Load(_message.Message):
+    __slots__ = ("in_flight", "max_in_flight", "ewma_latency_ms", "served")
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    EWMA_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    in_flight: int
+    max_in_flight: int
+    ewma_latency_ms: float
+    served: int
+    def __init__(self, in_flight: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., served: _Optional[int] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("family_id", "model_id", "block_index", "variant", "weights_sha256", "device", "compute_dtype", "software_version", "protocol_version", "boot_id", "load", "depth", "tokens", "dim", "max_batch", "shuffle_robust")
+    FAMILY_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_ROBUST_FIELD_NUMBER: _ClassVar[int]
+    family_id: str
+    model_id: str
+    block_index: int
+    variant: str
+    weights_sha256: str
+    device: str
+    compute_dtype: DType
+    software_version: str
+    protocol_version: int
+    boot_id: str
+    load: Load
+    depth: int
+    tokens: int
+    dim: int
+    max_batch: int
+    shuffle_robust: bool
+    def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ...) -> None: ...
