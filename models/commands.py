@@ -65,7 +65,7 @@ def train_main(args: argparse.Namespace) -> int:
     trainer.fit()
     model = trainer.model.cpu().eval()
     metrics = _quick_metrics(model, data)
-    recipe_record = {**asdict(recipe), "init": args.init, "command": _command_line(),
+    recipe_record = {**asdict(recipe), "init": args.init, "command": args.command_line,
                      "history": trainer.history, "seconds": round(time.perf_counter() - started, 1)}
     dataset = {**data.describe(), "data_seed": args.data_seed}
     manifest = save_model(model, args.out, lineage, recipe=recipe_record, dataset=dataset, metrics=metrics)
@@ -83,10 +83,6 @@ def _quick_metrics(model: Any, data: Any, orders: int = 5) -> dict[str, float]:
     arb = [float((model(x, torch.randperm(depth, generator=gen).tolist()).argmax(-1) == y).float().mean())
            for _ in range(orders)]
     return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
-
-
-def _command_line() -> str:
-    return "layerswarm " + " ".join(sys.argv[1:])
 
 
 def add_family_args(p: argparse.ArgumentParser) -> None:

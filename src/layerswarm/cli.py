@@ -111,10 +111,12 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.command_line = "layerswarm " + " ".join(argv)  # recorded in manifests: how a model was made
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return _dispatch(args, sys.argv[1:] if argv is None else argv)
+        return _dispatch(args, argv)
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, OSError) as exc:  # ModelDirError is a ValueError

@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny configs and model directories made in the test (no shipped weights needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from layerswarm.models.checkpoint import Lineage, birth_hash, save_model
+from layerswarm.models.config import ViTConfig
+from layerswarm.models.vit import ViT
+
+TINY = {"image_size": 16, "patch_size": 8, "dim": 32, "depth": 3, "heads": 2, "num_classes": 4}
+
+
+def tiny_config(variant: str = "layershuffle", **overrides: object) -> ViTConfig:
+    return ViTConfig(**{**TINY, "variant": variant, "class_names": ("a", "b", "c", "d"), **overrides})  # type: ignore
+
+
+def make_model_dir(path: Path, variant: str = "layershuffle", seed: int = 0, parent: tuple[ViT, str] | None = None,
+                   **overrides: object) -> Path:
+    """A model directory with random weights; with `parent`, a fine-tuned-looking sibling (same family)."""
+    torch.manual_seed(seed)
+    model = ViT(tiny_config(variant, **overrides))
+    if parent is None:
+        lineage = Lineage(root=birth_hash(model))
+    else:
+        base, root = parent
+        model.load_state_dict(base.state_dict())
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.01)
+        lineage = Lineage(root=root, parent="mdl-parent", source="model")
+    save_model(model, path, lineage, dataset={"spec": "shapes:64:32", "data_seed": 0})
+    return path
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return make_model_dir(tmp_path / "model")
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three members of one family (one random base, small perturbations), shuffle-robust variant."""
+    root = tmp_path_factory.mktemp("family")
+    base_dir = make_model_dir(root / "base", seed=1)
+    from layerswarm.models.checkpoint import load_model
+
+    base, manifest = load_model(base_dir)
+    return [make_model_dir(root / f"m{i}", seed=10 + i, parent=(base, manifest.lineage.root)) for i in range(3)]
