@@ -29,6 +29,7 @@ class Proc:
     popen: subprocess.Popen[str]
     ready: dict[str, Any] = field(default_factory=dict)
     output: list[str] = field(default_factory=list)
+    lines: queue.Queue[str | None] = field(default_factory=queue.Queue, repr=False)
 
     @property
     def pid(self) -> int:
@@ -59,17 +60,21 @@ def layerswarm_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "layerswarm", *args]
 
 
-def spawn(name: str, cmd: Sequence[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> Proc:
-    """Start `cmd` and wait for its ready line; raise ProcessError with its output if it dies first."""
+def launch(name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> Proc:
+    """Start `cmd` (one torch thread unless told otherwise); its output is kept and scanned for readiness."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     popen = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
     proc = Proc(name, popen)
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump, args=(popen, proc.output, lines), daemon=True).start()
+    threading.Thread(target=_pump, args=(popen, proc.output, proc.lines), daemon=True).start()
+    return proc
+
+
+def wait_ready(proc: Proc, timeout: float = 60.0) -> Proc:
+    """Wait for the ready line; raise ProcessError with the process's output if it dies or stalls."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            line = lines.get(timeout=0.1)
+            line = proc.lines.get(timeout=0.1)
         except queue.Empty:
             continue
         if line is None:
@@ -79,7 +84,21 @@ def spawn(name: str, cmd: Sequence[str], timeout: float = 60.0, env: dict[str, s
             return proc
     proc.stop(2)
     tail = "".join(proc.output[-30:])
-    raise ProcessError(f"{name} did not become ready (exit {popen.returncode}):\n{tail}")
+    raise ProcessError(f"{proc.name} did not become ready (exit {proc.popen.returncode}):\n{tail}")
+
+
+def spawn(name: str, cmd: Sequence[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> Proc:
+    return wait_ready(launch(name, cmd, env), timeout)
+
+
+def spawn_many(specs: Sequence[tuple[str, Sequence[str]]], timeout: float = 90.0) -> list[Proc]:
+    """Start every process first, then wait for each: start-up (imports) overlaps."""
+    procs = [launch(name, cmd) for name, cmd in specs]
+    try:
+        return [wait_ready(p, timeout) for p in procs]
+    except ProcessError:
+        stop_all(procs)
+        raise
 
 
 def _pump(popen: subprocess.Popen[str], sink: list[str], lines: queue.Queue[str | None]) -> None:

@@ -25,7 +25,7 @@ from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
 
-from .procs import Proc, layerswarm_cmd, spawn, stop_all
+from .procs import Proc, layerswarm_cmd, spawn, spawn_many, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,12 @@ def start_swarm(opts: UpOptions) -> tuple[list[Proc], Proc, list[Path]]:
     members = robust_members(root)
     depth = read_manifest(members[0]).config.depth
     count = opts.nodes or depth * min(2, len(members))
-    nodes = []
+    specs = []
+    for i, (model_dir, block) in enumerate(node_layout(members, depth, count)):
+        args = ["node", "--model-dir", str(model_dir), "--block", str(block), "--host", "127.0.0.1", "--port", "0"]
+        specs.append((f"node-{i}", layerswarm_cmd(*args, *([] if opts.mdns else ["--no-advertise"]))))
+    nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
-        for i, (model_dir, block) in enumerate(node_layout(members, depth, count)):
-            args = ["node", "--model-dir", str(model_dir), "--block", str(block), "--host", "127.0.0.1", "--port", "0"]
-            nodes.append(spawn(f"node-{i}", layerswarm_cmd(*args, *([] if opts.mdns else ["--no-advertise"])),
-                               opts.timeout_s))
         peers = [] if opts.mdns else [f"--peer=127.0.0.1:{n.ready['port']}" for n in nodes]
         coord_args = ["coordinator", "--model-dir", str(members[0]), "--http-port", "0", "--health-interval", "0.5",
                       *[f"--family-dir={m}" for m in members[1:]], *peers, *([] if opts.mdns else ["--no-mdns"])]

@@ -1,0 +1,49 @@
+"""Helpers for tests that start real node processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from layerswarm.coordinator.core import Coordinator
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.procs import Proc, layerswarm_cmd, spawn, spawn_many
+
+
+def node_cmd(model_dir: Path, block: int, port: int = 0, *extra: str) -> list[str]:
+    return layerswarm_cmd("node", "--model-dir", str(model_dir), "--block", str(block), "--host", "127.0.0.1",
+                          "--port", str(port), "--grace", "0.5", *extra)
+
+
+def start_nodes(layout: list[tuple[Path, int]], *extra: str) -> list[Proc]:
+    return spawn_many([(f"node-{d.name}-{b}", node_cmd(d, b, 0, "--no-advertise", *extra)) for d, b in layout])
+
+
+def restart_node(model_dir: Path, block: int, port: int) -> Proc:
+    return spawn(f"node-{model_dir.name}-{block}-again", node_cmd(model_dir, block, port, "--no-advertise"))
+
+
+def address(proc: Proc) -> str:
+    return f"127.0.0.1:{proc.ready['port']}"
+
+
+def coordinator(model_dir: Path, nodes: list[Proc], **overrides: object) -> Coordinator:
+    values: dict[str, object] = {"health_interval_s": 0.2, "health_timeout_s": 0.3, "hop_timeout_s": 1.0, **overrides}
+    settings = CoordinatorSettings(model_dir=model_dir, peers=tuple(address(n) for n in nodes), mdns=False,
+                                   **values)  # type: ignore[arg-type]
+    return Coordinator(settings)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def states(coord: Coordinator) -> dict[str, str]:
+    return {a: r.state.value for a, r in coord.registry.nodes.items()}

@@ -1,0 +1,133 @@
+"""A block node over real gRPC on loopback: exact outputs, precise status codes, health, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from layerswarm.models.checkpoint import block_file, load_block, read_manifest
+from layerswarm.node.server import Node
+from layerswarm.node.settings import NodeSettings
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+
+@pytest.fixture
+async def node(model_dir: Path) -> AsyncIterator[Node]:
+    n = Node(NodeSettings(model_dir=model_dir, block=1, advertise=False, grace_s=0.5, max_in_flight=2))
+    await n.start()
+    yield n
+    await n.stop()
+
+
+@pytest.fixture
+async def stub(node: Node) -> AsyncIterator[pb_grpc.BlockNodeStub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
+        yield pb_grpc.BlockNodeStub(channel)
+
+
+def request(x: torch.Tensor, position: int = 0, **kw: object) -> pb.ForwardRequest:
+    return pb.ForwardRequest(request_id="t", activations=codec.encode(x), position=position, **kw)  # type: ignore
+
+
+async def test_remote_block_equals_local_block(node: Node, stub: pb_grpc.BlockNodeStub, model_dir: Path) -> None:
+    local = load_block(model_dir, 1)
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(2, 5, 32).to(dtype)
+        reply = await stub.Forward(request(x, position=2))
+        out = codec.decode(reply.activations)
+        with torch.inference_mode():
+            expected = local(x.float(), 2).to(dtype)
+        assert out.dtype == dtype and torch.equal(out, expected)
+        assert reply.request_id == "t" and reply.compute_ms > 0
+
+
+async def test_stream_answers_in_order(stub: pb_grpc.BlockNodeStub, model_dir: Path) -> None:
+    local = load_block(model_dir, 1)
+    xs = [torch.randn(1, 5, 32) for _ in range(3)]
+    call = stub.ForwardStream(iter([request(x, position=i) for i, x in enumerate(xs)]))
+    outs = [codec.decode(r.activations) async for r in call]
+    with torch.inference_mode():
+        assert all(torch.equal(o, local(x, i)) for i, (o, x) in enumerate(zip(outs, xs, strict=True)))
+
+
+@pytest.mark.parametrize(
+    ("make", "detail"),
+    [
+        (lambda: request(torch.randn(2, 4, 32)), "dim 1 is 4"),
+        (lambda: request(torch.randn(2, 5, 32), position=3), "position 3"),
+        (lambda: request(torch.full((1, 5, 32), float("nan"))), "NaN"),
+        (lambda: request(torch.randn(65, 5, 32)), "batch size 65"),
+        (lambda: pb.ForwardRequest(request_id="t"), "no activations"),
+        (lambda: request(torch.randn(1, 5, 32), token_mask=codec.encode(torch.ones(1, 5))), "token_mask"),
+        (lambda: pb.ForwardRequest(activations=pb.Tensor(dtype=7, shape=[1, 5, 32], data=b"")), "dtype"),
+    ],
+)
+async def test_bad_requests_get_invalid_argument(stub: pb_grpc.BlockNodeStub, make, detail: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await stub.Forward(make())
+    assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert detail in (exc.value.details() or "")
+
+
+async def test_overload_gets_resource_exhausted(model_dir: Path) -> None:
+    settings = NodeSettings(model_dir=model_dir, block=0, advertise=False, max_in_flight=1, fault_delay_ms=300,
+                            grace_s=0.1)
+    n = Node(settings)
+    await n.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{n.port}") as channel:
+            stub = pb_grpc.BlockNodeStub(channel)
+            x = torch.randn(1, 5, 32)
+            results = await asyncio.gather(*(stub.Forward(request(x)) for _ in range(4)), return_exceptions=True)
+    finally:
+        await n.stop()
+    codes = [r.code() for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert codes and all(c is grpc.StatusCode.RESOURCE_EXHAUSTED for c in codes)
+    assert any(isinstance(r, pb.ForwardResponse) for r in results)
+
+
+async def test_info_and_health(node: Node, stub: pb_grpc.BlockNodeStub, model_dir: Path) -> None:
+    manifest = read_manifest(model_dir)
+    info = await stub.Info(pb.InfoRequest())
+    assert (info.family_id, info.model_id, info.block_index) == (manifest.family_id, manifest.model_id, 1)
+    assert info.weights_sha256 == manifest.files[block_file(1)]
+    assert info.protocol_version == 1 and info.tokens == 5 and info.dim == 32 and info.shuffle_robust
+    assert info.boot_id == node.boot_id and info.load.max_in_flight == 2
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = await health.Check(health_pb2.HealthCheckRequest(service="layerswarm.v1.BlockNode"))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "layerswarm", *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_tampered_weights_stop_the_node_from_starting(model_dir: Path) -> None:
+    path = model_dir / block_file(2)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    result = run_cli("node", "--model-dir", str(model_dir), "--block", "2", "--no-advertise")
+    assert result.returncode == 2
+    assert "sha256" in result.stderr and "tampered" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_block_index_and_missing_dir_are_explained(model_dir: Path, tmp_path: Path) -> None:
+    result = run_cli("node", "--model-dir", str(model_dir), "--block", "9", "--no-advertise")
+    assert result.returncode == 2 and "block index 9 out of range" in result.stderr
+    result = run_cli("node", "--model-dir", str(tmp_path / "nope"), "--block", "0", "--no-advertise")
+    assert result.returncode == 2 and "manifest.json" in result.stderr
+    result = run_cli("node", "--model-dir", str(model_dir), "--block", "x")
+    assert result.returncode == 2 and "--block" in result.stderr

@@ -1,0 +1,99 @@
+"""The wire: one codec for every tensor, strict validation, and stubs in step with the .proto."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerswarm.wire import codec
+from layerswarm.wire.discovery import Advert
+from layerswarm.wire.v1 import block_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = codec.TensorSpec(shape=(None, 5, 8), max_batch=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_round_trip_is_bit_exact(dtype: torch.dtype) -> None:
+    x = torch.randn(3, 5, 8).to(dtype)
+    msg = codec.encode(x)
+    assert len(msg.data) == x.numel() * x.element_size()  # raw bytes, not repeated floats
+    y = codec.decode(pb.Tensor.FromString(msg.SerializeToString()), SPEC)
+    assert y.dtype == dtype and torch.equal(x, y)
+
+
+def test_encode_casts_for_the_wire() -> None:
+    x = torch.randn(2, 5, 8)
+    y = codec.decode(codec.encode(x, torch.float16), SPEC)
+    assert y.dtype == torch.float16 and torch.allclose(x, y.float(), atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda m: m.shape.__setitem__(1, 6), "dim 1 is 6"),
+        (lambda m: m.shape.append(1), "rank-3"),
+        (lambda m: setattr(m, "data", m.data[:-2]), "needs"),
+        (lambda m: setattr(m, "dtype", 0), "unsupported wire dtype"),
+        (lambda m: setattr(m, "dtype", 99), "unsupported wire dtype"),
+        (lambda m: m.shape.__setitem__(0, -1), "negative"),
+    ],
+)
+def test_malformed_tensors_are_refused(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    msg = codec.encode(torch.zeros(2, 5, 8))
+    mutate(msg)
+    with pytest.raises(codec.TensorError, match=message):
+        codec.decode(msg, SPEC)
+
+
+def test_limits_and_non_finite_values() -> None:
+    with pytest.raises(codec.TensorError, match="batch size 5"):
+        codec.decode(codec.encode(torch.zeros(5, 5, 8)), SPEC)
+    bad = torch.zeros(1, 5, 8)
+    bad[0, 2, 3] = float("inf")
+    with pytest.raises(codec.TensorError, match="NaN or Inf"):
+        codec.decode(codec.encode(bad), SPEC)
+    small = codec.TensorSpec(shape=(None, 5, 8), max_bytes=100)
+    with pytest.raises(codec.TensorError, match="limit"):
+        codec.decode(codec.encode(torch.zeros(1, 5, 8)), small)
+    with pytest.raises(codec.TensorError, match="cannot travel"):
+        codec.encode(torch.zeros(2, dtype=torch.int64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=12), st.binary(max_size=512), st.integers(-5, 10))
+def test_decode_never_crashes_on_garbage(shape: list[int], data: bytes, dtype: int) -> None:
+    msg = pb.Tensor(dtype=dtype if dtype >= 0 else 0, shape=[s - 2**31 for s in shape], data=data)
+    try:
+        out = codec.decode(msg, SPEC)
+    except codec.TensorError:
+        return
+    assert out.shape[1:] == (5, 8) and bool(torch.isfinite(out).all())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.sampled_from(["fp32", "fp16", "bf16"]))
+def test_round_trip_property(batch: int, dtype_name: str) -> None:
+    x = torch.randn(batch, 5, 8).to(codec.dtype_by_name(dtype_name))
+    assert torch.equal(codec.decode(codec.encode(x), SPEC), x)
+
+
+def test_txt_record_round_trip_and_errors() -> None:
+    advert = Advert(family="fam-1", model="mdl-2", block=3, variant="layershuffle", proto=1, boot="b" * 32, sha="c" * 16)
+    txt = {k.encode(): v.encode() for k, v in advert.to_txt().items()}
+    assert Advert.from_txt(txt) == advert  # type: ignore[arg-type]
+    del txt[b"block"]
+    with pytest.raises(ValueError, match="lacks block"):
+        Advert.from_txt(txt)  # type: ignore[arg-type]
+
+
+def test_generated_stubs_match_the_proto() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
