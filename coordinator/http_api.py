@@ -21,6 +21,7 @@ from PIL import Image, UnidentifiedImageError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from layerswarm import __version__
 from layerswarm.models.data import decode_image
@@ -102,8 +103,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status_code, exc.error, exc.detail)
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    @app.exception_handler(StarletteHTTPException)  # routing 404/405 come from Starlette itself
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, "http_error", exc.detail)
 
     @app.exception_handler(RequestValidationError)

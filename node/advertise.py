@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 
@@ -37,18 +38,24 @@ class Advertiser:
         )
         self._interfaces = list(interfaces)
         self._zc: AsyncZeroconf | None = None
+        self._announcing: asyncio.Future[object] | None = None
 
     async def start(self) -> None:
         kwargs = {"interfaces": self._interfaces} if self._interfaces else {}
         self._zc = AsyncZeroconf(ip_version=IPVersion.V4Only, **kwargs)  # type: ignore[arg-type]
-        await self._zc.async_register_service(self.info)
+        # The returned task finishes the probe/announce broadcasts in the background; the node already
+        # serves gRPC, so a browser that resolves us early finds a working server.
+        self._announcing = await self._zc.async_register_service(self.info)
         log.info("advertised %s on %s", self.info.name, self.info.parsed_addresses())
 
     async def stop(self) -> None:
         """Send the goodbye (TTL 0) so browsers drop the node at once, then close the sockets."""
         if self._zc is None:
             return
-        await self._zc.async_unregister_service(self.info)
+        if self._announcing is not None and not self._announcing.done():
+            self._announcing.cancel()
+        broadcast = await self._zc.async_unregister_service(self.info)
+        await broadcast  # the goodbye packets are sent by this task: closing before it ends loses them
         await self._zc.async_close()
         self._zc = None
         log.info("sent mDNS goodbye for %s", self.info.name)

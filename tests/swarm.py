@@ -12,8 +12,8 @@ from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.procs import Proc, layerswarm_cmd, spawn, spawn_many
 
 
-def node_cmd(model_dir: Path, block: int, port: int = 0, *extra: str) -> list[str]:
-    return layerswarm_cmd("node", "--model-dir", str(model_dir), "--block", str(block), "--host", "127.0.0.1",
+def node_cmd(model_dir: Path, block: int, port: int = 0, *extra: str, host: str = "127.0.0.1") -> list[str]:
+    return layerswarm_cmd("node", "--model-dir", str(model_dir), "--block", str(block), "--host", host,
                           "--port", str(port), "--grace", "0.5", *extra)
 
 

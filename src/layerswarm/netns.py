@@ -16,8 +16,11 @@ LOOPBACK_MULTICAST = "ip link set lo up; ip link set lo multicast on; ip route a
 
 
 def interfaces() -> list[str]:
-    net = Path("/sys/class/net")
-    return sorted(p.name for p in net.iterdir()) if net.is_dir() else []
+    """Interfaces of this process's network namespace (/proc/net/dev is per namespace; /sys is not)."""
+    dev = Path("/proc/net/dev")
+    if not dev.is_file():
+        return []
+    return sorted(line.split(":", 1)[0].strip() for line in dev.read_text().splitlines()[2:] if ":" in line)
 
 
 def in_private_netns() -> bool:

@@ -1,0 +1,110 @@
+"""A small LAN on one machine: one network namespace per host, joined by a bridge.
+
+Used by the multi-host tests (and failure injection): every node is its own host with its own address,
+discovering the others over mDNS as on a real LAN, while nothing leaves this machine. It must run
+inside a private network namespace (the bridge is created in the caller's namespace) and as root.
+
+Host namespaces are held by a `sleep` process made with `unshare --net`; commands enter them with
+`nsenter`, so no global state (/run/netns) is left behind if the test dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from layerswarm.netns import in_private_netns
+
+log = logging.getLogger(__name__)
+SUBNET = "198.18.0"  # RFC 2544's benchmarking range: never a real peer
+
+
+class NetLabError(RuntimeError):
+    pass
+
+
+def _ip(*args: str, netns_pid: int | None = None) -> None:
+    cmd = ["ip", *args] if netns_pid is None else ["nsenter", "-t", str(netns_pid), "-n", "ip", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise NetLabError(f"{' '.join(cmd)}: {result.stderr.strip()}")
+
+
+@dataclass
+class Host:
+    name: str
+    address: str
+    holder: subprocess.Popen[bytes]
+    veth: str
+
+    @property
+    def pid(self) -> int:
+        return self.holder.pid
+
+    def command(self, cmd: Sequence[str]) -> list[str]:
+        """`cmd` run inside this host's network namespace."""
+        return ["nsenter", "-t", str(self.pid), "-n", *cmd]
+
+    def link(self, up: bool) -> None:
+        """Pull or plug the host's cable (its end of the veth pair)."""
+        _ip("link", "set", "eth0", "up" if up else "down", netns_pid=self.pid)
+
+
+@dataclass
+class NetLab:
+    bridge: str = "lsbr0"
+    hosts: list[Host] = field(default_factory=list)
+    gateway: str = f"{SUBNET}.1"
+
+    @staticmethod
+    def available() -> str | None:
+        """None when a lab can be built here, else why not."""
+        if os.geteuid() != 0:
+            return "needs root (veth pairs and bridges)"
+        if not in_private_netns():
+            return "must run inside a private network namespace (see scripts/test)"
+        return None
+
+    def start(self) -> NetLab:
+        reason = self.available()
+        if reason:
+            raise NetLabError(reason)
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        _ip("route", "replace", "224.0.0.0/4", "dev", self.bridge)  # mDNS goes over the LAN, not loopback
+        return self
+
+    def add_host(self, name: str) -> Host:
+        index = len(self.hosts) + 10
+        holder = subprocess.Popen(["unshare", "--net", "sleep", "86400"])
+        veth = f"lsv{index}"
+        try:
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
+            _ip("link", "set", veth, "master", self.bridge, "up")
+            address = f"{SUBNET}.{index}"
+            for args in (("link", "set", "lo", "up"), ("addr", "add", f"{address}/24", "dev", "eth0"),
+                         ("link", "set", "eth0", "up"), ("route", "add", "224.0.0.0/4", "dev", "eth0")):
+                _ip(*args, netns_pid=holder.pid)
+        except NetLabError:
+            holder.kill()
+            raise
+        host = Host(name, address, holder, veth)
+        self.hosts.append(host)
+        return host
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            host.holder.kill()
+            host.holder.wait(5)
+        self.hosts.clear()
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+
+    def __enter__(self) -> NetLab:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

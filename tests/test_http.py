@@ -1,0 +1,129 @@
+"""The HTTP contract of a real coordinator process: answers, traces, and a JSON 4xx for every bad input."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from layerswarm.procs import Proc, layerswarm_cmd, spawn, stop_all
+
+from .swarm import address, start_nodes
+
+pytestmark = pytest.mark.slow
+
+
+def png(size: tuple[int, int] = (16, 16), seed: int = 0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, size=(size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def swarm(family_dirs: list[Path]) -> Iterator[tuple[httpx.Client, list[Proc]]]:
+    nodes = start_nodes([(family_dirs[0], b) for b in range(3)])
+    args = ["coordinator", "--model-dir", str(family_dirs[0]), "--http-port", "0", "--no-mdns", "--health-interval",
+            "0.2", "--max-upload-bytes", "50000", *[f"--peer={address(n)}" for n in nodes[:2]]]
+    coord = spawn("coordinator", layerswarm_cmd(*args))
+    client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=20)
+    try:
+        yield client, nodes
+    finally:
+        client.close()
+        stop_all([coord, *nodes])
+
+
+@pytest.fixture
+def client(swarm: tuple[httpx.Client, list[Proc]]) -> httpx.Client:
+    return swarm[0]
+
+
+def test_classify_upload_returns_labels_and_trace(client: httpx.Client) -> None:
+    reply = client.post("/v1/classify", files={"file": ("a.png", png(), "image/png")},
+                        data={"top_k": "3", "policy": "sequential", "seed": "7"})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert len(body["labels"]) == 3 and body["prediction"] == body["labels"][0]["label"]
+    assert body["labels"][0]["label"] in ("a", "b", "c", "d")
+    probs = [label["probability"] for label in body["labels"]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+    assert body["policy"] == "sequential" and body["seed"] == 7 and body["depth"] == 2
+    hops = body["trace"]["hops"]
+    assert [h["block"] for h in hops] == [0, 1] and body["trace"]["unreachable_blocks"] == [2]
+    assert all(h["node"] and h["model_id"] and h["latency_ms"] > 0 and h["position"] == i for i, h in enumerate(hops))
+
+
+def test_classify_json_base64_matches_upload(client: httpx.Client) -> None:
+    image = png(seed=3)
+    upload = client.post("/v1/classify", files={"file": ("a.png", image, "image/png")}, data={"seed": "5"}).json()
+    as_json = client.post("/v1/classify", json={"image_base64": base64.b64encode(image).decode(), "seed": 5}).json()
+    assert upload["labels"] == as_json["labels"] and upload["trace"]["hops"][0]["block"] == \
+        as_json["trace"]["hops"][0]["block"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "error"),
+    [
+        ({"files": {"file": ("a.png", b"not an image", "image/png")}}, 400, "invalid_image"),
+        ({"files": {"file": ("a.png", b"", "image/png")}}, 400, "empty_image"),
+        ({"files": {"file": ("a.png", png((20, 16)), "image/png")}}, 422, "wrong_size"),
+        ({"files": {"file": ("a.png", png(), "image/png")}, "data": {"colour": "red"}}, 422, "invalid_request"),
+        ({"files": {"file": ("a.png", png(), "image/png")}, "data": {"policy": "random"}}, 422, "invalid_request"),
+        ({"files": {"file": ("a.png", png(), "image/png")}, "data": {"top_k": "0"}}, 422, "invalid_request"),
+        ({"files": {"file": ("a.png", png(), "image/png")}, "data": {"max_blocks": "x"}}, 422, "invalid_request"),
+        ({"data": {"top_k": "1"}}, 415, "unsupported_media_type"),
+        ({"files": {"picture": ("a.png", png(), "image/png")}}, 422, "invalid_request"),
+        ({"json": {"image_base64": "%%%"}}, 400, "invalid_base64"),
+        ({"json": {"image": "abc"}}, 422, "invalid_request"),
+        ({"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, "invalid_json"),
+        ({"content": b"x", "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
+        ({"files": {"file": ("a.png", b"0" * 60000, "image/png")}}, 413, "too_large"),
+    ],
+)
+def test_bad_input_gets_a_json_4xx(client: httpx.Client, kwargs: dict, status: int, error: str) -> None:  # type: ignore[type-arg]
+    reply = client.post("/v1/classify", **kwargs)
+    assert reply.status_code == status, reply.text
+    body = reply.json()
+    assert body["error"] == error and body["detail"]
+
+
+def test_resize_option_accepts_other_sizes(client: httpx.Client) -> None:
+    reply = client.post("/v1/classify", files={"file": ("a.png", png((40, 24)), "image/png")}, data={"resize": "true"})
+    assert reply.status_code == 200, reply.text
+
+
+def test_too_few_blocks_is_a_503_that_says_why(client: httpx.Client) -> None:
+    reply = client.post("/v1/classify", files={"file": ("a.png", png(), "image/png")}, data={"min_blocks": "3"})
+    assert reply.status_code == 503
+    assert reply.json()["error"] == "insufficient_depth" and "minimum 3" in reply.json()["detail"]
+
+
+def test_early_exit_stops_once_confident(client: httpx.Client) -> None:
+    body = client.post("/v1/classify", files={"file": ("a.png", png(), "image/png")},
+                       data={"exit_confidence": "0.01", "policy": "sequential"}).json()
+    assert body["exited_early"] is True and body["depth"] == 1
+    body = client.post("/v1/classify", files={"file": ("a.png", png(), "image/png")},
+                       data={"exit_confidence": "1.0", "policy": "sequential"}).json()
+    assert body["exited_early"] is False and body["depth"] == 2
+
+
+def test_nodes_probes_metrics_and_openapi(client: httpx.Client, swarm: tuple[httpx.Client, list[Proc]]) -> None:
+    view = client.get("/v1/nodes").json()
+    assert view["depth"] == 3 and view["reachable_depth"] == 2 and view["ready"] is True
+    assert {n["address"] for n in view["nodes"]} == {address(n) for n in swarm[1][:2]}
+    assert all(n["state"] == "healthy" and n["weights_sha256"] for n in view["nodes"])
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+    metrics = client.get("/metrics").text
+    assert "layerswarm_requests_total" in metrics and 'layerswarm_nodes{state="healthy"} 2.0' in metrics
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/v1/classify"]["post"]["requestBody"]["content"]
+    assert {"multipart/form-data", "application/json"} <= set(body)
+    assert client.get("/v1/nope").json()["error"] == "http_error"
