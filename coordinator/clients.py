@@ -18,8 +18,11 @@ KEEPALIVE_OPTIONS = [
 
 class NodeClient:
     def __init__(self, address: str, max_message_bytes: int) -> None:
-        options = [*KEEPALIVE_OPTIONS, ("grpc.max_receive_message_length", max_message_bytes),
-                   ("grpc.max_send_message_length", max_message_bytes)]
+        options = [
+            *KEEPALIVE_OPTIONS,
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=options)
         self.block = pb_grpc.BlockNodeStub(self.channel)

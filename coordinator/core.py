@@ -120,12 +120,22 @@ class Coordinator:
         rng = random.Random(seed)
         min_blocks = opts.min_blocks if opts.min_blocks is not None else self.settings.min_blocks
         x = await self._run_local(self.stem, images)
-        plan = plan_path(policy, self.registry.routable_by_block(), self.config.depth, rng, opts.max_blocks,
-                         preferred_model=self.manifest.model_id)
+        plan = plan_path(
+            policy,
+            self.registry.routable_by_block(),
+            self.config.depth,
+            rng,
+            opts.max_blocks,
+            preferred_model=self.manifest.model_id,
+        )
         exec_opts = ExecOptions(
-            hop_timeout_s=self.settings.hop_timeout_s, deadline=started + self.settings.request_timeout_s,
-            min_blocks=min_blocks, shuffle_robust=self.shuffle_robust and policy is not Policy.SEQUENTIAL,
-            wire_dtype=self.wire_dtype, spec=self.spec, request_id=uuid.uuid4().hex[:16],
+            hop_timeout_s=self.settings.hop_timeout_s,
+            deadline=started + self.settings.request_timeout_s,
+            min_blocks=min_blocks,
+            shuffle_robust=self.shuffle_robust and policy is not Policy.SEQUENTIAL,
+            wire_dtype=self.wire_dtype,
+            spec=self.spec,
+            request_id=uuid.uuid4().hex[:16],
             early_exit=self._confident(opts.exit_confidence) if opts.exit_confidence else None,
         )
         result = await self.executor.run(x, plan, exec_opts, rng)

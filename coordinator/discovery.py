@@ -64,11 +64,17 @@ class MdnsDiscovery:
             return
         address = f"{addresses[0]}:{info.port}"
         try:
-            advert = Advert.from_txt(info.properties)
+            advert = Advert.from_txt(dict(info.properties))
         except ValueError as exc:
             log.warning("ignoring mDNS record %s: %s", name, exc)
             return
         self._addresses[name] = address
         record = self.registry.add_candidate(address, "mdns", advert.family)
-        log.info("discovered %s at %s (family %s, block %d): %s", name, address, advert.family, advert.block,
-                 record.state.value)
+        log.info(
+            "discovered %s at %s (family %s, block %d): %s",
+            name,
+            address,
+            advert.family,
+            advert.block,
+            record.state.value,
+        )

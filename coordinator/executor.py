@@ -103,20 +103,30 @@ class PathExecutor:
                 hop.outcome = "skipped"
                 continue
             planned_later = {s.block for s in plan.steps[step_index + 1 :]}
-            result = await self._run_hop(x, hop, step.candidates, used, planned_later, opts, rng)
-            if result is not None:
-                x = result
+            out = await self._run_hop(x, hop, step.candidates, used, planned_later, opts, rng)
+            if out is not None:
+                x = out
                 if opts.early_exit is not None and position + 1 >= opts.min_blocks and await opts.early_exit(x):
                     return PathResult(x, hops, plan.unreachable, exited_early=True)
-        result = PathResult(x, hops, plan.unreachable)
-        if result.depth < opts.min_blocks:
-            raise DepthError(f"only {result.depth} blocks could run (minimum {opts.min_blocks}); "
-                             f"unreachable blocks {plan.unreachable}, "
-                             f"skipped {[h.planned_block for h in hops if h.block is None]}")
-        return result
+        path = PathResult(x, hops, plan.unreachable)
+        if path.depth < opts.min_blocks:
+            raise DepthError(
+                f"only {path.depth} blocks could run (minimum {opts.min_blocks}); "
+                f"unreachable blocks {plan.unreachable}, "
+                f"skipped {[h.planned_block for h in hops if h.block is None]}"
+            )
+        return path
 
-    async def _run_hop(self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], used: set[int],
-                       planned_later: set[int], opts: ExecOptions, rng: random.Random) -> torch.Tensor | None:
+    async def _run_hop(
+        self,
+        x: torch.Tensor,
+        hop: Hop,
+        candidates: list[NodeRecord],
+        used: set[int],
+        planned_later: set[int],
+        opts: ExecOptions,
+        rng: random.Random,
+    ) -> torch.Tensor | None:
         tried: set[str] = set()
         for record in self._alternatives(hop, candidates, used, planned_later, opts, rng, tried):
             if time.monotonic() >= opts.deadline:
@@ -128,8 +138,7 @@ class PathExecutor:
                 out = await self._call(record, x, hop.position, opts)
             except HopFailed as exc:
                 ident = record.identity
-                hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block,
-                                            str(exc)))
+                hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
                 if exc.quarantine:
                     self.registry.quarantine(record.address, str(exc))
                 else:
@@ -145,8 +154,16 @@ class PathExecutor:
         hop.outcome = "skipped"
         return None
 
-    def _alternatives(self, hop: Hop, candidates: list[NodeRecord], used: set[int], planned_later: set[int],
-                      opts: ExecOptions, rng: random.Random, tried: set[str]):  # type: ignore[no-untyped-def]
+    def _alternatives(
+        self,
+        hop: Hop,
+        candidates: list[NodeRecord],
+        used: set[int],
+        planned_later: set[int],
+        opts: ExecOptions,
+        rng: random.Random,
+        tried: set[str],
+    ):  # type: ignore[no-untyped-def]
         """Planned candidates first; then (robust families) nodes of spare block indices."""
         for record in candidates:
             if record.routable and record.address not in tried:
@@ -159,8 +176,9 @@ class PathExecutor:
 
     async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, opts: ExecOptions) -> torch.Tensor:
         timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
-        request = pb.ForwardRequest(request_id=opts.request_id, activations=codec.encode(x, opts.wire_dtype),
-                                    position=position, path_length=0)
+        request = pb.ForwardRequest(
+            request_id=opts.request_id, activations=codec.encode(x, opts.wire_dtype), position=position, path_length=0
+        )
         record.in_flight += 1
         try:
             reply = await self.pool.get(record.address).block.Forward(request, timeout=timeout)

@@ -23,9 +23,17 @@ HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 
 def identity_from_info(info: pb.NodeInfo) -> NodeIdentity:
     return NodeIdentity(
-        family_id=info.family_id, model_id=info.model_id, block=info.block_index, variant=info.variant,
-        weights_sha256=info.weights_sha256, boot_id=info.boot_id, protocol_version=info.protocol_version,
-        depth=info.depth, tokens=info.tokens, dim=info.dim, shuffle_robust=info.shuffle_robust,
+        family_id=info.family_id,
+        model_id=info.model_id,
+        block=info.block_index,
+        variant=info.variant,
+        weights_sha256=info.weights_sha256,
+        boot_id=info.boot_id,
+        protocol_version=info.protocol_version,
+        depth=info.depth,
+        tokens=info.tokens,
+        dim=info.dim,
+        shuffle_robust=info.shuffle_robust,
         device=info.device,
     )
 
@@ -53,8 +61,11 @@ class HealthMonitor:
             await asyncio.sleep(self.interval_s)
 
     async def check_all(self) -> None:
-        records = [r for r in self.registry.nodes.values()
-                   if not (r.state is NodeState.IGNORED and r.identity is None and r.advert_family)]
+        records = [
+            r
+            for r in self.registry.nodes.values()
+            if not (r.state is NodeState.IGNORED and r.identity is None and r.advert_family)
+        ]
         await asyncio.gather(*(self.check(r.address) for r in records))
         self.rounds += 1
 
@@ -68,8 +79,9 @@ class HealthMonitor:
                 # Identity can change under one address (a restarted node): re-read it before re-admitting.
                 info = await client.block.Info(pb.InfoRequest(), timeout=self.timeout_s)
                 self.registry.admit(address, identity_from_info(info))
-            reply = await client.health.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE),
-                                              timeout=self.timeout_s)
+            reply = await client.health.Check(
+                health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self.timeout_s
+            )
         except grpc.aio.AioRpcError as exc:
             self.registry.health_failed(address, f"health check: {exc.code().name}")
             return

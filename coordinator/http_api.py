@@ -39,12 +39,14 @@ class ClassifyParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     top_k: int = Field(5, ge=1, le=1000, description="how many labels to return")
     policy: Literal["sequential", "shuffle", "fastest"] | None = Field(
-        None, description="path policy; default: shuffle for shuffle-robust families, else sequential")
+        None, description="path policy; default: shuffle for shuffle-robust families, else sequential"
+    )
     seed: int | None = Field(None, ge=0, lt=2**31, description="seed of the random path choices (repeatable)")
     min_blocks: int | None = Field(None, ge=0, le=1024, description="fail with 503 below this many blocks")
     max_blocks: int | None = Field(None, ge=1, le=1024, description="prune the path to at most this many")
     exit_confidence: float | None = Field(
-        None, gt=0.0, le=1.0, description="early exit: stop once the top class has this probability")
+        None, gt=0.0, le=1.0, description="early exit: stop once the top class has this probability"
+    )
     resize: bool = Field(False, description="resize images of another size instead of refusing them")
 
 
@@ -70,7 +72,7 @@ class ClassifyResponse(BaseModel):
 
 
 class ApiError(HTTPException):
-    def __init__(self, status: int, error: str, detail: str) -> None:
+    def __init__(self, status: int, error: str, detail: Any) -> None:
         super().__init__(status_code=status, detail=detail)
         self.error = error
 
@@ -83,10 +85,16 @@ CLASSIFY_BODY = {
     "requestBody": {
         "required": True,
         "content": {
-            "multipart/form-data": {"schema": {
-                "type": "object", "required": ["file"],
-                "properties": {"file": {"type": "string", "format": "binary"},
-                               **ClassifyParams.model_json_schema()["properties"]}}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        **ClassifyParams.model_json_schema()["properties"],
+                    },
+                }
+            },
             "application/json": {"schema": ClassifyJson.model_json_schema()},
         },
     }
@@ -96,8 +104,11 @@ CLASSIFY_BODY = {
 def create_app(coordinator: Coordinator) -> FastAPI:
     settings = coordinator.settings
     cfg = coordinator.config
-    app = FastAPI(title="layerswarm coordinator", version=__version__,
-                  description="Classify images through a swarm of block nodes, in any order.")
+    app = FastAPI(
+        title="layerswarm coordinator",
+        version=__version__,
+        description="Classify images through a swarm of block nodes, in any order.",
+    )
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -116,17 +127,26 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         log.exception("unexpected error on %s", request.url.path)
         return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 
-    @app.post("/v1/classify", response_model=ClassifyResponse, openapi_extra=CLASSIFY_BODY,
-              responses={400: {}, 413: {}, 415: {}, 422: {}, 429: {}, 503: {}})
+    @app.post(
+        "/v1/classify",
+        response_model=ClassifyResponse,
+        openapi_extra=CLASSIFY_BODY,
+        responses={400: {}, 413: {}, 415: {}, 422: {}, 429: {}, 503: {}},
+    )
     async def classify(request: Request) -> ClassifyResponse:
         """Classify one image: upload it as multipart `file`, or POST JSON with `image_base64`."""
         image_bytes, params = await _read_request(request, settings.max_upload_bytes)
         images = _to_batch(image_bytes, cfg.image_size, params.resize)
         if coordinator.in_flight >= settings.max_concurrent_requests:
             raise ApiError(429, "busy", f"{coordinator.in_flight} requests in flight; retry shortly")
-        opts = ClassifyOptions(top_k=params.top_k, policy=Policy(params.policy) if params.policy else None,
-                               seed=params.seed, min_blocks=params.min_blocks, max_blocks=params.max_blocks,
-                               exit_confidence=params.exit_confidence)
+        opts = ClassifyOptions(
+            top_k=params.top_k,
+            policy=Policy(params.policy) if params.policy else None,
+            seed=params.seed,
+            min_blocks=params.min_blocks,
+            max_blocks=params.max_blocks,
+            exit_confidence=params.exit_confidence,
+        )
         coordinator.in_flight += 1
         try:
             with coordinator.metrics.latency.time():
@@ -143,9 +163,16 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def nodes() -> dict[str, Any]:
         """The swarm as this coordinator sees it, ignored nodes (and why) included."""
         ready, reason = coordinator.ready()
-        return {"family_id": coordinator.manifest.family_id, "model_id": coordinator.manifest.model_id,
-                "variant": cfg.variant, "depth": cfg.depth, "reachable_depth": coordinator.registry.reachable_depth(),
-                "ready": ready, "reason": reason, "nodes": coordinator.registry.snapshot()}
+        return {
+            "family_id": coordinator.manifest.family_id,
+            "model_id": coordinator.manifest.model_id,
+            "variant": cfg.variant,
+            "depth": cfg.depth,
+            "reachable_depth": coordinator.registry.reachable_depth(),
+            "ready": ready,
+            "reason": reason,
+            "nodes": coordinator.registry.snapshot(),
+        }
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -156,8 +183,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def readyz() -> JSONResponse:
         """Readiness: the family's minimum depth is reachable."""
         ready, reason = coordinator.ready()
-        return JSONResponse(status_code=200 if ready else 503,
-                            content={"status": "ready" if ready else "not_ready", "detail": reason})
+        return JSONResponse(
+            status_code=200 if ready else 503, content={"status": "ready" if ready else "not_ready", "detail": reason}
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -201,8 +229,11 @@ async def _read_request(request: Request, limit: int) -> tuple[bytes, ClassifyPa
             return image, ClassifyParams.model_validate({k: v for k, v in fields.items() if v != ""})
         except ValidationError as exc:
             raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
-    raise ApiError(415, "unsupported_media_type",
-                   "send multipart/form-data with a `file` part, or application/json with `image_base64`")
+    raise ApiError(
+        415,
+        "unsupported_media_type",
+        "send multipart/form-data with a `file` part, or application/json with `image_base64`",
+    )
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:
@@ -224,8 +255,9 @@ def _to_batch(image: bytes, size: int, resize: bool) -> torch.Tensor:
             if width * height > 4096 * 4096:
                 raise ApiError(413, "too_large", f"image of {width}x{height} pixels is too large")
         if (width, height) != (size, size) and not resize:
-            raise ApiError(422, "wrong_size",
-                           f"image is {width}x{height}, the model takes {size}x{size} (or pass resize=true)")
+            raise ApiError(
+                422, "wrong_size", f"image is {width}x{height}, the model takes {size}x{size} (or pass resize=true)"
+            )
         array = decode_image(image, size if resize else None)
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise ApiError(400, "invalid_image", f"cannot decode the image: {exc}") from exc
@@ -243,15 +275,27 @@ def _response(result: Any, class_names: tuple[str, ...], top_k: int) -> Classify
     k = min(top_k, probs.numel())
     values, indices = probs.topk(k)
     names = class_names or tuple(str(i) for i in range(probs.numel()))
-    labels = [Label(index=int(i), label=names[int(i)], probability=round(float(p), 6))
-              for p, i in zip(values, indices, strict=True)]
+    labels = [
+        Label(index=int(i), label=names[int(i)], probability=round(float(p), 6))
+        for p, i in zip(values, indices, strict=True)
+    ]
     path = result.path
-    trace = {"hops": [h.to_json() for h in path.hops], "unreachable_blocks": path.unreachable,
-             "substituted": sum(h.outcome == "substituted" for h in path.hops),
-             "skipped": sum(h.outcome == "skipped" for h in path.hops)}
-    return ClassifyResponse(prediction=labels[0].label, labels=labels, policy=result.policy.value, seed=result.seed,
-                            depth=path.depth, exited_early=path.exited_early,
-                            elapsed_ms=round(result.elapsed_ms, 3), trace=trace)
+    trace = {
+        "hops": [h.to_json() for h in path.hops],
+        "unreachable_blocks": path.unreachable,
+        "substituted": sum(h.outcome == "substituted" for h in path.hops),
+        "skipped": sum(h.outcome == "skipped" for h in path.hops),
+    }
+    return ClassifyResponse(
+        prediction=labels[0].label,
+        labels=labels,
+        policy=result.policy.value,
+        seed=result.seed,
+        depth=path.depth,
+        exited_early=path.exited_early,
+        elapsed_ms=round(result.elapsed_ms, 3),
+        trace=trace,
+    )
 
 
 def _describe(errors: Any) -> list[dict[str, Any]]:

@@ -32,11 +32,17 @@ class _SwarmCollector(Collector):
 class CoordinatorMetrics:
     def __init__(self, swarm: Registry) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("layerswarm_requests", "Classification requests by HTTP status", ["status"],
-                                registry=self.registry)
-        self.latency = Histogram("layerswarm_request_seconds", "End-to-end classification latency",
-                                 buckets=REQUEST_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "layerswarm_requests", "Classification requests by HTTP status", ["status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "layerswarm_request_seconds",
+            "End-to-end classification latency",
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
         self.hops = Counter("layerswarm_hops", "Hops by outcome", ["outcome"], registry=self.registry)
-        self.early_exits = Counter("layerswarm_early_exits", "Requests that stopped early, confident",
-                                   registry=self.registry)
+        self.early_exits = Counter(
+            "layerswarm_early_exits", "Requests that stopped early, confident", registry=self.registry
+        )
         self.registry.register(_SwarmCollector(swarm))

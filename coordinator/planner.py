@@ -53,8 +53,9 @@ def plan_path(
     return Plan(steps=steps, unreachable=unreachable)
 
 
-def rank_candidates(policy: Policy, nodes: list[NodeRecord], rng: random.Random,
-                    preferred_model: str | None) -> list[NodeRecord]:
+def rank_candidates(
+    policy: Policy, nodes: list[NodeRecord], rng: random.Random, preferred_model: str | None
+) -> list[NodeRecord]:
     if policy is Policy.FASTEST:
         return sorted(nodes, key=lambda r: (r.score(), r.address))
     shuffled = list(nodes)
@@ -65,11 +66,17 @@ def rank_candidates(policy: Policy, nodes: list[NodeRecord], rng: random.Random,
     return shuffled
 
 
-def substitutes(by_block: dict[int, list[NodeRecord]], used: set[int], planned: set[int], rng: random.Random,
-                exclude: set[str]) -> list[tuple[int, NodeRecord]]:
+def substitutes(
+    by_block: dict[int, list[NodeRecord]], used: set[int], planned: set[int], rng: random.Random, exclude: set[str]
+) -> list[tuple[int, NodeRecord]]:
     """For shuffle-robust families: nodes of block indices neither used nor planned, in random order."""
-    spare = [(b, r) for b, nodes in by_block.items() if b not in used and b not in planned for r in nodes
-             if r.address not in exclude]
+    spare = [
+        (b, r)
+        for b, nodes in by_block.items()
+        if b not in used and b not in planned
+        for r in nodes
+        if r.address not in exclude
+    ]
     rng.shuffle(spare)
     return spare
 

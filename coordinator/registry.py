@@ -84,14 +84,21 @@ class NodeRecord:
     def to_json(self) -> dict[str, Any]:
         ident = self.identity
         return {
-            "address": self.address, "source": self.source, "state": self.state.value, "reason": self.reason,
+            "address": self.address,
+            "source": self.source,
+            "state": self.state.value,
+            "reason": self.reason,
             "family_id": ident.family_id if ident else self.advert_family,
-            "model_id": ident.model_id if ident else None, "block": ident.block if ident else None,
-            "variant": ident.variant if ident else None, "device": ident.device if ident else None,
+            "model_id": ident.model_id if ident else None,
+            "block": ident.block if ident else None,
+            "variant": ident.variant if ident else None,
+            "device": ident.device if ident else None,
             "boot_id": ident.boot_id if ident else None,
             "weights_sha256": ident.weights_sha256 if ident else None,
             "ewma_latency_ms": None if self.ewma_ms is None else round(self.ewma_ms, 3),
-            "in_flight": self.in_flight, "served": self.served, "failed": self.failed,
+            "in_flight": self.in_flight,
+            "served": self.served,
+            "failed": self.failed,
             "consecutive_failures": self.consecutive_failures,
         }
 
@@ -99,8 +106,13 @@ class NodeRecord:
 class Registry:
     EWMA_ALPHA = 0.2
 
-    def __init__(self, family: FamilySpec, eject_after: int = 2, quarantine_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        family: FamilySpec,
+        eject_after: int = 2,
+        quarantine_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.family = family
         self.eject_after = eject_after
         self.quarantine_s = quarantine_s

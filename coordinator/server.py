@@ -19,8 +19,15 @@ async def serve(settings: CoordinatorSettings) -> None:
     coordinator = Coordinator(settings)
     await coordinator.start()
     app = create_app(coordinator)
-    config = uvicorn.Config(app, host=settings.http_host, port=settings.http_port, log_level="warning",
-                            lifespan="off", access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())  # uvicorn handles SIGINT/SIGTERM itself
     try:
@@ -28,8 +35,18 @@ async def serve(settings: CoordinatorSettings) -> None:
             await asyncio.sleep(0.02)
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1]
-            print(json.dumps({"event": "ready", "role": "coordinator", "host": settings.http_host, "port": port,
-                              "family_id": coordinator.manifest.family_id}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "event": "ready",
+                        "role": "coordinator",
+                        "host": settings.http_host,
+                        "port": port,
+                        "family_id": coordinator.manifest.family_id,
+                    }
+                ),
+                flush=True,
+            )
         await task
     finally:
         await coordinator.stop()

@@ -26,10 +26,15 @@ log = logging.getLogger(__name__)
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH")
-    p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach (default: %(default)s)")
+    p.add_argument(
+        "--variant", choices=VARIANTS, default="layershuffle", help="training approach (default: %(default)s)"
+    )
     p.add_argument("--out", required=True, type=Path, help="model directory to write")
-    p.add_argument("--init", help="start from a model directory (fine-tune: same family) or hf:PATH (a local "
-                                  "Hugging Face ViT with config.json + model.safetensors); default: from scratch")
+    p.add_argument(
+        "--init",
+        help="start from a model directory (fine-tune: same family) or hf:PATH (a local "
+        "Hugging Face ViT with config.json + model.safetensors); default: from scratch",
+    )
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0, help="training seed (order of batches, block orders, init)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
@@ -51,26 +56,54 @@ def train_main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     data = load_dataset(args.data, seed=args.data_seed)
     arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": args.patch_size}
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
-    recipe = TrainRecipe(variant=args.variant, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, seed=args.seed,
-                         augment=not args.no_augment, threads=args.threads)
+    recipe = TrainRecipe(
+        variant=args.variant,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps,
+        seed=args.seed,
+        augment=not args.no_augment,
+        threads=args.threads,
+    )
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state")
     if args.resume:
         trainer.load_state()
     trainer.fit()
     model = trainer.model.cpu().eval()
     metrics = _quick_metrics(model, data)
-    recipe_record = {**asdict(recipe), "init": args.init, "command": args.command_line,
-                     "history": trainer.history, "seconds": round(time.perf_counter() - started, 1)}
+    recipe_record = {
+        **asdict(recipe),
+        "init": args.init,
+        "command": args.command_line,
+        "history": trainer.history,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     dataset = {**data.describe(), "data_seed": args.data_seed}
     manifest = save_model(model, args.out, lineage, recipe=recipe_record, dataset=dataset, metrics=metrics)
-    print(json.dumps({"event": "trained", "out": str(args.out), "model_id": manifest.model_id,
-                      "family_id": manifest.family_id, "variant": args.variant, **metrics}))
+    print(
+        json.dumps(
+            {
+                "event": "trained",
+                "out": str(args.out),
+                "model_id": manifest.model_id,
+                "family_id": manifest.family_id,
+                "variant": args.variant,
+                **metrics,
+            }
+        )
+    )
     return 0
 
 
@@ -80,8 +113,10 @@ def _quick_metrics(model: Any, data: Any, orders: int = 5) -> dict[str, float]:
     x, y = data.test_x, data.test_y
     seq = float((model(x).argmax(-1) == y).float().mean())
     depth = len(model.blocks)
-    arb = [float((model(x, torch.randperm(depth, generator=gen).tolist()).argmax(-1) == y).float().mean())
-           for _ in range(orders)]
+    arb = [
+        float((model(x, torch.randperm(depth, generator=gen).tolist()).argmax(-1) == y).float().mean())
+        for _ in range(orders)
+    ]
     return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
 
 
@@ -107,23 +142,49 @@ def family_main(args: argparse.Namespace) -> int:
     cmds = []
     for i in range(args.members):
         out = args.out / f"{args.prefix}-{i}"
-        cmds.append([sys.executable, "-m", "layerswarm", "train", "--data", data, "--data-seed", data_seed,
-                     "--variant", args.variant, "--init", str(args.base), "--out", str(out), "--epochs",
-                     str(args.epochs), "--lr", str(args.lr), "--seed", str(args.first_seed + i), "--threads", "1"])
+        cmds.append(
+            [
+                sys.executable,
+                "-m",
+                "layerswarm",
+                "train",
+                "--data",
+                data,
+                "--data-seed",
+                data_seed,
+                "--variant",
+                args.variant,
+                "--init",
+                str(args.base),
+                "--out",
+                str(out),
+                "--epochs",
+                str(args.epochs),
+                "--lr",
+                str(args.lr),
+                "--seed",
+                str(args.first_seed + i),
+                "--threads",
+                "1",
+            ]
+        )
     failed = _run_parallel(cmds, args.jobs)
     if failed:
         print(f"layerswarm family: {failed} member(s) failed", file=sys.stderr)
         return 1
     for i in range(args.members):
         m = read_manifest(args.out / f"{args.prefix}-{i}")
-        print(f"{args.prefix}-{i}: {m.model_id} family {m.family_id} seq {m.metrics.get('test_sequential')} "
-              f"arb {m.metrics.get('test_arbitrary')}")
+        print(
+            f"{args.prefix}-{i}: {m.model_id} family {m.family_id} seq {m.metrics.get('test_sequential')} "
+            f"arb {m.metrics.get('test_arbitrary')}"
+        )
     return 0
 
 
 def _run_parallel(cmds: list[list[str]], jobs: int) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    pending, running, failed = list(cmds), [], 0
+    pending, failed = list(cmds), 0
+    running: list[subprocess.Popen[bytes]] = []
     while pending or running:
         while pending and len(running) < max(1, jobs):
             running.append(subprocess.Popen(pending.pop(0), env=env))
@@ -153,8 +214,9 @@ def eval_main(args: argparse.Namespace) -> int:
     if not spec:
         raise SystemExit("layerswarm eval: --data is needed (the manifest names no dataset)")
     data = load_dataset(spec, seed=int(first.dataset.get("data_seed", 0)))
-    report = evaluate_models([str(d) for d in args.model_dirs], data,
-                             EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed))
+    report = evaluate_models(
+        [str(d) for d in args.model_dirs], data, EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed)
+    )
     report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -174,9 +236,13 @@ def render_table(report: dict[str, Any]) -> str:
     for name, m in report["models"].items():
         a = m["arbitrary"]
         lines.append(f"| {name} | {m['variant']} | {m['sequential']:.4f} | {a['mean']:.4f} ± {a['std']:.4f} |")
-    for key, g in report["groups"].items():
-        lines.append(f"| merged ({len(g['members'])} members) | {g['variant']} | "
-                     f"{g['merged_sequential']['mean']:.4f} | {g['merged']['mean']:.4f} ± {g['merged']['std']:.4f} |")
-        lines.append(f"| ensemble ({len(g['members'])} members) | {g['variant']} | {g['ensemble_sequential']:.4f} | "
-                     f"{g['ensemble']:.4f} |")
+    for g in report["groups"].values():
+        lines.append(
+            f"| merged ({len(g['members'])} members) | {g['variant']} | "
+            f"{g['merged_sequential']['mean']:.4f} | {g['merged']['mean']:.4f} ± {g['merged']['std']:.4f} |"
+        )
+        lines.append(
+            f"| ensemble ({len(g['members'])} members) | {g['variant']} | {g['ensemble_sequential']:.4f} | "
+            f"{g['ensemble']:.4f} |"
+        )
     return "\n".join(lines)

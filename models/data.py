@@ -94,8 +94,9 @@ PAIR_KINDS = (0, 1, 2, 3)  # disc, square, triangle, plus
 PAIRS = tuple((a, b) for a in PAIR_KINDS for b in PAIR_KINDS if a <= b)  # 10 unordered pairs
 
 
-def make_shapes(n_train: int, n_test: int, seed: int = 0, spec: str = "shapes", size: int = 32,
-                mode: str = "pairs") -> Dataset:
+def make_shapes(
+    n_train: int, n_test: int, seed: int = 0, spec: str = "shapes", size: int = 32, mode: str = "pairs"
+) -> Dataset:
     """Generated shapes on dark, noisy backgrounds (bright shapes: contrast forced, so a tiny ViT learns).
 
     mode "single": the class is the one shape drawn (10 classes).
@@ -111,6 +112,7 @@ def make_shapes(n_train: int, n_test: int, seed: int = 0, spec: str = "shapes", 
         label = int(labels[i])
         kinds = [label] if mode == "single" else list(PAIRS[label])
         images[i] = _draw_shapes(rng, kinds, size)
+    names: tuple[str, ...]
     if mode == "single":
         names = SHAPE_NAMES
     else:

@@ -8,6 +8,7 @@ over the members, run in random order) and the ensemble of the members (mean log
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import statistics
@@ -16,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from .checkpoint import Manifest, load_model
 from .data import Dataset
-from .vit import Block, ViT, run_blocks
+from .vit import ViT, run_blocks
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,30 @@ class Evaluated:
     stem_out: Tensor = field(default_factory=lambda: torch.empty(0))
 
 
-def accuracy(head: torch.nn.Module, x: Tensor, blocks: Sequence[Block], labels: Tensor) -> float:
+def accuracy(head: torch.nn.Module, x: Tensor, blocks: Sequence[nn.Module], labels: Tensor) -> float:
     return float((head(run_blocks(blocks, x)).argmax(-1) == labels).float().mean())
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 @torch.inference_mode()
 def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) -> dict[str, Any]:
     rng = random.Random(plan.seed)
     models = [_load(d, data) for d in model_dirs]
-    report: dict[str, Any] = {"dataset": data.describe(), "plan": {
-        "orders": plan.orders, "merges": plan.merges, "prune_trials": plan.prune_trials, "seed": plan.seed},
-        "models": {}, "groups": {}}
+    report: dict[str, Any] = {
+        "dataset": data.describe(),
+        "plan": {"orders": plan.orders, "merges": plan.merges, "prune_trials": plan.prune_trials, "seed": plan.seed},
+        "models": {},
+        "groups": {},
+    }
     y = data.test_y
     for ev in tqdm(models, desc="models", unit="model", disable=None):
         report["models"][ev.name] = _evaluate_one(ev, y, plan, rng)
@@ -71,8 +80,7 @@ def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) ->
 def _load(model_dir: str, data: Dataset) -> Evaluated:
     model, manifest = load_model(model_dir)
     if manifest.config.num_classes != len(data.class_names):
-        raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has "
-                         f"{len(data.class_names)}")
+        raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has {len(data.class_names)}")
     name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
     return Evaluated(name, model, manifest, model.stem(data.test_x))
 
@@ -89,12 +97,19 @@ def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) 
         seq = accuracy(head, x, [blocks[i] for i in kept], y)
         arb = [accuracy(head, x, rng.sample(blocks, k), y) for _ in range(plan.prune_trials)]
         pruned[str(k)] = {"sequential": seq, "arbitrary": statistics.fmean(arb)}
-    return {"model_id": ev.manifest.model_id, "family_id": ev.manifest.family_id, "variant": ev.manifest.variant,
-            "sequential": accuracy(head, x, blocks, y), "arbitrary": summary(arbitrary), "pruned": pruned}
+    return {
+        "model_id": ev.manifest.model_id,
+        "family_id": ev.manifest.family_id,
+        "variant": ev.manifest.variant,
+        "sequential": accuracy(head, x, blocks, y),
+        "arbitrary": summary(arbitrary),
+        "pruned": pruned,
+    }
 
 
-def _evaluate_group(members: list[Evaluated], per_model: dict[str, Any], y: Tensor, plan: EvalPlan,
-                    rng: random.Random) -> dict[str, Any]:
+def _evaluate_group(
+    members: list[Evaluated], per_model: dict[str, Any], y: Tensor, plan: EvalPlan, rng: random.Random
+) -> dict[str, Any]:
     first = members[0]
     depth = len(first.model.blocks)
     head, x = first.model.head, first.stem_out  # merged models keep the first member's stem and head
@@ -106,13 +121,16 @@ def _evaluate_group(members: list[Evaluated], per_model: dict[str, Any], y: Tens
     rows = [per_model[m.name] for m in members]
     ks = rows[0]["pruned"].keys()
     return {
-        "family_id": first.manifest.family_id, "variant": first.manifest.variant,
+        "family_id": first.manifest.family_id,
+        "variant": first.manifest.variant,
         "members": [m.name for m in members],
         "sequential": statistics.fmean(r["sequential"] for r in rows),
         "arbitrary": summary([r["arbitrary"]["mean"] for r in rows]),
-        "pruned": {k: {o: statistics.fmean(r["pruned"][k][o] for r in rows) for o in ("sequential", "arbitrary")}
-                   for k in ks},
-        "merged": summary(merged), "merged_sequential": summary(merged_seq),
+        "pruned": {
+            k: {o: statistics.fmean(r["pruned"][k][o] for r in rows) for o in ("sequential", "arbitrary")} for k in ks
+        },
+        "merged": summary(merged),
+        "merged_sequential": summary(merged_seq),
         "ensemble": _ensemble(members, y, rng, shuffled=True),
         "ensemble_sequential": _ensemble(members, y, rng, shuffled=False),
         "best_member_arbitrary": max(r["arbitrary"]["mean"] for r in rows),
@@ -120,19 +138,25 @@ def _evaluate_group(members: list[Evaluated], per_model: dict[str, Any], y: Tens
 
 
 def _ensemble(members: list[Evaluated], y: Tensor, rng: random.Random, shuffled: bool) -> float:
-    logits = torch.stack([m.model.head(run_blocks(_permuted(list(m.model.blocks), rng) if shuffled else
-                                                  list(m.model.blocks), m.stem_out)) for m in members]).mean(0)
+    logits = torch.stack(
+        [
+            m.model.head(
+                run_blocks(_permuted(list(m.model.blocks), rng) if shuffled else list(m.model.blocks), m.stem_out)
+            )
+            for m in members
+        ]
+    ).mean(0)
     return float((logits.argmax(-1) == y).float().mean())
 
 
-def _merge(members: list[Evaluated], depth: int, rng: random.Random) -> list[Block]:
-    """Block index i from member owner[i]; owners spread evenly (each member gives depth/K blocks)."""
+def _merge(members: list[Evaluated], depth: int, rng: random.Random) -> list[nn.Module]:
+    """nn.Module index i from member owner[i]; owners spread evenly (each member gives depth/K blocks)."""
     owners = [i % len(members) for i in range(depth)]
     rng.shuffle(owners)
     return [members[o].model.blocks[i] for i, o in enumerate(owners)]
 
 
-def _permuted(blocks: list[Block], rng: random.Random) -> list[Block]:
+def _permuted(blocks: list[nn.Module], rng: random.Random) -> list[nn.Module]:
     return rng.sample(blocks, len(blocks))
 
 
@@ -163,10 +187,12 @@ def check_targets(report: dict[str, Any], chance: float) -> dict[str, Any]:
             }
     for name, m in report["models"].items():
         if m["variant"] == "baseline":
-            out[name] = {"baseline_arbitrary_minus_chance": m["arbitrary"]["mean"] - chance,
-                         "pruning_monotone_arbitrary": _monotone([v["arbitrary"] for v in m["pruned"].values()])}
+            out[name] = {
+                "baseline_arbitrary_minus_chance": m["arbitrary"]["mean"] - chance,
+                "pruning_monotone_arbitrary": _monotone([v["arbitrary"] for v in m["pruned"].values()]),
+            }
     return out
 
 
 def _monotone(values: list[float], slack: float = 0.01) -> bool:
-    return all(b >= a - slack for a, b in zip(values, values[1:], strict=False))
+    return all(b >= a - slack for a, b in itertools.pairwise(values))

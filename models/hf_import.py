@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -20,20 +21,29 @@ from .vit import ViT
 log = logging.getLogger(__name__)
 
 
-def hf_config(raw: dict[str, object], variant: str, num_classes: int | None,
-              class_names: tuple[str, ...] | None) -> ViTConfig:
+def hf_config(
+    raw: dict[str, Any], variant: str, num_classes: int | None, class_names: tuple[str, ...] | None
+) -> ViTConfig:
     if raw.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"only GELU ViTs are supported, this one uses {raw['hidden_act']!r}")
-    hidden, inter = int(raw["hidden_size"]), int(raw["intermediate_size"])  # type: ignore[call-overload]
+    hidden, inter = int(raw["hidden_size"]), int(raw["intermediate_size"])
     labels = raw.get("id2label") or {}
-    names = class_names or tuple(str(labels[k]) for k in sorted(labels, key=int)) if isinstance(labels, dict) else ()
+    names = class_names or tuple(str(labels[k]) for k in sorted(labels, key=int))
     return ViTConfig(
-        image_size=int(raw.get("image_size", 224)), patch_size=int(raw.get("patch_size", 16)),  # type: ignore
-        in_channels=int(raw.get("num_channels", 3)), dim=hidden,  # type: ignore[call-overload]
-        depth=int(raw["num_hidden_layers"]), heads=int(raw["num_attention_heads"]),  # type: ignore
-        mlp_ratio=inter / hidden, layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),  # type: ignore
-        num_classes=num_classes or len(names) or 1000, variant=variant, class_names=tuple(names or ()),
-        image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5), dropout=0.0,
+        image_size=int(raw.get("image_size", 224)),
+        patch_size=int(raw.get("patch_size", 16)),
+        in_channels=int(raw.get("num_channels", 3)),
+        dim=hidden,
+        depth=int(raw["num_hidden_layers"]),
+        heads=int(raw["num_attention_heads"]),
+        mlp_ratio=inter / hidden,
+        layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+        num_classes=num_classes or len(names) or 1000,
+        variant=variant,
+        class_names=tuple(names),
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+        dropout=0.0,
     )
 
 
@@ -70,8 +80,12 @@ def convert_state_dict(hf: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str,
     return out
 
 
-def import_hf_vit(path: Path, variant: str = "layershuffle", num_classes: int | None = None,
-                  class_names: tuple[str, ...] | None = None) -> tuple[ViT, Lineage]:
+def import_hf_vit(
+    path: Path,
+    variant: str = "layershuffle",
+    num_classes: int | None = None,
+    class_names: tuple[str, ...] | None = None,
+) -> tuple[ViT, Lineage]:
     config_path, weights_path = path / "config.json", path / "model.safetensors"
     for p in (config_path, weights_path):
         if not p.is_file():
@@ -86,8 +100,10 @@ def import_hf_vit(path: Path, variant: str = "layershuffle", num_classes: int | 
     if variant == "layershuffle-predict":
         allowed_missing |= {k for k in model.state_dict() if ".position_head." in k}
     if unexpected or set(missing) - allowed_missing:
-        raise ValueError(f"HF checkpoint does not fit: missing {sorted(set(missing) - allowed_missing)}, "
-                         f"unexpected {sorted(unexpected)}")
+        raise ValueError(
+            f"HF checkpoint does not fit: missing {sorted(set(missing) - allowed_missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
     if "head.classifier.weight" in missing:
         log.info("classifier re-initialised for %d classes", cfg.num_classes)
     root = "hf-" + sha256_file(weights_path)[:24]

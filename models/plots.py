@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def plot_pruning(report: dict[str, Any], path: Path) -> Path:
@@ -37,8 +37,14 @@ def plot_merged(report: dict[str, Any], path: Path) -> Path:
         base = i * 4
         members = [report["models"][n]["arbitrary"]["mean"] for n in g["members"]]
         ax.bar(base, sum(members) / len(members), color="tab:blue", label="members" if i == 0 else None)
-        ax.bar(base + 1, g["merged"]["mean"], yerr=g["merged"]["std"], color="tab:orange",
-               label="merged" if i == 0 else None, capsize=4)
+        ax.bar(
+            base + 1,
+            g["merged"]["mean"],
+            yerr=g["merged"]["std"],
+            color="tab:orange",
+            label="merged" if i == 0 else None,
+            capsize=4,
+        )
         ax.bar(base + 2, g["ensemble"], color="tab:green", label="ensemble" if i == 0 else None)
         labels.append(f"{g['variant']}\n{key.split('/')[0][:12]}")
         positions.append(base + 1)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +22,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
-from .checkpoint import Lineage, Manifest, birth_hash, load_model, save_model
+from .checkpoint import Lineage, Manifest, birth_hash, load_model
 from .config import ViTConfig
 from .data import Dataset
-from .vit import ViT
+from .vit import Block, ViT
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def training_loss(model: ViT, images: Tensor, labels: Tensor, order: list[int]) 
     x = model.stem(images)
     position_loss = images.new_zeros(())
     for position, index in enumerate(order):
-        block = model.blocks[index]
+        block: Block = model.blocks[index]  # type: ignore[assignment]
         x = block(x, position)
         if block.position_head is not None:
             target = torch.full((x.shape[0],), position, dtype=torch.long, device=x.device)
@@ -97,8 +98,9 @@ class Trainer:
         split = torch.Generator().manual_seed(recipe.seed)
         perm = torch.randperm(len(data.train_y), generator=split)
         self.val_idx, self.train_idx = perm[:n_val], perm[n_val:]
-        self.opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, betas=(0.9, 0.999), eps=1e-6,
-                                    weight_decay=recipe.weight_decay)
+        self.opt = torch.optim.Adam(
+            model.parameters(), lr=recipe.lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=recipe.weight_decay
+        )
         self.steps_per_epoch = math.ceil(len(self.train_idx) / recipe.batch_size)
         self.total_steps = self.steps_per_epoch * recipe.epochs
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
@@ -119,8 +121,13 @@ class Trainer:
             self.model.train()
             perm = self.train_idx[torch.randperm(len(self.train_idx), generator=self.gen)]
             started, running = time.perf_counter(), 0.0
-            bar = tqdm(range(self.steps_per_epoch), desc=f"epoch {epoch + 1}/{self.recipe.epochs}", leave=False,
-                       unit="batch", disable=None)
+            bar = tqdm(
+                range(self.steps_per_epoch),
+                desc=f"epoch {epoch + 1}/{self.recipe.epochs}",
+                leave=False,
+                unit="batch",
+                disable=None,
+            )
             for step in bar:
                 idx = perm[step * self.recipe.batch_size : (step + 1) * self.recipe.batch_size]
                 images = x[idx]
@@ -134,12 +141,24 @@ class Trainer:
                 self.sched.step()
                 running += loss.item()
                 bar.set_postfix(loss=f"{running / (step + 1):.3f}")
-            val_loss, val_acc = evaluate_loss(self.model, x[self.val_idx].to(self.device), y[self.val_idx].to(self.device))
-            record = {"epoch": epoch + 1, "train_loss": running / self.steps_per_epoch, "val_loss": val_loss,
-                      "val_acc": val_acc, "seconds": time.perf_counter() - started}
+            val_loss, val_acc = evaluate_loss(
+                self.model, x[self.val_idx].to(self.device), y[self.val_idx].to(self.device)
+            )
+            record = {
+                "epoch": epoch + 1,
+                "train_loss": running / self.steps_per_epoch,
+                "val_loss": val_loss,
+                "val_acc": val_acc,
+                "seconds": time.perf_counter() - started,
+            }
             self.history.append(record)
-            log.info("epoch %d: train loss %.4f, val loss %.4f, val acc %.4f", epoch + 1, record["train_loss"],
-                     val_loss, val_acc)
+            log.info(
+                "epoch %d: train loss %.4f, val loss %.4f, val acc %.4f",
+                epoch + 1,
+                record["train_loss"],
+                val_loss,
+                val_acc,
+            )
             if val_loss < self.best_val:
                 self.best_val = val_loss
                 self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -163,8 +182,13 @@ class Trainer:
                 tensors[f"opt.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
         tensors["rng"] = self.gen.get_state()
         save_file(tensors, str(self.state_dir / "state.safetensors"))
-        meta = {"epoch": self.epoch, "best_val": self.best_val, "history": self.history,
-                "sched": self.sched.state_dict(), "recipe": asdict(self.recipe)}
+        meta = {
+            "epoch": self.epoch,
+            "best_val": self.best_val,
+            "history": self.history,
+            "sched": self.sched.state_dict(),
+            "recipe": asdict(self.recipe),
+        }
         (self.state_dir / "state.json").write_text(json.dumps(meta, indent=1))
 
     def load_state(self) -> bool:
@@ -189,21 +213,33 @@ class Trainer:
         return True
 
 
-def build_model(data: Dataset, variant: str, init: str | None, arch: dict[str, object], seed: int,
-                ) -> tuple[ViT, Lineage]:
+def build_model(
+    data: Dataset,
+    variant: str,
+    init: str | None,
+    arch: dict[str, Any],
+    seed: int,
+) -> tuple[ViT, Lineage]:
     """A fresh model, one fine-tuned from a model directory, or one imported from Hugging Face."""
     torch.manual_seed(seed)
     c, h, _ = data.image_shape
     if init is None:
-        cfg = ViTConfig(image_size=h, in_channels=c, num_classes=len(data.class_names), variant=variant,
-                        class_names=data.class_names, **arch)  # type: ignore[arg-type]
+        cfg = ViTConfig(
+            image_size=h,
+            in_channels=c,
+            num_classes=len(data.class_names),
+            variant=variant,
+            class_names=data.class_names,
+            **arch,
+        )  # type: ignore[arg-type]
         model = ViT(cfg)
         return model, Lineage(root=birth_hash(model), parent=None, source="scratch")
     if init.startswith("hf:"):
         from .hf_import import import_hf_vit
 
-        return import_hf_vit(Path(init[3:]), variant=variant, num_classes=len(data.class_names),
-                             class_names=data.class_names)
+        return import_hf_vit(
+            Path(init[3:]), variant=variant, num_classes=len(data.class_names), class_names=data.class_names
+        )
     parent, manifest = load_model(init)
     return _fine_tune_copy(parent, manifest, data, variant)
 

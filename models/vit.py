@@ -23,6 +23,8 @@ class Stem(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
+        self.mean: Tensor
+        self.std: Tensor
         self.register_buffer("mean", torch.tensor(cfg.image_mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg.image_std).view(1, -1, 1, 1), persistent=False)
         self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
@@ -149,7 +151,7 @@ class ViT(nn.Module):
         return list(range(len(self.blocks)))
 
 
-def run_blocks(blocks: Sequence[Block], x: Tensor) -> Tensor:
+def run_blocks(blocks: Sequence[nn.Module], x: Tensor) -> Tensor:
     """Run an explicit list of blocks (possibly from several models) at positions 0..k-1."""
     for position, block in enumerate(blocks):
         x = block(x, position)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Awaitable
+from typing import Any
 
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
@@ -20,14 +22,19 @@ def routable_addresses(host: str) -> list[str]:
         return [socket.gethostbyname(host)]
     import ifaddr
 
-    found = [ip.ip for adapter in ifaddr.get_adapters() for ip in adapter.ips
-             if isinstance(ip.ip, str) and not ip.ip.startswith("127.")]
+    found = [
+        ip.ip
+        for adapter in ifaddr.get_adapters()
+        for ip in adapter.ips
+        if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
+    ]
     return found or ["127.0.0.1"]
 
 
 class Advertiser:
-    def __init__(self, advert: Advert, model_id: str, port: int, addresses: list[str],
-                 interfaces: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, advert: Advert, model_id: str, port: int, addresses: list[str], interfaces: tuple[str, ...] = ()
+    ) -> None:
         self.info = ServiceInfo(
             SERVICE_TYPE,
             instance_name(model_id, advert.block, advert.boot),
@@ -38,7 +45,7 @@ class Advertiser:
         )
         self._interfaces = list(interfaces)
         self._zc: AsyncZeroconf | None = None
-        self._announcing: asyncio.Future[object] | None = None
+        self._announcing: Awaitable[Any] | None = None
 
     async def start(self) -> None:
         kwargs = {"interfaces": self._interfaces} if self._interfaces else {}
@@ -52,7 +59,7 @@ class Advertiser:
         """Send the goodbye (TTL 0) so browsers drop the node at once, then close the sockets."""
         if self._zc is None:
             return
-        if self._announcing is not None and not self._announcing.done():
+        if isinstance(self._announcing, asyncio.Future) and not self._announcing.done():
             self._announcing.cancel()
         broadcast = await self._zc.async_unregister_service(self.info)
         await broadcast  # the goodbye packets are sent by this task: closing before it ends loses them

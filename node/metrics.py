@@ -11,13 +11,23 @@ class NodeMetrics:
     def __init__(self, block: int, model_id: str) -> None:
         self.registry = CollectorRegistry()
         labels = {"block": str(block), "model": model_id}
-        self.requests = Counter("layerswarm_node_requests", "Forward requests received", ["rpc"],
-                                registry=self.registry)
-        self.errors = Counter("layerswarm_node_errors", "Forward requests answered with an error", ["code"],
-                              registry=self.registry)
-        self.latency = Histogram("layerswarm_node_forward_seconds", "Block compute time per request",
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "layerswarm_node_requests", "Forward requests received", ["rpc"], registry=self.registry
+        )
+        self.errors = Counter(
+            "layerswarm_node_errors", "Forward requests answered with an error", ["code"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "layerswarm_node_forward_seconds",
+            "Block compute time per request",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.in_flight = Gauge("layerswarm_node_in_flight", "Requests queued or computing", registry=self.registry)
-        self.info = Gauge("layerswarm_node_info", "Constant 1, labelled with what this node serves",
-                          list(labels), registry=self.registry)
+        self.info = Gauge(
+            "layerswarm_node_info",
+            "Constant 1, labelled with what this node serves",
+            list(labels),
+            registry=self.registry,
+        )
         self.info.labels(**labels).set(1)

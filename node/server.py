@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import uuid
+from typing import Any
 
 import grpc
 import torch
@@ -53,12 +54,11 @@ class Node:
         self.server = grpc.aio.server(options=grpc_options(settings.max_message_bytes))
         self.port = 0
         self.advertiser: Advertiser | None = None
-        self._metrics_server: object | None = None
+        self._metrics_server: tuple[Any, Any] | None = None
 
     async def start(self) -> None:
         s = self.settings
-        pb_grpc.add_BlockNodeServicer_to_server(BlockService(self.runtime, s, self.metrics, self.boot_id),
-                                                self.server)
+        pb_grpc.add_BlockNodeServicer_to_server(BlockService(self.runtime, s, self.metrics, self.boot_id), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
         if self.port == 0:
@@ -69,9 +69,15 @@ class Node:
         if s.metrics_port is not None:
             self._metrics_server = start_http_server(s.metrics_port, addr=s.host, registry=self.metrics.registry)
         if s.advertise:  # only once gRPC answers: a browser may call us as soon as it sees the record
-            advert = Advert(family=self.manifest.family_id, model=self.manifest.model_id, block=s.block,
-                            variant=self.manifest.variant, proto=PROTOCOL_VERSION, boot=self.boot_id,
-                            sha=self.manifest.block_sha256(s.block)[:16])
+            advert = Advert(
+                family=self.manifest.family_id,
+                model=self.manifest.model_id,
+                block=s.block,
+                variant=self.manifest.variant,
+                proto=PROTOCOL_VERSION,
+                boot=self.boot_id,
+                sha=self.manifest.block_sha256(s.block)[:16],
+            )
             addresses = [s.advertise_address] if s.advertise_address else routable_addresses(s.host)
             self.advertiser = Advertiser(advert, self.manifest.model_id, self.port, addresses, s.mdns_interfaces)
             await self.advertiser.start()
@@ -83,14 +89,23 @@ class Node:
         if self.advertiser is not None:
             await self.advertiser.stop()
         if self._metrics_server is not None:
-            server, _thread = self._metrics_server  # type: ignore[misc]
+            server, _thread = self._metrics_server
             server.shutdown()
         self.runtime.close()
 
     def ready_line(self) -> str:
-        return json.dumps({"event": "ready", "role": "node", "host": self.settings.host, "port": self.port,
-                           "block": self.settings.block, "model_id": self.manifest.model_id,
-                           "family_id": self.manifest.family_id, "boot_id": self.boot_id})
+        return json.dumps(
+            {
+                "event": "ready",
+                "role": "node",
+                "host": self.settings.host,
+                "port": self.port,
+                "block": self.settings.block,
+                "model_id": self.manifest.model_id,
+                "family_id": self.manifest.family_id,
+                "boot_id": self.boot_id,
+            }
+        )
 
 
 async def serve(settings: NodeSettings) -> None:

@@ -38,8 +38,9 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.metrics = metrics
         self.boot_id = boot_id
         cfg = runtime.manifest.config
-        self.spec = codec.TensorSpec(shape=(None, cfg.num_tokens, cfg.dim), max_batch=settings.max_batch,
-                                     max_bytes=settings.max_message_bytes)
+        self.spec = codec.TensorSpec(
+            shape=(None, cfg.num_tokens, cfg.dim), max_batch=settings.max_batch, max_bytes=settings.max_message_bytes
+        )
 
     async def Forward(self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext) -> pb.ForwardResponse:
         self.metrics.requests.labels("Forward").inc()
@@ -50,8 +51,9 @@ class BlockService(pb_grpc.BlockNodeServicer):
             await context.abort(exc.code, str(exc))
             raise  # unreachable: abort raises
 
-    async def ForwardStream(self, request_iterator: AsyncIterator[pb.ForwardRequest],
-                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ForwardResponse]:
+    async def ForwardStream(
+        self, request_iterator: AsyncIterator[pb.ForwardRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ForwardResponse]:
         async for request in request_iterator:
             self.metrics.requests.labels("ForwardStream").inc()
             try:
@@ -63,21 +65,36 @@ class BlockService(pb_grpc.BlockNodeServicer):
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.NodeInfo:
         rt, cfg = self.runtime, self.runtime.manifest.config
         return pb.NodeInfo(
-            family_id=rt.manifest.family_id, model_id=rt.manifest.model_id, block_index=rt.index,
-            variant=cfg.variant, weights_sha256=rt.manifest.block_sha256(rt.index), device=str(rt.device),
-            compute_dtype=codec.wire_dtype(rt.dtype), software_version=__version__,
-            protocol_version=PROTOCOL_VERSION, boot_id=self.boot_id, depth=cfg.depth, tokens=cfg.num_tokens,
-            dim=cfg.dim, max_batch=self.settings.max_batch, shuffle_robust=cfg.shuffle_robust,
-            load=pb.Load(in_flight=rt.in_flight, max_in_flight=self.settings.max_in_flight,
-                         ewma_latency_ms=rt.ewma_ms, served=rt.served),
+            family_id=rt.manifest.family_id,
+            model_id=rt.manifest.model_id,
+            block_index=rt.index,
+            variant=cfg.variant,
+            weights_sha256=rt.manifest.block_sha256(rt.index),
+            device=str(rt.device),
+            compute_dtype=codec.wire_dtype(rt.dtype),  # type: ignore[arg-type]
+            software_version=__version__,
+            protocol_version=PROTOCOL_VERSION,
+            boot_id=self.boot_id,
+            depth=cfg.depth,
+            tokens=cfg.num_tokens,
+            dim=cfg.dim,
+            max_batch=self.settings.max_batch,
+            shuffle_robust=cfg.shuffle_robust,
+            load=pb.Load(
+                in_flight=rt.in_flight,
+                max_in_flight=self.settings.max_in_flight,
+                ewma_latency_ms=rt.ewma_ms,
+                served=rt.served,
+            ),
         )
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
         x, reply_dtype = self._validate(request)
         if self.runtime.in_flight >= self.settings.max_in_flight:
-            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"node busy: {self.runtime.in_flight} requests in flight (limit "
-                               f"{self.settings.max_in_flight})")
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"node busy: {self.runtime.in_flight} requests in flight (limit {self.settings.max_in_flight})",
+            )
         self.metrics.in_flight.inc()
         try:
             out, ms = await self.runtime.forward(x, request.position)
@@ -88,22 +105,25 @@ class BlockService(pb_grpc.BlockNodeServicer):
             self.metrics.in_flight.dec()
         self.metrics.latency.observe(ms / 1e3)
         out = await self._inject_faults(out)
-        return pb.ForwardResponse(request_id=request.request_id, activations=codec.encode(out, reply_dtype),
-                                  compute_ms=ms)
+        return pb.ForwardResponse(
+            request_id=request.request_id, activations=codec.encode(out, reply_dtype), compute_ms=ms
+        )
 
     def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype]:
         depth = self.runtime.manifest.config.depth
         if not request.HasField("activations"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request has no activations")
         if not 0 <= request.position < depth:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"position {request.position} outside [0, {depth}) for this model")
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"position {request.position} outside [0, {depth}) for this model"
+            )
         if request.HasField("token_mask"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_mask is reserved and not supported yet")
         try:
             x = codec.decode(request.activations, self.spec)
-            reply_dtype = x.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else codec.torch_dtype(
-                request.reply_dtype)
+            reply_dtype = (
+                x.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else codec.torch_dtype(request.reply_dtype)
+            )
         except codec.TensorError as exc:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
         return x, reply_dtype

@@ -1,7 +1,7 @@
 """Regenerate the checked-in gRPC stubs from proto/ (run after editing a .proto).
 
-    python scripts/gen_proto.py           # write src/layerswarm/wire/v1/*_pb2*.py
-    python scripts/gen_proto.py --check   # exit 1 if the checked-in stubs differ (CI runs this via a test)
+python scripts/gen_proto.py           # write src/layerswarm/wire/v1/*_pb2*.py
+python scripts/gen_proto.py --check   # exit 1 if the checked-in stubs differ (CI runs this via a test)
 """
 
 from __future__ import annotations
@@ -20,8 +20,16 @@ PROTOS = ["layerswarm/v1/block.proto"]
 
 
 def generate(out_dir: Path) -> list[Path]:
-    cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", f"--python_out={out_dir}",
-           f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", *PROTOS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{PROTO_ROOT}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        *PROTOS,
+    ]
     subprocess.run(cmd, check=True)
     return sorted((out_dir / "layerswarm" / "v1").glob("*_pb2*.py*"))
 
@@ -40,8 +48,13 @@ def main() -> int:
             if args.check:
                 current = dest.read_text() if dest.exists() else ""
                 if current != fixed:
-                    drift.append("".join(difflib.unified_diff(current.splitlines(True), fixed.splitlines(True),
-                                                              str(dest), "generated")))
+                    drift.append(
+                        "".join(
+                            difflib.unified_diff(
+                                current.splitlines(True), fixed.splitlines(True), str(dest), "generated"
+                            )
+                        )
+                    )
             else:
                 target.mkdir(parents=True, exist_ok=True)
                 dest.write_text(fixed)

@@ -18,8 +18,9 @@ def tiny_config(variant: str = "layershuffle", **overrides: object) -> ViTConfig
     return ViTConfig(**{**TINY, "variant": variant, "class_names": ("a", "b", "c", "d"), **overrides})  # type: ignore
 
 
-def make_model_dir(path: Path, variant: str = "layershuffle", seed: int = 0, parent: tuple[ViT, str] | None = None,
-                   **overrides: object) -> Path:
+def make_model_dir(
+    path: Path, variant: str = "layershuffle", seed: int = 0, parent: tuple[ViT, str] | None = None, **overrides: object
+) -> Path:
     """A model directory with random weights; with `parent`, a fine-tuned-looking sibling (same family)."""
     torch.manual_seed(seed)
     model = ViT(tiny_config(variant, **overrides))

@@ -13,8 +13,20 @@ from layerswarm.procs import Proc, layerswarm_cmd, spawn, spawn_many
 
 
 def node_cmd(model_dir: Path, block: int, port: int = 0, *extra: str, host: str = "127.0.0.1") -> list[str]:
-    return layerswarm_cmd("node", "--model-dir", str(model_dir), "--block", str(block), "--host", host,
-                          "--port", str(port), "--grace", "0.5", *extra)
+    return layerswarm_cmd(
+        "node",
+        "--model-dir",
+        str(model_dir),
+        "--block",
+        str(block),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--grace",
+        "0.5",
+        *extra,
+    )
 
 
 def start_nodes(layout: list[tuple[Path, int]], *extra: str) -> list[Proc]:
@@ -31,8 +43,7 @@ def address(proc: Proc) -> str:
 
 def coordinator(model_dir: Path, nodes: list[Proc], **overrides: object) -> Coordinator:
     values: dict[str, object] = {"health_interval_s": 0.2, "health_timeout_s": 0.3, "hop_timeout_s": 1.0, **overrides}
-    settings = CoordinatorSettings(model_dir=model_dir, peers=tuple(address(n) for n in nodes), mdns=False,
-                                   **values)  # type: ignore[arg-type]
+    settings = CoordinatorSettings(model_dir=model_dir, peers=tuple(address(n) for n in nodes), mdns=False, **values)  # type: ignore[arg-type]
     return Coordinator(settings)
 
 

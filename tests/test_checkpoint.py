@@ -38,8 +38,18 @@ def test_saved_and_reloaded_model_gives_identical_logits(tmp_path: Path) -> None
 
 def test_manifest_records_everything(model_dir: Path) -> None:
     raw = json.loads((model_dir / "manifest.json").read_text())
-    for key in ("format_version", "family_id", "model_id", "variant", "config", "recipe", "dataset", "metrics",
-                "files", "lineage"):
+    for key in (
+        "format_version",
+        "family_id",
+        "model_id",
+        "variant",
+        "config",
+        "recipe",
+        "dataset",
+        "metrics",
+        "files",
+        "lineage",
+    ):
         assert key in raw
     assert all(len(entry["sha256"]) == 64 for entry in raw["files"].values())
 
@@ -62,7 +72,7 @@ def test_missing_file_and_bad_index(model_dir: Path) -> None:
         load_block(model_dir, 2)
     with pytest.raises(ModelDirError, match="out of range"):
         load_block(model_dir, 7)
-    with pytest.raises(ModelDirError, match="no manifest.json"):
+    with pytest.raises(ModelDirError, match=r"no manifest\.json"):
         read_manifest(model_dir / "nowhere")
 
 

@@ -16,7 +16,7 @@ def test_shapes_are_deterministic_and_balanced() -> None:
     a, b = load_dataset("shapes:300:100", seed=3), load_dataset("shapes:300:100", seed=3)
     assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
     assert a.train_x.shape == (300, 3, 32, 32) and a.train_x.dtype == torch.float32
-    assert 0.0 <= float(a.train_x.min()) and float(a.train_x.max()) <= 1.0
+    assert float(a.train_x.min()) >= 0.0 and float(a.train_x.max()) <= 1.0
     assert len(a.class_names) == 10 and len(set(a.train_y.tolist())) == 10
     assert not torch.equal(load_dataset("shapes:300:100", seed=4).train_x, a.train_x)
 

@@ -11,14 +11,23 @@ from layerswarm.models.hf_import import import_hf_vit
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency")
 
-TINY_HF = {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 64,
-           "image_size": 16, "patch_size": 8, "num_channels": 3, "num_labels": 5}
+TINY_HF = {
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "image_size": 16,
+    "patch_size": 8,
+    "num_channels": 3,
+    "num_labels": 5,
+}
 
 
 def _tiny_checkpoint(path: Path):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
-    cfg = transformers.ViTConfig(**TINY_HF, id2label={i: f"class{i}" for i in range(5)},
-                                 label2id={f"class{i}": i for i in range(5)})
+    cfg = transformers.ViTConfig(
+        **TINY_HF, id2label={i: f"class{i}" for i in range(5)}, label2id={f"class{i}": i for i in range(5)}
+    )
     model = transformers.ViTForImageClassification(cfg).eval()
     with torch.no_grad():  # random, not HF's near-zero init, so every weight matters
         for p in model.parameters():
@@ -48,5 +57,5 @@ def test_import_with_new_classes_reinitialises_head(tmp_path: Path) -> None:
 
 
 def test_missing_files_are_explained(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="config.json"):
+    with pytest.raises(ValueError, match=r"config\.json"):
         import_hf_vit(tmp_path)

@@ -29,8 +29,19 @@ def png(size: tuple[int, int] = (16, 16), seed: int = 0) -> bytes:
 @pytest.fixture(scope="module")
 def swarm(family_dirs: list[Path]) -> Iterator[tuple[httpx.Client, list[Proc]]]:
     nodes = start_nodes([(family_dirs[0], b) for b in range(3)])
-    args = ["coordinator", "--model-dir", str(family_dirs[0]), "--http-port", "0", "--no-mdns", "--health-interval",
-            "0.2", "--max-upload-bytes", "50000", *[f"--peer={address(n)}" for n in nodes[:2]]]
+    args = [
+        "coordinator",
+        "--model-dir",
+        str(family_dirs[0]),
+        "--http-port",
+        "0",
+        "--no-mdns",
+        "--health-interval",
+        "0.2",
+        "--max-upload-bytes",
+        "50000",
+        *[f"--peer={address(n)}" for n in nodes[:2]],
+    ]
     coord = spawn("coordinator", layerswarm_cmd(*args))
     client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=20)
     try:
@@ -46,8 +57,11 @@ def client(swarm: tuple[httpx.Client, list[Proc]]) -> httpx.Client:
 
 
 def test_classify_upload_returns_labels_and_trace(client: httpx.Client) -> None:
-    reply = client.post("/v1/classify", files={"file": ("a.png", png(), "image/png")},
-                        data={"top_k": "3", "policy": "sequential", "seed": "7"})
+    reply = client.post(
+        "/v1/classify",
+        files={"file": ("a.png", png(), "image/png")},
+        data={"top_k": "3", "policy": "sequential", "seed": "7"},
+    )
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert len(body["labels"]) == 3 and body["prediction"] == body["labels"][0]["label"]
@@ -64,8 +78,10 @@ def test_classify_json_base64_matches_upload(client: httpx.Client) -> None:
     image = png(seed=3)
     upload = client.post("/v1/classify", files={"file": ("a.png", image, "image/png")}, data={"seed": "5"}).json()
     as_json = client.post("/v1/classify", json={"image_base64": base64.b64encode(image).decode(), "seed": 5}).json()
-    assert upload["labels"] == as_json["labels"] and upload["trace"]["hops"][0]["block"] == \
-        as_json["trace"]["hops"][0]["block"]
+    assert (
+        upload["labels"] == as_json["labels"]
+        and upload["trace"]["hops"][0]["block"] == as_json["trace"]["hops"][0]["block"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,11 +122,17 @@ def test_too_few_blocks_is_a_503_that_says_why(client: httpx.Client) -> None:
 
 
 def test_early_exit_stops_once_confident(client: httpx.Client) -> None:
-    body = client.post("/v1/classify", files={"file": ("a.png", png(), "image/png")},
-                       data={"exit_confidence": "0.01", "policy": "sequential"}).json()
+    body = client.post(
+        "/v1/classify",
+        files={"file": ("a.png", png(), "image/png")},
+        data={"exit_confidence": "0.01", "policy": "sequential"},
+    ).json()
     assert body["exited_early"] is True and body["depth"] == 1
-    body = client.post("/v1/classify", files={"file": ("a.png", png(), "image/png")},
-                       data={"exit_confidence": "1.0", "policy": "sequential"}).json()
+    body = client.post(
+        "/v1/classify",
+        files={"file": ("a.png", png(), "image/png")},
+        data={"exit_confidence": "1.0", "policy": "sequential"},
+    ).json()
     assert body["exited_early"] is False and body["depth"] == 2
 
 

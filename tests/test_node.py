@@ -80,8 +80,9 @@ async def test_bad_requests_get_invalid_argument(stub: pb_grpc.BlockNodeStub, ma
 
 
 async def test_overload_gets_resource_exhausted(model_dir: Path) -> None:
-    settings = NodeSettings(model_dir=model_dir, block=0, advertise=False, max_in_flight=1, fault_delay_ms=300,
-                            grace_s=0.1)
+    settings = NodeSettings(
+        model_dir=model_dir, block=0, advertise=False, max_in_flight=1, fault_delay_ms=300, grace_s=0.1
+    )
     n = Node(settings)
     await n.start()
     try:
@@ -110,8 +111,9 @@ async def test_info_and_health(node: Node, stub: pb_grpc.BlockNodeStub, model_di
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "layerswarm", *args], capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "layerswarm", *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_tampered_weights_stop_the_node_from_starting(model_dir: Path) -> None:
@@ -131,3 +133,28 @@ def test_bad_block_index_and_missing_dir_are_explained(model_dir: Path, tmp_path
     assert result.returncode == 2 and "manifest.json" in result.stderr
     result = run_cli("node", "--model-dir", str(model_dir), "--block", "x")
     assert result.returncode == 2 and "--block" in result.stderr
+
+
+async def test_prometheus_metrics(model_dir: Path) -> None:
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    n = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, metrics_port=port, grace_s=0.1))
+    await n.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{n.port}") as channel:
+            stub = pb_grpc.BlockNodeStub(channel)
+            await stub.Forward(request(torch.randn(1, 5, 32)))
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.Forward(request(torch.randn(1, 4, 32)))
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    finally:
+        await n.stop()
+    assert 'layerswarm_node_requests_total{rpc="Forward"} 2.0' in text
+    assert 'layerswarm_node_errors_total{code="INVALID_ARGUMENT"} 1.0' in text
+    assert "layerswarm_node_forward_seconds_count 1.0" in text and "layerswarm_node_in_flight 0.0" in text

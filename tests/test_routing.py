@@ -12,10 +12,22 @@ from layerswarm.coordinator.registry import FamilySpec, NodeIdentity, NodeState,
 FAMILY = FamilySpec("fam-a", depth=4, tokens=5, dim=8, known_weights={("mdl-1", 0): "sha-good"})
 
 
-def ident(block: int, model: str = "mdl-1", family: str = "fam-a", sha: str = "sha-good", boot: str = "boot-1",
-          **kw: object) -> NodeIdentity:
-    base = {"family_id": family, "model_id": model, "block": block, "variant": "layershuffle", "weights_sha256": sha,
-            "boot_id": boot, "protocol_version": 1, "depth": 4, "tokens": 5, "dim": 8, "shuffle_robust": True}
+def ident(
+    block: int, model: str = "mdl-1", family: str = "fam-a", sha: str = "sha-good", boot: str = "boot-1", **kw: object
+) -> NodeIdentity:
+    base = {
+        "family_id": family,
+        "model_id": model,
+        "block": block,
+        "variant": "layershuffle",
+        "weights_sha256": sha,
+        "boot_id": boot,
+        "protocol_version": 1,
+        "depth": 4,
+        "tokens": 5,
+        "dim": 8,
+        "shuffle_robust": True,
+    }
     return NodeIdentity(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -35,8 +47,14 @@ def registry_with(*identities: NodeIdentity, clock: Clock | None = None) -> Regi
 
 
 def test_admission_and_refusals() -> None:
-    reg = registry_with(ident(0), ident(1, family="fam-b"), ident(0, sha="sha-evil"), ident(2, protocol_version=9),
-                        ident(3, dim=16), ident(9))
+    reg = registry_with(
+        ident(0),
+        ident(1, family="fam-b"),
+        ident(0, sha="sha-evil"),
+        ident(2, protocol_version=9),
+        ident(3, dim=16),
+        ident(9),
+    )
     states = {a: (r.state, r.reason) for a, r in reg.nodes.items()}
     assert states["10.0.0.0:1"][0] is NodeState.HEALTHY
     assert states["10.0.0.1:1"] == (NodeState.IGNORED, "family fam-b, not ours (fam-a)")
@@ -91,8 +109,9 @@ def test_sequential_plan_uses_each_block_once_in_order_and_prefers_own_model() -
 def test_shuffle_plans_are_permutations_and_vary() -> None:
     reg = registry_with(*(ident(b) for b in range(4)))
     rng = random.Random(1)
-    orders = {tuple(s.block for s in plan_path(Policy.SHUFFLE, reg.routable_by_block(), 4, rng).steps)
-              for _ in range(30)}
+    orders = {
+        tuple(s.block for s in plan_path(Policy.SHUFFLE, reg.routable_by_block(), 4, rng).steps) for _ in range(30)
+    }
     assert len(orders) > 5 and all(sorted(o) == [0, 1, 2, 3] for o in orders)
     pruned = plan_path(Policy.SHUFFLE, reg.routable_by_block(), 4, rng, max_blocks=2)
     assert len(pruned.steps) == 2 and len({s.block for s in pruned.steps}) == 2

@@ -72,7 +72,8 @@ async def test_shuffle_mixes_models_and_orders(coord: Coordinator) -> None:
 
 
 async def test_killed_node_is_substituted_then_ejected_then_readmitted_on_restart(
-        coord: Coordinator, two_models: list[Proc], family_dirs: list[Path]) -> None:
+    coord: Coordinator, two_models: list[Proc], family_dirs: list[Path]
+) -> None:
     victim = node_of(two_models, family_dirs[0], 1)
     victim.signal(signal.SIGKILL)
     victim.popen.wait(5)
@@ -90,8 +91,9 @@ async def test_killed_node_is_substituted_then_ejected_then_readmitted_on_restar
     assert coord.registry.nodes[address(victim)].identity.boot_id == again.ready["boot_id"]  # type: ignore[union-attr]
 
 
-async def test_frozen_node_times_out_is_ejected_and_readmitted(coord: Coordinator, two_models: list[Proc],
-                                                               family_dirs: list[Path]) -> None:
+async def test_frozen_node_times_out_is_ejected_and_readmitted(
+    coord: Coordinator, two_models: list[Proc], family_dirs: list[Path]
+) -> None:
     frozen = node_of(two_models, family_dirs[0], 2)
     frozen.signal(signal.SIGSTOP)
     try:
@@ -118,8 +120,9 @@ async def test_block_with_no_node_left_is_skipped_or_replaced(family_dirs: list[
         assert full.path.depth == 2
         replaced = []
         for seed in range(8):  # pruned to 2 blocks: a spare block index can stand in for block 0
-            r = await c.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=seed,
-                                                                           max_blocks=2))
+            r = await c.classify(
+                torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=seed, max_blocks=2)
+            )
             assert r.path.depth == 2
             replaced += [h for h in r.path.hops if h.outcome == "substituted" and h.block != h.planned_block]
         assert replaced and all(h.planned_block == 0 and h.block in (1, 2) for h in replaced)
@@ -167,10 +170,22 @@ async def test_unvouched_weights_are_refused(tmp_path: Path, family_dirs: list[P
         assert c.registry.family.known_weights[(manifest.model_id, 0)] == manifest.block_sha256(0)
         from layerswarm.coordinator.registry import NodeIdentity
 
-        c.registry.admit("127.0.0.9:1", NodeIdentity(
-            family_id=manifest.family_id, model_id=manifest.model_id, block=0, variant="layershuffle",
-            weights_sha256="0" * 64, boot_id="b", protocol_version=1, depth=3, tokens=5, dim=32,
-            shuffle_robust=True))
+        c.registry.admit(
+            "127.0.0.9:1",
+            NodeIdentity(
+                family_id=manifest.family_id,
+                model_id=manifest.model_id,
+                block=0,
+                variant="layershuffle",
+                weights_sha256="0" * 64,
+                boot_id="b",
+                protocol_version=1,
+                depth=3,
+                tokens=5,
+                dim=32,
+                shuffle_robust=True,
+            ),
+        )
         assert c.registry.nodes["127.0.0.9:1"].reason == "weights sha256 differs from the family manifest"
     finally:
         await c.stop()

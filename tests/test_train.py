@@ -28,7 +28,7 @@ def easy_data() -> Dataset:
     gen = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 4, (640,), generator=gen)
     colours = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
-    images = (colours[labels][:, :, None, None] * 0.6 + torch.rand(640, 3, 32, 32, generator=gen) * 0.4)
+    images = colours[labels][:, :, None, None] * 0.6 + torch.rand(640, 3, 32, 32, generator=gen) * 0.4
     return Dataset("colours", "test", images[:512], labels[:512], images[512:], labels[512:], ("r", "g", "b", "y"))
 
 
@@ -37,8 +37,13 @@ def test_short_training_lowers_the_loss(variant: str, easy_data: Dataset, tmp_pa
     data = easy_data
     model, _ = build_model(data, variant, None, ARCH, seed=0)
     before, _ = evaluate_loss(model, data.test_x, data.test_y)
-    trainer = Trainer(model, data, TrainRecipe(variant=variant, epochs=5, lr=3e-3, warmup_steps=5, batch_size=64),
-                      torch.device("cpu"), tmp_path / "state")
+    trainer = Trainer(
+        model,
+        data,
+        TrainRecipe(variant=variant, epochs=5, lr=3e-3, warmup_steps=5, batch_size=64),
+        torch.device("cpu"),
+        tmp_path / "state",
+    )
     trainer.fit()
     after, _ = evaluate_loss(trainer.model, data.test_x, data.test_y)
     assert after < 0.8 * before, f"{variant}: loss {before:.3f} -> {after:.3f}"
@@ -77,20 +82,51 @@ def test_resume_continues_exactly(data, tmp_path: Path) -> None:  # type: ignore
 
 def test_cli_train_family_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = tmp_path / "base"
-    common = ["--data", "shapes1:256:64", "--epochs", "1", "--depth", "3", "--dim", "32", "--heads", "2",
-              "--warmup-steps", "2"]
+    common = [
+        "--data",
+        "shapes1:256:64",
+        "--epochs",
+        "1",
+        "--depth",
+        "3",
+        "--dim",
+        "32",
+        "--heads",
+        "2",
+        "--warmup-steps",
+        "2",
+    ]
     assert main(["train", *common, "--variant", "baseline", "--out", str(base)]) == 0
     member = tmp_path / "member"
-    assert main(["train", *common, "--variant", "layershuffle", "--init", str(base), "--out", str(member),
-                 "--seed", "4"]) == 0
+    assert (
+        main(["train", *common, "--variant", "layershuffle", "--init", str(base), "--out", str(member), "--seed", "4"])
+        == 0
+    )
     m_base, m_member = read_manifest(base), read_manifest(member)
     assert m_member.family_id == m_base.family_id
     assert m_member.lineage.parent == m_base.model_id and m_member.lineage.source == "model"
     assert m_member.recipe["command"].startswith("layerswarm train")
     assert "test_sequential" in m_member.metrics
     report_path = tmp_path / "report.json"
-    assert main(["eval", str(base), str(member), str(base), "--json", str(report_path), "--plots",
-                 str(tmp_path / "plots"), "--merges", "20", "--orders", "10"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(base),
+                str(member),
+                str(base),
+                "--json",
+                str(report_path),
+                "--plots",
+                str(tmp_path / "plots"),
+                "--merges",
+                "20",
+                "--orders",
+                "10",
+            ]
+        )
+        == 0
+    )
     report = json.loads(report_path.read_text())
     model_row = report["models"]["member"]
     assert set(model_row) >= {"sequential", "arbitrary", "pruned"}
@@ -110,14 +146,36 @@ def test_cli_refuses_bad_flags(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert exc.value.code == 2 and "--variant" in capsys.readouterr().err
     assert main(["train", "--data", "mnist", "--out", str(tmp_path / "x")]) == 2
     assert "unknown data spec" in capsys.readouterr().err
-    assert main(["train", "--data", "shapes1:64:16", "--init", str(tmp_path / "missing"), "--out",
-                 str(tmp_path / "y")]) == 2
+    assert (
+        main(["train", "--data", "shapes1:64:16", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "y")])
+        == 2
+    )
     assert "manifest" in capsys.readouterr().err
 
 
 def test_trained_model_round_trips(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "m"
-    assert main(["train", "--data", "shapes1:128:32", "--epochs", "1", "--depth", "2", "--dim", "32", "--heads",
-                 "2", "--out", str(out), "--variant", "layershuffle-predict"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                "shapes1:128:32",
+                "--epochs",
+                "1",
+                "--depth",
+                "2",
+                "--dim",
+                "32",
+                "--heads",
+                "2",
+                "--out",
+                str(out),
+                "--variant",
+                "layershuffle-predict",
+            ]
+        )
+        == 0
+    )
     model, manifest = load_model(out)
     assert manifest.config.variant == "layershuffle-predict" and model.blocks[0].position_head is not None

@@ -85,7 +85,9 @@ def test_round_trip_property(batch: int, dtype_name: str) -> None:
 
 
 def test_txt_record_round_trip_and_errors() -> None:
-    advert = Advert(family="fam-1", model="mdl-2", block=3, variant="layershuffle", proto=1, boot="b" * 32, sha="c" * 16)
+    advert = Advert(
+        family="fam-1", model="mdl-2", block=3, variant="layershuffle", proto=1, boot="b" * 32, sha="c" * 16
+    )
     txt = {k.encode(): v.encode() for k, v in advert.to_txt().items()}
     assert Advert.from_txt(txt) == advert  # type: ignore[arg-type]
     del txt[b"block"]
@@ -94,6 +96,7 @@ def test_txt_record_round_trip_and_errors() -> None:
 
 
 def test_generated_stubs_match_the_proto() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -32,32 +32,70 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from layerswarm.models.commands import add_eval_args, add_family_args, add_train_args
 
-    parser = Parser(prog="layerswarm", description="Distributed edge inference: every transformer block is its "
-                    "own network node, and a coordinator routes through them in any order.", epilog=EXAMPLES,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        prog="layerswarm",
+        description="Distributed edge inference: every transformer block is its "
+        "own network node, and a coordinator routes through them in any order.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"layerswarm {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("LAYERSWARM_LOG", "WARNING"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging verbosity (default: %(default)s)")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("LAYERSWARM_LOG", "WARNING"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging verbosity (default: %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
-    add_train_args(sub.add_parser("train", help="train one model (LayerShuffle and its variants, baselines)",
-                                  description="Train one model and write a model directory (manifest + "
-                                  "safetensors per stem, block and head)."))
-    add_family_args(sub.add_parser("family", help="fine-tune K members from one base: a mergeable family",
-                                   description="Fine-tune K models from one base model with different seeds. "
-                                   "Members share the base's family id, so their blocks can be mixed."))
-    add_eval_args(sub.add_parser("eval", help="the paper's experiments: orders, pruning, merging, ensembles",
-                                 description="Sequential and arbitrary-order accuracy, pruning, merged models "
-                                 "and ensembles, as JSON (and plots)."))
-    add_node_args(sub.add_parser("node", help="serve one block over gRPC, advertised over mDNS",
-                                 description="Load one block (sha256-verified), serve it over gRPC with health "
-                                 "checks and metrics, and advertise it as _layerswarm._tcp.local."))
-    add_coordinator_args(sub.add_parser("coordinator", help="discover nodes, route requests, serve HTTP",
-                                        description="Own stem and head, discover the family's nodes (mDNS and "
-                                        "static peers), and serve POST /v1/classify."))
-    add_up_args(sub.add_parser("up", help="run a local swarm end to end (the demo)",
-                               description="Start nodes from the shipped family, a coordinator, classify "
-                               "images over HTTP, kill nodes, and show requests still succeed."))
+    add_train_args(
+        sub.add_parser(
+            "train",
+            help="train one model (LayerShuffle and its variants, baselines)",
+            description="Train one model and write a model directory (manifest + "
+            "safetensors per stem, block and head).",
+        )
+    )
+    add_family_args(
+        sub.add_parser(
+            "family",
+            help="fine-tune K members from one base: a mergeable family",
+            description="Fine-tune K models from one base model with different seeds. "
+            "Members share the base's family id, so their blocks can be mixed.",
+        )
+    )
+    add_eval_args(
+        sub.add_parser(
+            "eval",
+            help="the paper's experiments: orders, pruning, merging, ensembles",
+            description="Sequential and arbitrary-order accuracy, pruning, merged models "
+            "and ensembles, as JSON (and plots).",
+        )
+    )
+    add_node_args(
+        sub.add_parser(
+            "node",
+            help="serve one block over gRPC, advertised over mDNS",
+            description="Load one block (sha256-verified), serve it over gRPC with health "
+            "checks and metrics, and advertise it as _layerswarm._tcp.local.",
+        )
+    )
+    add_coordinator_args(
+        sub.add_parser(
+            "coordinator",
+            help="discover nodes, route requests, serve HTTP",
+            description="Own stem and head, discover the family's nodes (mDNS and "
+            "static peers), and serve POST /v1/classify.",
+        )
+    )
+    add_up_args(
+        sub.add_parser(
+            "up",
+            help="run a local swarm end to end (the demo)",
+            description="Start nodes from the shipped family, a coordinator, classify "
+            "images over HTTP, kill nodes, and show requests still succeed.",
+        )
+    )
     return parser
 
 
@@ -81,15 +119,24 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
 
 def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", required=True, type=Path, help="model directory: stem, head and family")
-    p.add_argument("--family-dir", action="append", type=Path, default=[],
-                   help="another member's model directory: its manifest vouches for its nodes' weights")
+    p.add_argument(
+        "--family-dir",
+        action="append",
+        type=Path,
+        default=[],
+        help="another member's model directory: its manifest vouches for its nodes' weights",
+    )
     p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="static node (repeatable)")
     p.add_argument("--no-mdns", action="store_true", help="static peers only (no multicast)")
     p.add_argument("--mdns-interface", action="append", default=[], help="IP of an interface for mDNS (repeatable)")
     p.add_argument("--http-host", default="127.0.0.1", help="HTTP bind address (default: %(default)s)")
     p.add_argument("--http-port", type=int, default=8080, help="HTTP port (0: any free port; default: %(default)s)")
-    p.add_argument("--policy", default="auto", choices=["auto", "sequential", "shuffle", "fastest"],
-                   help="default path policy (auto: shuffle for shuffle-robust families)")
+    p.add_argument(
+        "--policy",
+        default="auto",
+        choices=["auto", "sequential", "shuffle", "fastest"],
+        help="default path policy (auto: shuffle for shuffle-robust families)",
+    )
     p.add_argument("--min-blocks", type=int, default=1, help="fail (503) below this depth (default: %(default)s)")
     p.add_argument("--hop-timeout", type=float, default=2.0, help="seconds per hop before substituting")
     p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request, all hops")
@@ -103,9 +150,13 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kill", type=int, help="how many nodes to SIGKILL mid-run (default: a third)")
     p.add_argument("--requests", type=int, default=40, help="requests before and after the kills (each)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
-    p.add_argument("--network", choices=["auto", "netns", "loopback"], default="auto",
-                   help="netns: mDNS inside a private network namespace; loopback: static peers on 127.0.0.1, "
-                        "no multicast; auto: netns when possible (default)")
+    p.add_argument(
+        "--network",
+        choices=["auto", "netns", "loopback"],
+        default="auto",
+        help="netns: mDNS inside a private network namespace; loopback: static peers on 127.0.0.1, "
+        "no multicast; auto: netns when possible (default)",
+    )
     p.add_argument("--family-dir", type=Path, help="folder of model directories (default: the shipped family)")
     p.add_argument("--seed", type=int, default=0)
 
@@ -148,24 +199,49 @@ def _node(args: argparse.Namespace) -> int:
     from layerswarm.node.server import run
     from layerswarm.node.settings import NodeSettings
 
-    return run(NodeSettings(
-        model_dir=args.model_dir, block=args.block, host=args.host, port=args.port, device=args.device,
-        threads=args.threads, max_in_flight=args.max_in_flight, max_batch=args.max_batch,
-        metrics_port=args.metrics_port, advertise=not args.no_advertise, advertise_address=args.advertise_address,
-        mdns_interfaces=tuple(args.mdns_interface), grace_s=args.grace, fault_delay_ms=args.fault_delay_ms,
-        fault_mode=args.fault_mode))
+    return run(
+        NodeSettings(
+            model_dir=args.model_dir,
+            block=args.block,
+            host=args.host,
+            port=args.port,
+            device=args.device,
+            threads=args.threads,
+            max_in_flight=args.max_in_flight,
+            max_batch=args.max_batch,
+            metrics_port=args.metrics_port,
+            advertise=not args.no_advertise,
+            advertise_address=args.advertise_address,
+            mdns_interfaces=tuple(args.mdns_interface),
+            grace_s=args.grace,
+            fault_delay_ms=args.fault_delay_ms,
+            fault_mode=args.fault_mode,
+        )
+    )
 
 
 def _coordinator(args: argparse.Namespace) -> int:
     from layerswarm.coordinator.server import run
     from layerswarm.coordinator.settings import CoordinatorSettings
 
-    return run(CoordinatorSettings(
-        model_dir=args.model_dir, family_dirs=tuple(args.family_dir), peers=tuple(args.peer), mdns=not args.no_mdns,
-        mdns_interfaces=tuple(args.mdns_interface), http_host=args.http_host, http_port=args.http_port,
-        default_policy=args.policy, min_blocks=args.min_blocks, hop_timeout_s=args.hop_timeout,
-        request_timeout_s=args.request_timeout, health_interval_s=args.health_interval,
-        wire_dtype=args.wire_dtype, max_upload_bytes=args.max_upload_bytes))
+    return run(
+        CoordinatorSettings(
+            model_dir=args.model_dir,
+            family_dirs=tuple(args.family_dir),
+            peers=tuple(args.peer),
+            mdns=not args.no_mdns,
+            mdns_interfaces=tuple(args.mdns_interface),
+            http_host=args.http_host,
+            http_port=args.http_port,
+            default_policy=args.policy,
+            min_blocks=args.min_blocks,
+            hop_timeout_s=args.hop_timeout,
+            request_timeout_s=args.request_timeout,
+            health_interval_s=args.health_interval,
+            wire_dtype=args.wire_dtype,
+            max_upload_bytes=args.max_upload_bytes,
+        )
+    )
 
 
 def _up(args: argparse.Namespace, argv: list[str]) -> int:
@@ -179,13 +255,24 @@ def _up(args: argparse.Namespace, argv: list[str]) -> int:
         if args.network == "netns":
             print("layerswarm up: error: --network netns needs `unshare` (root or user namespaces)", file=sys.stderr)
             return 2
-        print("layerswarm up: no private network namespace available: using static peers on 127.0.0.1 "
-              "(no multicast leaves this machine)", file=sys.stderr)
+        print(
+            "layerswarm up: no private network namespace available: using static peers on 127.0.0.1 "
+            "(no multicast leaves this machine)",
+            file=sys.stderr,
+        )
         mdns = False
     if mdns and not netns.loopback_multicast_ready():
         print("layerswarm up: error: loopback has no multicast; run: " + netns.LOOPBACK_MULTICAST, file=sys.stderr)
         return 2
-    summary = run_up(UpOptions(nodes=args.nodes, requests_per_phase=args.requests, kill=args.kill, mdns=mdns,
-                               family_dir=args.family_dir, seed=args.seed))
+    summary = run_up(
+        UpOptions(
+            nodes=args.nodes,
+            requests_per_phase=args.requests,
+            kill=args.kill,
+            mdns=mdns,
+            family_dir=args.family_dir,
+            seed=args.seed,
+        )
+    )
     print(to_json(summary) if args.json else render(summary))
     return 0 if summary["succeeded"] == summary["requests"] else 1

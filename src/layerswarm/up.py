@@ -48,10 +48,14 @@ class Phase:
 
     def tally(self) -> dict[str, Any]:
         ok = [r for r in self.results if r["status"] == 200]
-        return {"requests": len(self.results), "succeeded": len(ok), "failed": len(self.results) - len(ok),
-                "accuracy": round(sum(r["correct"] for r in ok) / len(ok), 4) if ok else 0.0,
-                "substituted_hops": sum(r.get("substituted", 0) for r in ok),
-                "skipped_hops": sum(r.get("skipped", 0) for r in ok)}
+        return {
+            "requests": len(self.results),
+            "succeeded": len(ok),
+            "failed": len(self.results) - len(ok),
+            "accuracy": round(sum(r["correct"] for r in ok) / len(ok), 4) if ok else 0.0,
+            "substituted_hops": sum(r.get("substituted", 0) for r in ok),
+            "skipped_hops": sum(r.get("skipped", 0) for r in ok),
+        }
 
 
 def node_layout(members: list[Path], depth: int, count: int) -> list[tuple[Path, int]]:
@@ -72,8 +76,18 @@ def start_swarm(opts: UpOptions) -> tuple[list[Proc], Proc, list[Path]]:
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         peers = [] if opts.mdns else [f"--peer=127.0.0.1:{n.ready['port']}" for n in nodes]
-        coord_args = ["coordinator", "--model-dir", str(members[0]), "--http-port", "0", "--health-interval", "0.5",
-                      *[f"--family-dir={m}" for m in members[1:]], *peers, *([] if opts.mdns else ["--no-mdns"])]
+        coord_args = [
+            "coordinator",
+            "--model-dir",
+            str(members[0]),
+            "--http-port",
+            "0",
+            "--health-interval",
+            "0.5",
+            *[f"--family-dir={m}" for m in members[1:]],
+            *peers,
+            *([] if opts.mdns else ["--no-mdns"]),
+        ]
         coordinator = spawn("coordinator", layerswarm_cmd(*coord_args), opts.timeout_s)
     except Exception:
         stop_all(nodes)
@@ -89,8 +103,10 @@ def wait_for_swarm(client: httpx.Client, expected: int, timeout_s: float) -> dic
         if sum(n["state"] == "healthy" for n in view["nodes"]) >= expected:
             return view
         time.sleep(0.2)
-    raise TimeoutError(f"only {sum(n['state'] == 'healthy' for n in view.get('nodes', []))} of {expected} nodes "
-                       f"became healthy in {timeout_s:.0f} s")
+    raise TimeoutError(
+        f"only {sum(n['state'] == 'healthy' for n in view.get('nodes', []))} of {expected} nodes "
+        f"became healthy in {timeout_s:.0f} s"
+    )
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -101,14 +117,20 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 def classify_many(client: httpx.Client, phase: Phase, samples: list[tuple[bytes, str]], rng: random.Random) -> None:
     for image, label in samples:
-        reply = client.post("/v1/classify", files={"file": ("x.png", image, "image/png")},
-                            data={"seed": str(rng.randrange(2**31))})
+        reply = client.post(
+            "/v1/classify", files={"file": ("x.png", image, "image/png")}, data={"seed": str(rng.randrange(2**31))}
+        )
         body = reply.json()
         row: dict[str, Any] = {"status": reply.status_code, "label": label}
         if reply.status_code == 200:
-            row.update(correct=body["prediction"] == label, prediction=body["prediction"], depth=body["depth"],
-                       substituted=body["trace"]["substituted"], skipped=body["trace"]["skipped"],
-                       trace=body["trace"])
+            row.update(
+                correct=body["prediction"] == label,
+                prediction=body["prediction"],
+                depth=body["depth"],
+                substituted=body["trace"]["substituted"],
+                skipped=body["trace"]["skipped"],
+                trace=body["trace"],
+            )
         else:
             row.update(correct=False, error=body)
         phase.results.append(row)
@@ -155,11 +177,15 @@ def summarise(phases: list[Phase], nodes: list[Proc], killed: list[Proc], view: 
     total = Phase("total", rows).tally()
     example = next((r["trace"] for r in phases[-1].results if r.get("substituted") or r.get("skipped")), None)
     return {
-        **total, "nodes_started": len(nodes), "nodes_killed": len(killed),
+        **total,
+        "nodes_started": len(nodes),
+        "nodes_killed": len(killed),
         "killed": [{"pid": p.pid, "block": p.ready["block"], "model_id": p.ready["model_id"]} for p in killed],
         "phases": {p.name: p.tally() for p in phases},
-        "swarm_after": {"reachable_depth": view.get("reachable_depth"),
-                        "states": _count(n["state"] for n in view.get("nodes", []))},
+        "swarm_after": {
+            "reachable_depth": view.get("reachable_depth"),
+            "states": _count(n["state"] for n in view.get("nodes", [])),
+        },
         "example_trace": example,
     }
 
@@ -175,18 +201,18 @@ def render(summary: dict[str, Any]) -> str:
     lines = [f"layerswarm up: {summary['nodes_started']} nodes started, {summary['nodes_killed']} killed (SIGKILL)", ""]
     lines.append(f"{'phase':<22}{'requests':>9}{'ok':>6}{'failed':>8}{'accuracy':>10}{'substituted':>13}{'skipped':>9}")
     for name, t in summary["phases"].items():
-        lines.append(f"{name:<22}{t['requests']:>9}{t['succeeded']:>6}{t['failed']:>8}{t['accuracy']:>10.3f}"
-                     f"{t['substituted_hops']:>13}{t['skipped_hops']:>9}")
-    lines.append(f"{'total':<22}{summary['requests']:>9}{summary['succeeded']:>6}{summary['failed']:>8}"
-                 f"{summary['accuracy']:>10.3f}{summary['substituted_hops']:>13}{summary['skipped_hops']:>9}")
+        lines.append(
+            f"{name:<22}{t['requests']:>9}{t['succeeded']:>6}{t['failed']:>8}{t['accuracy']:>10.3f}"
+            f"{t['substituted_hops']:>13}{t['skipped_hops']:>9}"
+        )
+    lines.append(
+        f"{'total':<22}{summary['requests']:>9}{summary['succeeded']:>6}{summary['failed']:>8}"
+        f"{summary['accuracy']:>10.3f}{summary['substituted_hops']:>13}{summary['skipped_hops']:>9}"
+    )
     trace = summary.get("example_trace")
     if trace:
-        lines += ["", "one request after the kills (hop: block @ node [model] outcome):"]
-        for hop in trace["hops"]:
-            failed = "; ".join(f"{a['node']} {a['error'][:40]}" for a in hop["attempts"])
-            where = f"block {hop['block']} @ {hop['node']} [{(hop['model_id'] or '')[-8:]}]" if hop["block"] is not None \
-                else f"planned block {hop['planned_block']}: no node could stand in"
-            lines.append(f"  {hop['position']}: {where} {hop['outcome']}" + (f"  (failed: {failed})" if failed else ""))
+        lines += ["", "one request after the kills (position: block @ node [model] outcome):"]
+        lines += [_render_hop(hop) for hop in trace["hops"]]
     lines.append("")
     lines.append(f"swarm after: {summary['swarm_after']}")
     return "\n".join(lines)
@@ -194,3 +220,12 @@ def render(summary: dict[str, Any]) -> str:
 
 def to_json(summary: dict[str, Any]) -> str:
     return json.dumps(summary, indent=2)
+
+
+def _render_hop(hop: dict[str, Any]) -> str:
+    failed = "; ".join(f"{a['node']} {a['error'].split(':')[0]}" for a in hop["attempts"])
+    failed = f"  (failed: {failed})" if failed else ""
+    if hop["block"] is None:
+        return f"  -: planned block {hop['planned_block']} skipped, no node could stand in{failed}"
+    model = (hop["model_id"] or "")[-8:]
+    return f"  {hop['position']}: block {hop['block']} @ {hop['node']} [{model}] {hop['outcome']}{failed}"

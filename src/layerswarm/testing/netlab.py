@@ -86,8 +86,12 @@ class NetLab:
             _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
             _ip("link", "set", veth, "master", self.bridge, "up")
             address = f"{SUBNET}.{index}"
-            for args in (("link", "set", "lo", "up"), ("addr", "add", f"{address}/24", "dev", "eth0"),
-                         ("link", "set", "eth0", "up"), ("route", "add", "224.0.0.0/4", "dev", "eth0")):
+            for args in (
+                ("link", "set", "lo", "up"),
+                ("addr", "add", f"{address}/24", "dev", "eth0"),
+                ("link", "set", "eth0", "up"),
+                ("route", "add", "224.0.0.0/4", "dev", "eth0"),
+            ):
                 _ip(*args, netns_pid=holder.pid)
         except NetLabError:
             holder.kill()

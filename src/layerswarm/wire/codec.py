@@ -15,8 +15,12 @@ import torch
 from .v1 import block_pb2 as pb
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-_TO_WIRE = {torch.float32: pb.DTYPE_FLOAT32, torch.float16: pb.DTYPE_FLOAT16, torch.bfloat16: pb.DTYPE_BFLOAT16}
-_FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
+_TO_WIRE: dict[torch.dtype, int] = {
+    torch.float32: pb.DTYPE_FLOAT32,
+    torch.float16: pb.DTYPE_FLOAT16,
+    torch.bfloat16: pb.DTYPE_BFLOAT16,
+}
+_FROM_WIRE: dict[int, torch.dtype] = {v: k for k, v in _TO_WIRE.items()}
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we target is little-endian
@@ -66,7 +70,7 @@ def encode(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> pb.Tensor:
     t = t.cpu().contiguous()
     code = wire_dtype(t.dtype)
     raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t  # numpy has no bfloat16
-    return pb.Tensor(dtype=code, shape=list(t.shape), data=raw.numpy().tobytes())
+    return pb.Tensor(dtype=code, shape=list(t.shape), data=raw.numpy().tobytes())  # type: ignore[arg-type]
 
 
 def decode(msg: pb.Tensor, spec: TensorSpec | None = None) -> torch.Tensor:
@@ -82,14 +86,18 @@ def decode(msg: pb.Tensor, spec: TensorSpec | None = None) -> torch.Tensor:
     for d in shape:
         numel *= d
     if len(msg.data) != numel * itemsize:
-        raise TensorError(f"tensor of shape {shape} and {itemsize}-byte elements needs {numel * itemsize} bytes, "
-                          f"got {len(msg.data)}")
+        raise TensorError(
+            f"tensor of shape {shape} and {itemsize}-byte elements needs {numel * itemsize} bytes, got {len(msg.data)}"
+        )
     limit = spec.max_bytes if spec else DEFAULT_MAX_BYTES
     if len(msg.data) > limit:
         raise TensorError(f"tensor of {len(msg.data)} bytes exceeds the {limit}-byte limit")
     raw_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
-    tensor = torch.frombuffer(bytearray(msg.data), dtype=raw_dtype).reshape(shape) if numel else torch.empty(
-        shape, dtype=raw_dtype)
+    tensor = (
+        torch.frombuffer(bytearray(msg.data), dtype=raw_dtype).reshape(shape)
+        if numel
+        else torch.empty(shape, dtype=raw_dtype)
+    )
     if dtype == torch.bfloat16:
         tensor = tensor.view(torch.bfloat16)
     if not (spec and spec.allow_non_finite) and numel and not bool(torch.isfinite(tensor).all()):

@@ -6,6 +6,7 @@ gRPC and liveness with health checks before it routes through a node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 SERVICE_TYPE = "_layerswarm._tcp.local."
@@ -27,7 +28,7 @@ class Advert:
         return {k: str(getattr(self, k)) for k in TXT_KEYS}
 
     @classmethod
-    def from_txt(cls, props: dict[bytes | str, bytes | str | None]) -> Advert:
+    def from_txt(cls, props: Mapping[bytes, bytes | None] | Mapping[str, str | None]) -> Advert:
         """Parse a TXT record; raises ValueError naming the bad or missing key."""
         text = {_s(k): _s(v) for k, v in props.items() if v is not None}
         missing = [k for k in TXT_KEYS if k not in text]

@@ -1,0 +1,48 @@
+"""`layerswarm up`, the README's main job, end to end on the shipped weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from layerswarm.models.zoo import family_root, model_dirs
+from layerswarm.netns import in_private_netns, loopback_multicast_ready
+from layerswarm.up import node_layout
+
+pytestmark = pytest.mark.slow
+
+
+def test_layout_puts_several_models_behind_every_block() -> None:
+    members = [p for p, _ in model_dirs(family_root())][:3]
+    layout = node_layout(members, depth=4, count=10)
+    assert [b for _, b in layout] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert {m for m, b in layout if b == 0} == set(members)
+
+
+@pytest.mark.parametrize("network", ["loopback", "netns"])
+def test_up_survives_killed_nodes(network: str) -> None:
+    if network == "netns" and not (in_private_netns() and loopback_multicast_ready()):
+        pytest.skip("mDNS variant runs inside the private namespace scripts/test makes")
+    cmd = [sys.executable, "-m", "layerswarm", "up", "--json", "--requests", "12", "--network", network]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    for key in (
+        "requests",
+        "succeeded",
+        "failed",
+        "accuracy",
+        "nodes_started",
+        "nodes_killed",
+        "substituted_hops",
+        "skipped_hops",
+    ):
+        assert key in summary
+    assert summary["requests"] == 24 and summary["succeeded"] == 24 and summary["failed"] == 0
+    assert summary["nodes_killed"] >= 1 and summary["nodes_started"] > summary["nodes_killed"]
+    after = summary["phases"][f"{summary['nodes_killed']} nodes killed"]
+    assert after["substituted_hops"] + after["skipped_hops"] > 0  # the kills were routed around, not missed
+    assert summary["accuracy"] > 0.5  # well above chance (0.1) even with a third of the swarm dead
