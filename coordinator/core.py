@@ -18,7 +18,7 @@ from layerswarm.models.checkpoint import load_stem_head as load_parts
 from layerswarm.wire import codec
 
 from .clients import ClientPool
-from .discovery import MdnsDiscovery
+from .discovery import DnsDiscovery, MdnsDiscovery
 from .executor import ExecOptions, PathExecutor, PathResult
 from .health import HealthMonitor
 from .metrics import CoordinatorMetrics
@@ -73,6 +73,7 @@ class Coordinator:
         self.executor = PathExecutor(self.registry, self.pool)
         self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
         self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces) if settings.mdns else None
+        self.dns = DnsDiscovery(self.registry, settings.peer_dns) if settings.peer_dns else None
         self.metrics = CoordinatorMetrics(self.registry)
         self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
         self.spec = codec.TensorSpec((None, self.config.num_tokens, self.config.dim), max_batch=settings.max_batch)
@@ -95,6 +96,8 @@ class Coordinator:
     async def start(self) -> None:
         if self.discovery is not None:
             await self.discovery.start()
+        if self.dns is not None:
+            await self.dns.start()
         await self.monitor.check_all()
         self.monitor.start()
 
@@ -102,6 +105,8 @@ class Coordinator:
         await self.monitor.stop()
         if self.discovery is not None:
             await self.discovery.stop()
+        if self.dns is not None:
+            await self.dns.stop()
         await self.pool.close()
         self._compute.shutdown(wait=False, cancel_futures=True)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
@@ -78,3 +79,52 @@ class MdnsDiscovery:
             advert.block,
             record.state.value,
         )
+
+
+class DnsDiscovery:
+    """Peers from DNS: every address a name resolves to (a Kubernetes headless service lists one A
+    record per ready pod). Re-resolved periodically; addresses that vanish from DNS are forgotten."""
+
+    def __init__(self, registry: Registry, targets: tuple[str, ...], interval_s: float = 5.0) -> None:
+        self.registry = registry
+        self.targets = [_split_target(t) for t in targets]
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self._known: set[str] = set()
+
+    async def start(self) -> None:
+        await self.resolve_all()
+        self._task = asyncio.create_task(self._loop(), name="dns-discovery")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.resolve_all()
+
+    async def resolve_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        found: set[str] = set()
+        for host, port in self.targets:
+            try:
+                infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                log.warning("DNS discovery: cannot resolve %s (%s)", host, exc)
+                continue
+            found |= {f"{info[4][0]}:{port}" for info in infos}
+        for address in found - self._known:
+            self.registry.add_candidate(address, "dns")
+        for address in self._known - found:
+            self.registry.remove(address)
+        self._known = found
+
+
+def _split_target(target: str) -> tuple[str, int]:
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--peer-dns {target!r}: expected NAME:PORT")
+    return host, int(port)

@@ -10,7 +10,8 @@ from pathlib import Path
 class CoordinatorSettings:
     model_dir: Path
     family_dirs: tuple[Path, ...] = ()  # sibling model dirs whose manifests vouch for nodes' weights
-    peers: tuple[str, ...] = ()  # static HOST:PORT nodes (networks without multicast, Kubernetes)
+    peers: tuple[str, ...] = ()  # static HOST:PORT nodes (networks without multicast)
+    peer_dns: tuple[str, ...] = ()  # NAME:PORT resolved periodically (Kubernetes headless services)
     mdns: bool = True
     mdns_interfaces: tuple[str, ...] = ()
     http_host: str = "127.0.0.1"

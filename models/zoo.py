@@ -14,6 +14,17 @@ def family_root(name: str = SHIPPED) -> Path:
     return Path(str(resources.files("layerswarm.models") / "zoo" / name))
 
 
+def resolve(spec: str) -> Path:
+    """A --model-dir value: a path, or zoo:FAMILY/MEMBER for a shipped model (zoo:shapes/layershuffle-0)."""
+    if not spec.startswith("zoo:"):
+        return Path(spec)
+    family, _, member = spec[4:].partition("/")
+    root = family_root(family)
+    if not root.is_dir():
+        raise ValueError(f"{spec}: no shipped family {family!r}")
+    return root / member if member else root
+
+
 def model_dirs(root: Path) -> list[tuple[Path, Manifest]]:
     """Every model directory directly under `root`, sorted by name."""
     found = [(p, read_manifest(p)) for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()]

@@ -158,3 +158,15 @@ async def test_prometheus_metrics(model_dir: Path) -> None:
     assert 'layerswarm_node_requests_total{rpc="Forward"} 2.0' in text
     assert 'layerswarm_node_errors_total{code="INVALID_ARGUMENT"} 1.0' in text
     assert "layerswarm_node_forward_seconds_count 1.0" in text and "layerswarm_node_in_flight 0.0" in text
+
+
+async def test_probe_command_reads_grpc_health(node: Node) -> None:
+    from layerswarm.probe import probe_grpc
+
+    healthy, message = await asyncio.to_thread(probe_grpc, f"127.0.0.1:{node.port}", 2.0)
+    assert healthy and message.endswith("SERVING")
+    await node.health.enter_graceful_shutdown()
+    healthy, message = await asyncio.to_thread(probe_grpc, f"127.0.0.1:{node.port}", 2.0)
+    assert not healthy and "NOT_SERVING" in message
+    healthy, message = await asyncio.to_thread(probe_grpc, "127.0.0.1:1", 1.0)
+    assert not healthy and "UNAVAILABLE" in message

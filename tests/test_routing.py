@@ -139,3 +139,17 @@ def test_substitutes_exclude_used_and_planned_blocks() -> None:
     reg = registry_with(*(ident(b) for b in range(4)))
     spare = substitutes(reg.routable_by_block(), used={0}, planned={1}, rng=random.Random(0), exclude=set())
     assert sorted(b for b, _ in spare) == [2, 3]
+
+
+async def test_dns_discovery_adds_and_forgets_addresses() -> None:
+    from layerswarm.coordinator.discovery import DnsDiscovery
+
+    reg = registry_with()
+    dns = DnsDiscovery(reg, ("localhost:50077",))
+    await dns.resolve_all()  # /etc/hosts: no network needed
+    assert reg.nodes["127.0.0.1:50077"].source == "dns"
+    dns.targets = []
+    await dns.resolve_all()
+    assert "127.0.0.1:50077" not in reg.nodes
+    with pytest.raises(ValueError, match="NAME:PORT"):
+        DnsDiscovery(reg, ("no-port",))

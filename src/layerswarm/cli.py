@@ -21,6 +21,16 @@ examples:
 """
 
 
+def model_dir(value: str) -> Path:
+    """argparse type: a model directory path, or zoo:FAMILY/MEMBER for shipped weights."""
+    from layerswarm.models.zoo import resolve
+
+    try:
+        return resolve(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but errors name the command and exit 2 without a traceback."""
 
@@ -96,11 +106,25 @@ def build_parser() -> argparse.ArgumentParser:
             "images over HTTP, kill nodes, and show requests still succeed.",
         )
     )
+    probe = sub.add_parser(
+        "probe",
+        help="health check a node (gRPC) or coordinator (HTTP); exit 0 if healthy",
+        description="For container HEALTHCHECKs and systemd: grpc HOST:PORT asks the standard "
+        "grpc.health.v1 service; http URL expects a 2xx.",
+    )
+    probe.add_argument("kind", choices=["grpc", "http"])
+    probe.add_argument("target", help="HOST:PORT (grpc) or URL (http)")
+    probe.add_argument("--timeout", type=float, default=2.0)
     return parser
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", required=True, type=Path, help="model directory holding the block")
+    p.add_argument(
+        "--model-dir",
+        required=True,
+        type=model_dir,
+        help="model directory holding the block (or zoo:shapes/layershuffle-0 for shipped weights)",
+    )
     p.add_argument("--block", required=True, type=int, help="index of the block to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 on a LAN; default: %(default)s)")
     p.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port; default: %(default)s)")
@@ -118,15 +142,27 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_coordinator_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", required=True, type=Path, help="model directory: stem, head and family")
+    p.add_argument(
+        "--model-dir",
+        required=True,
+        type=model_dir,
+        help="model directory: stem, head and family (or zoo:FAMILY/MEMBER)",
+    )
     p.add_argument(
         "--family-dir",
         action="append",
-        type=Path,
+        type=model_dir,
         default=[],
         help="another member's model directory: its manifest vouches for its nodes' weights",
     )
     p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="static node (repeatable)")
+    p.add_argument(
+        "--peer-dns",
+        action="append",
+        default=[],
+        metavar="NAME:PORT",
+        help="resolve NAME periodically, every address a node (a Kubernetes headless service)",
+    )
     p.add_argument("--no-mdns", action="store_true", help="static peers only (no multicast)")
     p.add_argument("--mdns-interface", action="append", default=[], help="IP of an interface for mDNS (repeatable)")
     p.add_argument("--http-host", default="127.0.0.1", help="HTTP bind address (default: %(default)s)")
@@ -192,6 +228,12 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         return _node(args)
     if args.command == "coordinator":
         return _coordinator(args)
+    if args.command == "probe":
+        from .probe import probe_grpc, probe_http
+
+        healthy, message = (probe_grpc if args.kind == "grpc" else probe_http)(args.target, args.timeout)
+        print(message)
+        return 0 if healthy else 1
     return _up(args, argv)
 
 
@@ -229,6 +271,7 @@ def _coordinator(args: argparse.Namespace) -> int:
             model_dir=args.model_dir,
             family_dirs=tuple(args.family_dir),
             peers=tuple(args.peer),
+            peer_dns=tuple(args.peer_dns),
             mdns=not args.no_mdns,
             mdns_interfaces=tuple(args.mdns_interface),
             http_host=args.http_host,

@@ -1,0 +1,32 @@
+"""`layerswarm probe`: container and systemd health checks without extra tools.
+
+layerswarm probe grpc 127.0.0.1:50051     # grpc.health.v1 Check: exit 0 when SERVING
+layerswarm probe http http://127.0.0.1:8080/readyz   # exit 0 on HTTP 2xx
+"""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+HEALTH_SERVICE = "layerswarm.v1.BlockNode"
+
+
+def probe_grpc(address: str, timeout: float) -> tuple[bool, str]:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=timeout)
+        except grpc.RpcError as exc:
+            return False, f"{address}: {exc.code().name}"  # type: ignore[attr-defined]
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
+
+
+def probe_http(url: str, timeout: float) -> tuple[bool, str]:
+    try:
+        reply = httpx.get(url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return False, f"{url}: {exc}"
+    return reply.is_success, f"{url}: HTTP {reply.status_code}"
