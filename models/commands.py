@@ -232,17 +232,43 @@ def eval_main(args: argparse.Namespace) -> int:
 
 
 def render_table(report: dict[str, Any]) -> str:
-    lines = ["| model | variant | sequential | arbitrary (mean ± std) |", "| --- | --- | --- | --- |"]
+    """The report as markdown: accuracy per model and group, pruning, and the targets."""
+    lines = ["| model | variant | sequential | arbitrary order (mean ± std) |", "| --- | --- | --- | --- |"]
     for name, m in report["models"].items():
         a = m["arbitrary"]
         lines.append(f"| {name} | {m['variant']} | {m['sequential']:.4f} | {a['mean']:.4f} ± {a['std']:.4f} |")
     for g in report["groups"].values():
+        n = len(g["members"])
+        merged, merged_seq = g["merged"], g["merged_sequential"]
         lines.append(
-            f"| merged ({len(g['members'])} members) | {g['variant']} | "
-            f"{g['merged_sequential']['mean']:.4f} | {g['merged']['mean']:.4f} ± {g['merged']['std']:.4f} |"
+            f"| merged, {merged['n']} random merges of {n} members | {g['variant']} | "
+            f"{merged_seq['mean']:.4f} | {merged['mean']:.4f} ± {merged['std']:.4f} |"
         )
         lines.append(
-            f"| ensemble ({len(g['members'])} members) | {g['variant']} | {g['ensemble_sequential']:.4f} | "
+            f"| ensemble of {n} members (mean logits) | {g['variant']} | {g['ensemble_sequential']:.4f} | "
             f"{g['ensemble']:.4f} |"
         )
+    lines += ["", _render_pruning(report)]
+    if report.get("targets"):
+        lines += ["", _render_targets(report["targets"])]
+    return "\n".join(lines)
+
+
+def _render_pruning(report: dict[str, Any]) -> str:
+    rows = {name: m["pruned"] for name, m in report["models"].items()}
+    ks = sorted({int(k) for pruned in rows.values() for k in pruned})
+    head = "| blocks kept: sequential / arbitrary | " + " | ".join(str(k) for k in ks) + " |"
+    lines = [head, "| --- |" + " --- |" * len(ks)]
+    for name, pruned in rows.items():
+        cells = [f"{pruned[str(k)]['sequential']:.2f} / {pruned[str(k)]['arbitrary']:.2f}" for k in ks]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _render_targets(targets: dict[str, Any]) -> str:
+    lines = ["| check | value |", "| --- | --- |"]
+    for key, checks in targets.items():
+        for name, value in checks.items():
+            shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+            lines.append(f"| {key.split('/')[-1]}: {name} | {shown} |")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,19 @@ def _ip(*args: str, netns_pid: int | None = None) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise NetLabError(f"{' '.join(cmd)}: {result.stderr.strip()}")
+
+
+def _wait_for_own_netns(pid: int, timeout: float = 5.0) -> None:
+    ours = os.readlink("/proc/self/ns/net")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") != ours:
+                return
+        except FileNotFoundError as exc:
+            raise NetLabError(f"namespace holder {pid} exited") from exc
+        time.sleep(0.005)
+    raise NetLabError(f"namespace holder {pid} did not enter its own network namespace")
 
 
 @dataclass
@@ -83,6 +97,7 @@ class NetLab:
         holder = subprocess.Popen(["unshare", "--net", "sleep", "86400"])
         veth = f"lsv{index}"
         try:
+            _wait_for_own_netns(holder.pid)  # else the veth's far end lands in *our* namespace
             _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
             _ip("link", "set", veth, "master", self.bridge, "up")
             address = f"{SUBNET}.{index}"
@@ -95,6 +110,8 @@ class NetLab:
                 _ip(*args, netns_pid=holder.pid)
         except NetLabError:
             holder.kill()
+            holder.wait(5)
+            subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False)
             raise
         host = Host(name, address, holder, veth)
         self.hosts.append(host)
