@@ -95,6 +95,7 @@ class PathExecutor:
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         hops: list[Hop] = []
         used: set[int] = set()
+        failed: set[str] = set()  # nodes that failed this request are not tried again for it
         for step_index, step in enumerate(plan.steps):
             position = sum(1 for h in hops if h.block is not None)
             hop = Hop(position=position, planned_block=step.block)
@@ -103,7 +104,7 @@ class PathExecutor:
                 hop.outcome = "skipped"
                 continue
             planned_later = {s.block for s in plan.steps[step_index + 1 :]}
-            out = await self._run_hop(x, hop, step.candidates, used, planned_later, opts, rng)
+            out = await self._run_hop(x, hop, step.candidates, used, planned_later, opts, rng, failed)
             if out is not None:
                 x = out
                 if opts.early_exit is not None and position + 1 >= opts.min_blocks and await opts.early_exit(x):
@@ -126,8 +127,9 @@ class PathExecutor:
         planned_later: set[int],
         opts: ExecOptions,
         rng: random.Random,
+        failed: set[str],
     ) -> torch.Tensor | None:
-        tried: set[str] = set()
+        tried = set(failed)
         for record in self._alternatives(hop, candidates, used, planned_later, opts, rng, tried):
             if time.monotonic() >= opts.deadline:
                 hop.attempts.append(Attempt(record.address, None, record.block, "request deadline reached"))
@@ -137,6 +139,7 @@ class PathExecutor:
             try:
                 out = await self._call(record, x, hop.position, opts)
             except HopFailed as exc:
+                failed.add(record.address)
                 ident = record.identity
                 hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
                 if exc.quarantine:

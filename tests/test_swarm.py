@@ -118,6 +118,8 @@ async def test_block_with_no_node_left_is_skipped_or_replaced(family_dirs: list[
         skipped = [h for h in full.path.hops if h.outcome == "skipped"]
         assert len(skipped) == 1 and skipped[0].planned_block == 0 and len(skipped[0].attempts) == 2
         assert full.path.depth == 2
+        attempted = [a.node for h in full.path.hops for a in h.attempts]
+        assert len(attempted) == len(set(attempted)) == 2  # a node that failed is not retried in the request
         replaced = []
         for seed in range(8):  # pruned to 2 blocks: a spare block index can stand in for block 0
             r = await c.classify(
