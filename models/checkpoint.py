@@ -6,9 +6,10 @@
     DIR/block_00.safetensors ... one file per block, so a node can fetch and verify one block alone
 
 Ids are derived, never typed: the model id hashes the config and every file's sha256; the family id
-hashes the architecture and the lineage root (the birth hash of the from-scratch ancestor, or the hash
-of an imported checkpoint). Blocks of one family may be mixed; a model cannot claim a family whose
-architecture it does not have.
+hashes the architecture and the lineage root: the model id of the from-scratch ancestor (a model
+trained from scratch is its own root), or the hash of an imported checkpoint. Blocks of one family may
+be mixed; a model cannot claim a family whose architecture it does not have, and two bases trained
+apart (other data, other seed) are two families even when they start from identical weights.
 """
 
 from __future__ import annotations
@@ -60,20 +61,11 @@ def derive_model_id(cfg: ViTConfig, file_hashes: dict[str, str]) -> str:
     return "mdl-" + hashlib.sha256(_canonical({"config": cfg.to_dict(), "files": file_hashes})).hexdigest()[:16]
 
 
-def birth_hash(model: nn.Module) -> str:
-    """A stable hash of freshly initialised weights: the lineage root of a from-scratch model."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return "birth-" + digest.hexdigest()[:24]
-
-
 @dataclass
 class Lineage:
-    root: str  # birth hash of the from-scratch ancestor, or hash of an imported checkpoint
+    root: str | None = None  # model id of the from-scratch ancestor, or hash of an imported checkpoint
     parent: str | None = None  # model id this one was fine-tuned from
-    source: str = "scratch"  # scratch | model | huggingface
+    source: str = "scratch"  # scratch | model | huggingface: a scratch model is its own root
 
 
 @dataclass
@@ -128,11 +120,16 @@ def save_model(
         save_file(tensors, str(out / name), metadata={"format": FORMAT})
         files[name] = sha256_file(out / name)
     cfg = model.cfg
+    model_id = derive_model_id(cfg, files)
+    if lineage.source == "scratch":
+        lineage = Lineage(root=model_id, parent=None, source="scratch")
+    if lineage.root is None:
+        raise ValueError(f"a model from {lineage.source!r} needs the lineage root of its ancestor")
     manifest = Manifest(
         config=cfg,
         lineage=lineage,
         files=files,
-        model_id=derive_model_id(cfg, files),
+        model_id=model_id,
         family_id=derive_family_id(cfg, lineage.root),
         recipe=recipe or {},
         dataset=dataset or {},
@@ -176,7 +173,9 @@ def read_manifest(model_dir: str | os.PathLike[str]) -> Manifest:
         raise ModelDirError(f"{path}: lists files {sorted(manifest.files)}, expected {sorted(expected_files)}")
     if manifest.model_id != derive_model_id(cfg, manifest.files):
         raise ModelDirError(f"{path}: model_id does not match its config and file hashes (edited manifest?)")
-    if manifest.family_id != derive_family_id(cfg, manifest.lineage.root):
+    if manifest.lineage.source == "scratch" and manifest.lineage.root != manifest.model_id:
+        raise ModelDirError(f"{path}: a model trained from scratch must be its own lineage root")
+    if manifest.lineage.root is None or manifest.family_id != derive_family_id(cfg, manifest.lineage.root):
         raise ModelDirError(f"{path}: family_id does not derive from its architecture and lineage")
     return manifest
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
-from .checkpoint import Lineage, Manifest, birth_hash, load_model
+from .checkpoint import Lineage, Manifest, load_model
 from .config import ViTConfig
 from .data import Dataset
 from .vit import Block, ViT
@@ -233,7 +233,7 @@ def build_model(
             **arch,
         )  # type: ignore[arg-type]
         model = ViT(cfg)
-        return model, Lineage(root=birth_hash(model), parent=None, source="scratch")
+        return model, Lineage(source="scratch")  # its own root, fixed when it is saved
     if init.startswith("hf:"):
         from .hf_import import import_hf_vit
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.models.checkpoint import Lineage, birth_hash, save_model
+from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
 
@@ -25,7 +25,7 @@ def make_model_dir(
     torch.manual_seed(seed)
     model = ViT(tiny_config(variant, **overrides))
     if parent is None:
-        lineage = Lineage(root=birth_hash(model))
+        lineage = Lineage(source="scratch")
     else:
         base, root = parent
         model.load_state_dict(base.state_dict())

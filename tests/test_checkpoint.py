@@ -27,7 +27,7 @@ def test_saved_and_reloaded_model_gives_identical_logits(tmp_path: Path) -> None
     from .conftest import tiny_config
 
     model = ViT(tiny_config("layershuffle-position")).eval()
-    save_model(model, tmp_path / "m", Lineage(root="birth-x"))
+    save_model(model, tmp_path / "m", Lineage(source="scratch"))
     loaded, manifest = load_model(tmp_path / "m")
     images = torch.rand(4, 3, 16, 16)
     with torch.no_grad():
@@ -98,3 +98,25 @@ def test_family_ids_are_derived_from_architecture_and_lineage(tmp_path: Path, fa
     assert stranger.family_id != manifests[0].family_id
     wider = read_manifest(make_model_dir(tmp_path / "w", seed=1, dim=48, heads=2))
     assert wider.family_id != manifests[0].family_id
+
+
+def test_bases_trained_apart_are_different_families(tmp_path: Path) -> None:
+    """Identical initial weights (same seed) but different training: two lineages, two families."""
+    torch.manual_seed(0)
+    from layerswarm.models.checkpoint import Lineage, save_model
+    from layerswarm.models.vit import ViT
+
+    from .conftest import tiny_config
+
+    a, b = ViT(tiny_config()), ViT(tiny_config())
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        b.head.classifier.bias.add_(0.1)  # "trained on other data"
+    fam_a = save_model(a, tmp_path / "a", Lineage(source="scratch"))
+    fam_b = save_model(b, tmp_path / "b", Lineage(source="scratch"))
+    assert fam_a.lineage.root == fam_a.model_id and fam_a.family_id != fam_b.family_id
+    raw = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    raw["lineage"]["root"] = fam_b.model_id  # a scratch model claiming another's lineage
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelDirError, match="own lineage root"):
+        read_manifest(tmp_path / "a")
