@@ -15,6 +15,7 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 
 from layerswarm.wire.discovery import SERVICE_TYPE, Advert
 
+from .periodic import Periodic
 from .registry import Registry
 
 log = logging.getLogger(__name__)
@@ -88,23 +89,15 @@ class DnsDiscovery:
     def __init__(self, registry: Registry, targets: tuple[str, ...], interval_s: float = 5.0) -> None:
         self.registry = registry
         self.targets = [_split_target(t) for t in targets]
-        self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
         self._known: set[str] = set()
+        self._periodic = Periodic("dns-discovery", interval_s, self.resolve_all)
 
     async def start(self) -> None:
         await self.resolve_all()
-        self._task = asyncio.create_task(self._loop(), name="dns-discovery")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.resolve_all()
+        await self._periodic.stop()
 
     async def resolve_all(self) -> None:
         loop = asyncio.get_running_loop()

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -87,6 +87,17 @@ class HopFailed(Exception):
         self.quarantine = quarantine
 
 
+@dataclass
+class _RequestState:
+    """What one request's hops share: options, its random source, and what ran or failed so far."""
+
+    opts: ExecOptions
+    rng: random.Random
+    used: set[int] = field(default_factory=set)  # block indices that ran
+    failed: set[str] = field(default_factory=set)  # nodes that failed: not tried again for this request
+    planned_later: set[int] = field(default_factory=set)  # block indices still ahead in the plan
+
+
 class PathExecutor:
     def __init__(self, registry: Registry, pool: ClientPool) -> None:
         self.registry = registry
@@ -94,17 +105,16 @@ class PathExecutor:
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         hops: list[Hop] = []
-        used: set[int] = set()
-        failed: set[str] = set()  # nodes that failed this request are not tried again for it
+        state = _RequestState(opts, rng)
         for step_index, step in enumerate(plan.steps):
             position = sum(1 for h in hops if h.block is not None)
             hop = Hop(position=position, planned_block=step.block)
             hops.append(hop)
-            if step.block in used:  # a substitute already ran this block index
+            if step.block in state.used:  # a substitute already ran this block index
                 hop.outcome = "skipped"
                 continue
-            planned_later = {s.block for s in plan.steps[step_index + 1 :]}
-            out = await self._run_hop(x, hop, step.candidates, used, planned_later, opts, rng, failed)
+            state.planned_later = {s.block for s in plan.steps[step_index + 1 :]}
+            out = await self._run_hop(x, hop, step.candidates, state)
             if out is not None:
                 x = out
                 if opts.early_exit is not None and position + 1 >= opts.min_blocks and await opts.early_exit(x):
@@ -119,27 +129,18 @@ class PathExecutor:
         return path
 
     async def _run_hop(
-        self,
-        x: torch.Tensor,
-        hop: Hop,
-        candidates: list[NodeRecord],
-        used: set[int],
-        planned_later: set[int],
-        opts: ExecOptions,
-        rng: random.Random,
-        failed: set[str],
+        self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: _RequestState
     ) -> torch.Tensor | None:
-        tried = set(failed)
-        for record in self._alternatives(hop, candidates, used, planned_later, opts, rng, tried):
+        opts = state.opts
+        for record in self._alternatives(hop, candidates, state):
             if time.monotonic() >= opts.deadline:
                 hop.attempts.append(Attempt(record.address, None, record.block, "request deadline reached"))
                 break
-            tried.add(record.address)
             started = time.monotonic()
             try:
                 out = await self._call(record, x, hop.position, opts)
             except HopFailed as exc:
-                failed.add(record.address)
+                state.failed.add(record.address)
                 ident = record.identity
                 hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
                 if exc.quarantine:
@@ -152,28 +153,22 @@ class PathExecutor:
             hop.block, hop.node, hop.latency_ms = record.block, record.address, latency_ms
             hop.model_id = record.identity.model_id if record.identity else None
             hop.outcome = "ok" if not hop.attempts else "substituted"
-            used.add(record.block)
+            state.used.add(record.block)
             return out
         hop.outcome = "skipped"
         return None
 
-    def _alternatives(
-        self,
-        hop: Hop,
-        candidates: list[NodeRecord],
-        used: set[int],
-        planned_later: set[int],
-        opts: ExecOptions,
-        rng: random.Random,
-        tried: set[str],
-    ):  # type: ignore[no-untyped-def]
-        """Planned candidates first; then (robust families) nodes of spare block indices."""
+    def _alternatives(self, hop: Hop, candidates: list[NodeRecord], state: _RequestState) -> Iterator[NodeRecord]:
+        """Planned candidates first; then (robust families) nodes of spare block indices. Nodes that
+        failed earlier in this request are passed over."""
+        tried = state.failed
         for record in candidates:
             if record.routable and record.address not in tried:
                 yield record
-        if opts.shuffle_robust:
+        if state.opts.shuffle_robust:
             by_block = self.registry.routable_by_block()
-            for _block, record in substitutes(by_block, used, planned_later | {hop.planned_block}, rng, tried):
+            reserved = state.planned_later | {hop.planned_block}
+            for _block, record in substitutes(by_block, state.used, reserved, state.rng, tried):
                 if record.routable and record.address not in tried:
                     yield record
 

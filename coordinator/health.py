@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
+from .periodic import Periodic
 from .registry import NodeIdentity, NodeState, Registry
 
 log = logging.getLogger(__name__)
@@ -42,23 +43,15 @@ class HealthMonitor:
     def __init__(self, registry: Registry, pool: ClientPool, interval_s: float, timeout_s: float) -> None:
         self.registry = registry
         self.pool = pool
-        self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self._task: asyncio.Task[None] | None = None
         self.rounds = 0
+        self._periodic = Periodic("health-monitor", interval_s, self.check_all)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="health-monitor")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _loop(self) -> None:
-        while True:
-            await self.check_all()
-            await asyncio.sleep(self.interval_s)
+        await self._periodic.stop()
 
     async def check_all(self) -> None:
         records = [
