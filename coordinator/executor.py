@@ -179,7 +179,7 @@ class PathExecutor:
         )
         record.in_flight += 1
         try:
-            reply = await self.pool.get(record.address).block.Forward(request, timeout=timeout)
+            reply = await self.pool.get(record.address).forward(request, timeout)
         except grpc.aio.AioRpcError as exc:
             raise HopFailed(f"{exc.code().name}: {exc.details()}") from exc
         except asyncio.TimeoutError as exc:

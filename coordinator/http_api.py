@@ -122,10 +122,15 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "invalid_request", _describe(exc.errors()))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s", request.url.path)
-        return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+    @app.middleware("http")
+    async def _unexpected(request: Request, call_next: Any) -> Response:
+        """A bug must not reach the client as a traceback or a dropped connection: log it, answer JSON.
+        (Starlette's own catch-all re-raises after answering, which resets keep-alive connections.)"""
+        try:
+            return await call_next(request)
+        except Exception as exc:
+            log.exception("unexpected error on %s", request.url.path)
+            return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 
     @app.post(
         "/v1/classify",

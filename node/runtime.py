@@ -1,10 +1,18 @@
-"""One block on one device, run off the event loop, with load accounting."""
+"""One block on one device, run off the event loop, with load accounting and micro-batching.
+
+Compute runs on one worker thread: concurrent requests queue instead of thrashing the cores. With
+micro-batching on, the requests that queued up while the block was busy (same position, up to
+`max_batch` rows) run as one batch and are split again afterwards: no waiting window is added, so
+a lone request pays nothing, and under load the block runs fewer, larger matrix products.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
@@ -20,33 +28,97 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-class BlockRuntime:
-    """Runs one verified block. A single worker thread serialises compute: concurrent requests queue
-    here instead of thrashing the cores, and `in_flight` counts both queued and running."""
+@dataclass
+class _Pending:
+    x: torch.Tensor
+    position: int
+    done: asyncio.Future[tuple[torch.Tensor, float]]
 
+
+class BlockRuntime:
     EWMA_ALPHA = 0.2
 
-    def __init__(self, model_dir: str, index: int, manifest: Manifest, device: torch.device) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        index: int,
+        manifest: Manifest,
+        device: torch.device,
+        micro_batch: bool = True,
+        max_batch: int = 64,
+    ) -> None:
         self.block = load_block(model_dir, index, manifest).to(device)
         self.manifest = manifest
         self.index = index
         self.device = device
         self.dtype = torch.float32
-        self.in_flight = 0
+        self.micro_batch = micro_batch
+        self.max_batch = max_batch
+        self.in_flight = 0  # queued or computing
         self.served = 0
+        self.batches = 0  # block invocations (fewer than `served` when micro-batching merges requests)
         self.ewma_ms = 0.0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"block{index}")
+        self._queue: deque[_Pending] = deque()
+        self._worker: asyncio.Task[None] | None = None
 
     async def forward(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
         self.in_flight += 1
         try:
-            loop = asyncio.get_running_loop()
-            out, ms = await loop.run_in_executor(self._pool, self._compute, x, position)
+            if self.micro_batch:
+                out, ms = await self._enqueue(x, position)
+            else:
+                out, ms = await asyncio.get_running_loop().run_in_executor(self._pool, self._compute, x, position)
+                self.batches += 1
         finally:
             self.in_flight -= 1
         self.served += 1
         self.ewma_ms = ms if self.served == 1 else (1 - self.EWMA_ALPHA) * self.ewma_ms + self.EWMA_ALPHA * ms
         return out, ms
+
+    def _enqueue(self, x: torch.Tensor, position: int) -> asyncio.Future[tuple[torch.Tensor, float]]:
+        loop = asyncio.get_running_loop()
+        pending = _Pending(x, position, loop.create_future())
+        self._queue.append(pending)
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._drain(), name=f"block{self.index}-batcher")
+        return pending.done
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._queue:
+            group = self._take_group()
+            try:
+                x = group[0].x if len(group) == 1 else torch.cat([p.x for p in group])
+                out, ms = await loop.run_in_executor(self._pool, self._compute, x, group[0].position)
+            except Exception as exc:  # noqa: BLE001 - every waiter must hear about the failure
+                for p in group:
+                    if not p.done.done():
+                        p.done.set_exception(exc)
+                continue
+            self.batches += 1
+            start = 0
+            for p in group:
+                rows = p.x.shape[0]
+                if not p.done.done():  # the caller may have given up (cancelled)
+                    p.done.set_result((out[start : start + rows], ms))
+                start += rows
+
+    def _take_group(self) -> list[_Pending]:
+        """The oldest request, plus queued ones at the same position while they fit in max_batch."""
+        first = self._queue.popleft()
+        group, rows = [first], first.x.shape[0]
+        kept: deque[_Pending] = deque()
+        while self._queue:
+            p = self._queue.popleft()
+            fits = p.position == first.position and p.x.dtype == first.x.dtype and rows + p.x.shape[0] <= self.max_batch
+            if fits:
+                group.append(p)
+                rows += p.x.shape[0]
+            else:
+                kept.append(p)
+        self._queue = kept
+        return group
 
     @torch.inference_mode()
     def _compute(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
@@ -56,4 +128,6 @@ class BlockRuntime:
         return out, (time.perf_counter() - started) * 1e3
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)

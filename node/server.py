@@ -48,7 +48,14 @@ class Node:
         self.manifest = read_manifest(settings.model_dir)
         torch.set_num_threads(settings.threads)
         device = pick_device(settings.device)
-        self.runtime = BlockRuntime(str(settings.model_dir), settings.block, self.manifest, device)
+        self.runtime = BlockRuntime(
+            str(settings.model_dir),
+            settings.block,
+            self.manifest,
+            device,
+            micro_batch=settings.micro_batch,
+            max_batch=settings.max_batch,
+        )
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
         self.health = HealthServicer()
         self.server = grpc.aio.server(options=grpc_options(settings.max_message_bytes))

@@ -14,8 +14,9 @@ class NodeSettings:
     port: int = 0  # 0: any free port (reported on stdout when ready)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 1  # torch threads; idle nodes' spinning OpenMP threads steal cores from busy ones
-    max_in_flight: int = 16  # past this, RESOURCE_EXHAUSTED
+    max_in_flight: int = 64  # past this, RESOURCE_EXHAUSTED (the coordinator admits 64 requests at once)
     max_batch: int = 64
+    micro_batch: bool = True  # run requests that queue up together as one batch
     max_message_bytes: int = 64 * 1024 * 1024
     metrics_port: int | None = None  # Prometheus /metrics; None: off
     advertise: bool = True  # mDNS (DNS-SD) announcement

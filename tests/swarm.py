@@ -42,7 +42,13 @@ def address(proc: Proc) -> str:
 
 
 def coordinator(model_dir: Path, nodes: list[Proc], **overrides: object) -> Coordinator:
-    values: dict[str, object] = {"health_interval_s": 0.2, "health_timeout_s": 0.3, "hop_timeout_s": 1.0, **overrides}
+    values: dict[str, object] = {
+        "health_interval_s": 0.2,
+        "health_timeout_s": 0.3,
+        "hop_timeout_s": 1.0,
+        "wire_dtype": "fp32",
+        **overrides,
+    }  # fp32: outputs comparable bit for bit
     settings = CoordinatorSettings(model_dir=model_dir, peers=tuple(address(n) for n in nodes), mdns=False, **values)  # type: ignore[arg-type]
     return Coordinator(settings)
 

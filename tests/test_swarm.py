@@ -75,6 +75,7 @@ async def test_killed_node_is_substituted_then_ejected_then_readmitted_on_restar
     coord: Coordinator, two_models: list[Proc], family_dirs: list[Path]
 ) -> None:
     victim = node_of(two_models, family_dirs[0], 1)
+    await coord.classify(torch.rand(1, 3, 16, 16), SEQ)  # leaves a pooled stream to the victim behind
     victim.signal(signal.SIGKILL)
     victim.popen.wait(5)
     result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)

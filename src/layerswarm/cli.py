@@ -106,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
             "images over HTTP, kill nodes, and show requests still succeed.",
         )
     )
+    bench = sub.add_parser(
+        "bench",
+        help="the benchmark suite: swarm vs monolith, hop vs TCP, wire, concurrency",
+        description="Measure the swarm against a monolith and raw TCP in one run; JSON and "
+        "markdown out. --quick finishes in a few minutes.",
+    )
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions (CI runs this)")
+    bench.add_argument("--json", type=Path, help="write the report as JSON here")
+    bench.add_argument("--markdown", type=Path, help="write the tables as markdown here")
     probe = sub.add_parser(
         "probe",
         help="health check a node (gRPC) or coordinator (HTTP); exit 0 if healthy",
@@ -130,8 +139,13 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port; default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
-    p.add_argument("--max-in-flight", type=int, default=16, help="past this: RESOURCE_EXHAUSTED")
+    p.add_argument("--max-in-flight", type=int, default=64, help="past this: RESOURCE_EXHAUSTED")
     p.add_argument("--max-batch", type=int, default=64, help="largest batch accepted")
+    p.add_argument(
+        "--no-micro-batch",
+        action="store_true",
+        help="compute each request alone (default: requests that queue up run as one batch)",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
     p.add_argument("--no-advertise", action="store_true", help="do not announce over mDNS (static peers only)")
     p.add_argument("--advertise-address", help="address to put in the mDNS record (default: the bound host)")
@@ -177,7 +191,19 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hop-timeout", type=float, default=2.0, help="seconds per hop before substituting")
     p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request, all hops")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")
-    p.add_argument("--wire-dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="activations on the wire")
+    p.add_argument(
+        "--wire-dtype",
+        default="fp16",
+        choices=["fp32", "fp16", "bf16"],
+        help="activations on the wire (default fp16: half the bytes, no accuracy lost on the shipped "
+        "family; fp32 for bit-exact outputs)",
+    )
+    p.add_argument(
+        "--transport",
+        default="stream",
+        choices=["stream", "unary"],
+        help="stream: reused bidirectional streams (default); unary: one call per hop",
+    )
     p.add_argument("--max-upload-bytes", type=int, default=4 * 1024 * 1024, help="largest image accepted")
 
 
@@ -228,6 +254,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         return _node(args)
     if args.command == "coordinator":
         return _coordinator(args)
+    if args.command == "bench":
+        from layerswarm.bench.runner import main as bench_main
+
+        return bench_main(args.quick, args.json, args.markdown)
     if args.command == "probe":
         from .probe import probe_grpc, probe_http
 
@@ -251,6 +281,7 @@ def _node(args: argparse.Namespace) -> int:
             threads=args.threads,
             max_in_flight=args.max_in_flight,
             max_batch=args.max_batch,
+            micro_batch=not args.no_micro_batch,
             metrics_port=args.metrics_port,
             advertise=not args.no_advertise,
             advertise_address=args.advertise_address,
@@ -282,6 +313,7 @@ def _coordinator(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout,
             health_interval_s=args.health_interval,
             wire_dtype=args.wire_dtype,
+            transport=args.transport,
             max_upload_bytes=args.max_upload_bytes,
         )
     )

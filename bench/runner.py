@@ -1,0 +1,96 @@
+"""`layerswarm bench`: every benchmark in one run, JSON plus a markdown table.
+
+Timings on a shared 2-core machine move by tens of percent between runs, so every figure that
+matters is a ratio against a baseline measured in the same run, interleaved where it can be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+from layerswarm import __version__
+from layerswarm.models.zoo import family_root, robust_members
+
+from . import shipped, vitb
+from .fixtures import nodes, vitb_model_dir
+from .report import render
+
+
+def run(quick: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    reps = 5 if quick else 20
+    report: dict[str, Any] = {"quick": quick, "environment": environment()}
+    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+        model_dir = vitb_model_dir(Path(tmp))
+        with nodes([(model_dir, b) for b in range(12)]) as procs:
+            configs = [("fp32", "unary"), ("fp32", "stream"), ("fp16", "unary"), ("fp16", "stream")]
+            report["vitb_swarm_vs_monolith"] = asyncio.run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
+            report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps))
+            report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
+        if torch.cuda.is_available():  # the same ratio on the GPU, where there is one; never required
+            with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:
+                report["vitb_swarm_vs_monolith_cuda"] = asyncio.run(
+                    vitb.swarm_vs_monolith(model_dir, procs, reps, [("fp16", "stream")], device="cuda")
+                )
+    members = robust_members(family_root())[:2]
+    with nodes(shipped.layout(members)) as procs:
+        report["wire_formats"] = asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
+        report["coordinator_cost_shipped"] = vitb.coordinator_cpu_share(members[0], procs, 50 if quick else 200, 32)
+    report["concurrency"] = asyncio.run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
+    report["topologies"] = {
+        "star": "measured above (the coordinator calls every node)",
+        "relay": "not built: nodes do not forward to each other",
+    }
+    headline = report["vitb_swarm_vs_monolith"]
+    report["vitb_swarm_vs_monolith_ratio"] = headline["ratio_fp16_stream"]  # the default configuration
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.machine(),
+        "processor": _cpu_name(),
+        "cores": _cores(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "grpcio": grpc.__version__,
+        "layerswarm": __version__,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def main(quick: bool, json_path: Path | None, markdown_path: Path | None) -> int:
+    report = run(quick)
+    text = render(report)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    if markdown_path:
+        markdown_path.write_text(text + "\n")
+    print(text)
+    return 0

@@ -1,0 +1,129 @@
+"""The shipped family's shape: wire formats (bytes, latency, accuracy through the swarm) and
+throughput under concurrency through the HTTP endpoint, with node micro-batching on and off."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from layerswarm.coordinator.core import ClassifyOptions
+from layerswarm.coordinator.planner import Policy
+from layerswarm.models.checkpoint import read_manifest
+from layerswarm.models.data import load_dataset
+from layerswarm.procs import Proc, layerswarm_cmd, spawn, stop_all
+from layerswarm.up import png_bytes
+
+from .fixtures import addresses, median_ms, nodes, percentile_ms
+from .vitb import coordinator, wait_ready
+
+
+def layout(members: list[Path]) -> list[tuple[Path, int]]:
+    depth = read_manifest(members[0]).config.depth
+    return [(m, b) for m in members for b in range(depth)]
+
+
+async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps: int) -> list[dict[str, Any]]:
+    manifest = read_manifest(members[0])
+    data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
+    x, y = data.test_x[:images], data.test_y[:images]
+    cfg = manifest.config
+    rows = []
+    for wire in ("fp32", "fp16", "bf16"):
+        coord = coordinator(members[0], addresses(procs), wire, "stream")
+        await coord.start()
+        try:
+            correct = 0
+            for i in range(0, len(y), 50):  # the same seeds, so the same paths, for every wire format
+                result = await coord.classify(x[i : i + 50], ClassifyOptions(policy=Policy.SHUFFLE, seed=i))
+                correct += int((result.probs.argmax(-1) == y[i : i + 50]).sum())
+            latencies = []
+            for i in range(reps):
+                started = time.perf_counter()
+                await coord.classify(x[i : i + 1], ClassifyOptions(policy=Policy.SHUFFLE, seed=i))
+                latencies.append(time.perf_counter() - started)
+        finally:
+            await coord.stop()
+        itemsize = torch.empty((), dtype=coord.wire_dtype).element_size()
+        rows.append(
+            {
+                "wire_dtype": wire,
+                "bytes_per_hop": cfg.num_tokens * cfg.dim * itemsize,
+                "accuracy": round(correct / len(y), 4),
+                "images": len(y),
+                "latency_p50_ms": median_ms(latencies),
+            }
+        )
+    for row in rows:
+        row["points_lost"] = round((rows[0]["accuracy"] - row["accuracy"]) * 100, 2)
+    return rows
+
+
+async def concurrency(members: list[Path], levels: list[int], requests: int) -> list[dict[str, Any]]:
+    manifest = read_manifest(members[0])
+    data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
+    images = [png_bytes(data.test_x[i].numpy()) for i in range(64)]
+    rows = []
+    for micro_batch in (True, False):
+        flags = () if micro_batch else ("--no-micro-batch",)
+        with nodes(layout(members), "--max-in-flight", "256", *flags) as procs:
+            args = [
+                "coordinator",
+                "--model-dir",
+                str(members[0]),
+                "--http-port",
+                "0",
+                "--no-mdns",
+                *[f"--peer={a}" for a in addresses(procs)],
+            ]
+            coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
+            try:
+                url = f"http://127.0.0.1:{coord.ready['port']}"
+                with httpx.Client(base_url=url) as client:
+                    wait_ready(client)
+                for level in levels:
+                    row = await _load(url, images, level, requests)
+                    rows.append({"micro_batching": micro_batch, "concurrency": level, **row})
+            finally:
+                stop_all([coord])
+    base = {r["micro_batching"]: r["throughput_rps"] for r in rows if r["concurrency"] == levels[0]}
+    for row in rows:
+        row["throughput_vs_1"] = round(row["throughput_rps"] / base[row["micro_batching"]], 3)
+    return rows
+
+
+async def _load(url: str, images: list[bytes], level: int, requests: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    queue = list(range(min(8, requests)))  # warm-up first
+    limits = httpx.Limits(max_connections=level, max_keepalive_connections=level)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                started = time.perf_counter()
+                reply = await client.post(
+                    "/v1/classify", files={"file": ("x.png", images[i % len(images)], "image/png")}
+                )
+                latencies.append(time.perf_counter() - started)
+                statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
+
+        await asyncio.gather(*(worker() for _ in range(min(level, 4))))  # warm the connections
+        latencies.clear()
+        statuses.clear()
+        queue.extend(range(requests))
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(level)))
+        elapsed = time.perf_counter() - started
+    return {
+        "requests": requests,
+        "statuses": statuses,
+        "throughput_rps": round(requests / elapsed, 2),
+        "latency_p50_ms": median_ms(latencies),
+        "latency_p99_ms": percentile_ms(latencies, 0.99),
+    }

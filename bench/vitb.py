@@ -1,0 +1,183 @@
+"""ViT-B/16 shape (random weights, 12 nodes): swarm against monolith, one hop against the TCP floor,
+and the coordinator's CPU share."""
+
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+from PIL import Image
+
+from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.models.checkpoint import load_model
+from layerswarm.procs import Proc, layerswarm_cmd, spawn, stop_all
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .fixtures import addresses, cpu_seconds, median_ms, timed
+from .tcp_floor import echo_round_trips
+
+SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
+
+
+def coordinator(model_dir: Path, peers: tuple[str, ...], wire: str, transport: str) -> Coordinator:
+    return Coordinator(
+        CoordinatorSettings(
+            model_dir=model_dir,
+            peers=peers,
+            mdns=False,
+            wire_dtype=wire,
+            transport=transport,
+            hop_timeout_s=60,
+            request_timeout_s=300,
+            health_interval_s=30,
+            max_batch=64,
+        )
+    )
+
+
+async def swarm_vs_monolith(
+    model_dir: Path, procs: list[Proc], reps: int, configs: list[tuple[str, str]], device: str = "cpu"
+) -> dict[str, Any]:
+    """Batch 1, end to end (stem, every block, head), interleaved with the same blocks in one process."""
+    torch.set_num_threads(1)  # as each node computes; the 2-thread monolith is reported beside it
+    model, _ = load_model(model_dir)
+    model = model.to(device)
+    images = torch.rand(1, 3, model.cfg.image_size, model.cfg.image_size)
+
+    def monolith(threads: int) -> float:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            t = timed(lambda: _sync(model(images.to(device))))
+        torch.set_num_threads(1)
+        return t
+
+    results: dict[str, Any] = {"blocks": len(model.blocks), "reps": reps, "device": device}
+    mono1: list[float] = []
+    mono2 = [monolith(2) for _ in range(max(2, reps // 2))]
+    for wire, transport in configs:
+        coord = coordinator(model_dir, addresses(procs), wire, transport)
+        await coord.start()
+        swarm: list[float] = []
+        try:
+            for _ in range(2):  # warm-up: channels, streams, allocator
+                await coord.classify(images, SEQ)
+                monolith(1)
+            for _ in range(reps):
+                mono1.append(monolith(1))
+                started = time.perf_counter()
+                result = await coord.classify(images, SEQ)
+                swarm.append(time.perf_counter() - started)
+                assert result.path.depth == len(model.blocks)
+        finally:
+            await coord.stop()
+        results[f"swarm_{wire}_{transport}_ms"] = median_ms(swarm)
+    results["monolith_1_thread_ms"] = median_ms(mono1)
+    results["monolith_2_threads_ms"] = median_ms(mono2)
+    for wire, transport in configs:
+        results[f"ratio_{wire}_{transport}"] = round(results[f"swarm_{wire}_{transport}_ms"] / median_ms(mono1), 4)
+    return results
+
+
+async def hop_vs_floor(model_dir: Path, node: Proc, reps: int) -> list[dict[str, Any]]:
+    """One node's round trip minus its compute time, against raw TCP echoing the same bytes."""
+    from layerswarm.coordinator.clients import NodeClient
+
+    model, _ = load_model(model_dir)
+    tokens, dim = model.cfg.num_tokens, model.cfg.dim
+    rows = []
+    for batch, dtype in ((1, torch.float16), (1, torch.float32), (8, torch.float32)):
+        x = torch.randn(batch, tokens, dim).to(dtype)
+        request = pb.ForwardRequest(request_id="bench", activations=codec.encode(x), position=0)
+        nbytes = len(request.activations.data)
+        row: dict[str, Any] = {"payload_bytes": nbytes, "shape": [batch, tokens, dim], "dtype": str(dtype)[6:]}
+        for transport in ("unary", "stream"):
+            client = NodeClient(f"127.0.0.1:{node.ready['port']}", 64 * 1024 * 1024, transport)
+            overheads = []
+            for i in range(reps + 2):
+                started = time.perf_counter()
+                reply = await client.forward(request, timeout=60)
+                if i >= 2:
+                    overheads.append(time.perf_counter() - started - reply.compute_ms / 1e3)
+            await client.close()
+            row[f"{transport}_overhead_ms"] = median_ms(overheads)
+        row["tcp_floor_ms"] = median_ms(echo_round_trips(nbytes, reps * 3))
+        for transport in ("unary", "stream"):
+            row[f"{transport}_over_floor"] = round(row[f"{transport}_overhead_ms"] / row["tcp_floor_ms"], 3)
+        rows.append(row)
+    return rows
+
+
+def coordinator_cpu_share(model_dir: Path, procs: list[Proc], requests: int, image_size: int) -> dict[str, Any]:
+    """CPU seconds of the coordinator process per request, against all nodes' CPU (HTTP end to end)."""
+    args = [
+        "coordinator",
+        "--model-dir",
+        str(model_dir),
+        "--http-port",
+        "0",
+        "--no-mdns",
+        "--policy",
+        "sequential",
+        "--hop-timeout",
+        "60",
+        "--request-timeout",
+        "300",
+        *[f"--peer={a}" for a in addresses(procs)],
+    ]
+    coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
+    try:
+        buf = io.BytesIO()
+        Image.fromarray(np.random.default_rng(0).integers(0, 255, (image_size, image_size, 3), dtype=np.uint8)).save(
+            buf, format="PNG"
+        )
+        image = buf.getvalue()
+        with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=300) as client:
+            wait_ready(client)
+            client.post("/v1/classify", files={"file": ("x.png", image, "image/png")})  # warm-up
+            before = cpu_seconds(coord.pid), [cpu_seconds(p.pid) for p in procs]
+            latencies = []
+            for _ in range(requests):
+                started = time.perf_counter()
+                assert client.post("/v1/classify", files={"file": ("x.png", image, "image/png")}).status_code == 200
+                latencies.append(time.perf_counter() - started)
+            after = cpu_seconds(coord.pid), [cpu_seconds(p.pid) for p in procs]
+    finally:
+        stop_all([coord])
+    coord_cpu = (after[0] - before[0]) / requests
+    nodes_cpu = (sum(after[1]) - sum(before[1])) / requests
+    return {
+        "requests": requests,
+        "coordinator_cpu_ms_per_request": round(coord_cpu * 1e3, 3),
+        "nodes_cpu_ms_per_request": round(nodes_cpu * 1e3, 3),
+        "coordinator_share": round(coord_cpu / nodes_cpu, 4) if nodes_cpu else None,
+        "latency_p50_ms": median_ms(latencies),
+    }
+
+
+def _sync(out: torch.Tensor) -> torch.Tensor:
+    if out.is_cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def wait_ready(client: httpx.Client, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = client.get("/v1/nodes").json()
+        if view["reachable_depth"] == view["depth"]:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the benchmark swarm did not become ready")
+
+
+def summarize(values: list[float]) -> float:
+    return round(statistics.median(values), 4)
