@@ -64,36 +64,46 @@ async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps
 
 
 async def concurrency(members: list[Path], levels: list[int], requests: int) -> list[dict[str, Any]]:
+    """Both swarms (node micro-batching on and off) run side by side; each level measures one, then the
+    other, in alternating order, so drift on a shared machine hits both alike."""
     manifest = read_manifest(members[0])
     data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
     images = [png_bytes(data.test_x[i].numpy()) for i in range(64)]
     rows = []
-    for micro_batch in (True, False):
-        flags = () if micro_batch else ("--no-micro-batch",)
-        with nodes(layout(members), "--max-in-flight", "256", *flags) as procs:
-            args = [
-                "coordinator",
-                "--model-dir",
-                str(members[0]),
-                "--http-port",
-                "0",
-                "--no-mdns",
-                *[f"--peer={a}" for a in addresses(procs)],
-            ]
-            coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
-            try:
-                url = f"http://127.0.0.1:{coord.ready['port']}"
-                with httpx.Client(base_url=url) as client:
-                    wait_ready(client)
-                for level in levels:
+    with (
+        nodes(layout(members), "--max-in-flight", "256") as on,
+        nodes(layout(members), "--max-in-flight", "256", "--no-micro-batch") as off,
+    ):
+        coords = {True: _coordinator_process(members[0], on), False: _coordinator_process(members[0], off)}
+        try:
+            for i, level in enumerate(levels):
+                for micro_batch in (True, False) if i % 2 == 0 else (False, True):
+                    url = f"http://127.0.0.1:{coords[micro_batch].ready['port']}"
                     row = await _load(url, images, level, requests)
                     rows.append({"micro_batching": micro_batch, "concurrency": level, **row})
-            finally:
-                stop_all([coord])
+        finally:
+            stop_all(list(coords.values()))
+    rows.sort(key=lambda r: (not r["micro_batching"], r["concurrency"]))
     base = {r["micro_batching"]: r["throughput_rps"] for r in rows if r["concurrency"] == levels[0]}
     for row in rows:
         row["throughput_vs_1"] = round(row["throughput_rps"] / base[row["micro_batching"]], 3)
     return rows
+
+
+def _coordinator_process(model_dir: Path, procs: list[Proc]) -> Proc:
+    args = [
+        "coordinator",
+        "--model-dir",
+        str(model_dir),
+        "--http-port",
+        "0",
+        "--no-mdns",
+        *[f"--peer={a}" for a in addresses(procs)],
+    ]
+    coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
+    with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}") as client:
+        wait_ready(client)
+    return coord
 
 
 async def _load(url: str, images: list[bytes], level: int, requests: int) -> dict[str, Any]:

@@ -30,7 +30,8 @@ def _serve(server: socket.socket) -> None:
                 return
             (n,) = struct.unpack("!Q", header)
             _recv_exact(conn, n, buf)
-            conn.sendall(bytes(header) + bytes(buf[:n]))
+            conn.sendall(header)
+            conn.sendall(memoryview(buf)[:n])  # no copy: the floor must be the wire, not memcpy
 
 
 def _echo_process(conn: object) -> None:
@@ -39,27 +40,28 @@ def _echo_process(conn: object) -> None:
     _serve(server)
 
 
-def echo_round_trips(payload_bytes: int, reps: int) -> list[float]:
-    """Seconds per round trip of `payload_bytes` there and back (length-prefixed) to an echo server in
-    another process (as a node is), after one warm-up."""
-    ctx = multiprocessing.get_context("spawn")  # fork would copy gRPC's threads' state
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_echo_process, args=(child,), daemon=True)
-    proc.start()
-    port = parent.recv()
-    payload = struct.pack("!Q", payload_bytes) + bytes(payload_bytes)
-    reply = bytearray(payload_bytes + 8)
-    samples = []
-    try:
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for i in range(reps + 1):
-                started = time.perf_counter()
-                sock.sendall(payload)
-                _recv_exact(sock, payload_bytes + 8, reply)
-                if i:
-                    samples.append(time.perf_counter() - started)
-    finally:
-        proc.terminate()
-        proc.join(5)
-    return samples
+class EchoServer:
+    """An echo server in another process (as a node is), and a client connection to it."""
+
+    def __enter__(self) -> EchoServer:
+        ctx = multiprocessing.get_context("spawn")  # fork would copy gRPC's threads' state
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_echo_process, args=(child,), daemon=True)
+        self._proc.start()
+        self._sock = socket.create_connection(("127.0.0.1", parent.recv()))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._reply = bytearray(64 * 1024 * 1024 + 8)
+        return self
+
+    def round_trip(self, payload_bytes: int) -> float:
+        """Seconds to send `payload_bytes` (length-prefixed) and receive them back."""
+        payload = struct.pack("!Q", payload_bytes) + bytes(payload_bytes)
+        started = time.perf_counter()
+        self._sock.sendall(payload)
+        _recv_exact(self._sock, payload_bytes + 8, self._reply)
+        return time.perf_counter() - started
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
+        self._proc.terminate()
+        self._proc.join(5)

@@ -23,7 +23,7 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .fixtures import addresses, cpu_seconds, median_ms, timed
-from .tcp_floor import echo_round_trips
+from .tcp_floor import EchoServer
 
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 
@@ -61,58 +61,70 @@ async def swarm_vs_monolith(
         return t
 
     results: dict[str, Any] = {"blocks": len(model.blocks), "reps": reps, "device": device}
-    mono1: list[float] = []
-    mono2 = [monolith(2) for _ in range(max(2, reps // 2))]
-    for wire, transport in configs:
-        coord = coordinator(model_dir, addresses(procs), wire, transport)
+    coords = {cfg: coordinator(model_dir, addresses(procs), *cfg) for cfg in configs}
+    for coord in coords.values():
         await coord.start()
-        swarm: list[float] = []
-        try:
-            for _ in range(2):  # warm-up: channels, streams, allocator
-                await coord.classify(images, SEQ)
-                monolith(1)
-            for _ in range(reps):
-                mono1.append(monolith(1))
-                started = time.perf_counter()
-                result = await coord.classify(images, SEQ)
-                swarm.append(time.perf_counter() - started)
-                assert result.path.depth == len(model.blocks)
-        finally:
+    samples: dict[str, list[float]] = {"monolith_1_thread": [], "monolith_2_threads": []}
+    samples.update({f"swarm_{w}_{t}": [] for w, t in configs})
+    try:
+        for rep in range(reps + 2):  # two warm-up rounds: channels, streams, allocator
+            # Every configuration once per round, in a rotating order: drift on a shared machine hits all alike.
+            round_robin: list[tuple[str, Any]] = [("monolith_1_thread", 1), ("monolith_2_threads", 2)]
+            round_robin += [(f"swarm_{w}_{t}", coords[(w, t)]) for w, t in configs]
+            shift = rep % len(round_robin)
+            for name, what in round_robin[shift:] + round_robin[:shift]:
+                if isinstance(what, int):
+                    elapsed = monolith(what)
+                else:
+                    started = time.perf_counter()
+                    result = await what.classify(images, SEQ)
+                    elapsed = time.perf_counter() - started
+                    assert result.path.depth == len(model.blocks)
+                if rep >= 2:
+                    samples[name].append(elapsed)
+    finally:
+        for coord in coords.values():
             await coord.stop()
-        results[f"swarm_{wire}_{transport}_ms"] = median_ms(swarm)
-    results["monolith_1_thread_ms"] = median_ms(mono1)
-    results["monolith_2_threads_ms"] = median_ms(mono2)
-    for wire, transport in configs:
-        results[f"ratio_{wire}_{transport}"] = round(results[f"swarm_{wire}_{transport}_ms"] / median_ms(mono1), 4)
+    base = median_ms(samples["monolith_1_thread"])
+    for name, values in samples.items():
+        results[f"{name}_ms"] = median_ms(values)
+        if name.startswith("swarm_"):
+            results["ratio_" + name[len("swarm_") :]] = round(median_ms(values) / base, 4)
     return results
 
 
 async def hop_vs_floor(model_dir: Path, node: Proc, reps: int) -> list[dict[str, Any]]:
-    """One node's round trip minus its compute time, against raw TCP echoing the same bytes."""
+    """One node's round trip minus its compute time, against raw TCP echoing the same bytes; samples of
+    the three are interleaved, so the machine's drift hits them alike."""
     from layerswarm.coordinator.clients import NodeClient
 
     model, _ = load_model(model_dir)
     tokens, dim = model.cfg.num_tokens, model.cfg.dim
+    address = f"127.0.0.1:{node.ready['port']}"
+    clients = {t: NodeClient(address, 64 * 1024 * 1024, t) for t in ("unary", "stream")}
     rows = []
-    for batch, dtype in ((1, torch.float16), (1, torch.float32), (8, torch.float32)):
-        x = torch.randn(batch, tokens, dim).to(dtype)
-        request = pb.ForwardRequest(request_id="bench", activations=codec.encode(x), position=0)
-        nbytes = len(request.activations.data)
-        row: dict[str, Any] = {"payload_bytes": nbytes, "shape": [batch, tokens, dim], "dtype": str(dtype)[6:]}
-        for transport in ("unary", "stream"):
-            client = NodeClient(f"127.0.0.1:{node.ready['port']}", 64 * 1024 * 1024, transport)
-            overheads = []
+    with EchoServer() as echo:
+        for batch, dtype in ((1, torch.float16), (1, torch.float32), (8, torch.float32)):
+            x = torch.randn(batch, tokens, dim).to(dtype)
+            request = pb.ForwardRequest(request_id="bench", activations=codec.encode(x), position=0)
+            nbytes = len(request.activations.data)
+            samples: dict[str, list[float]] = {"tcp_floor": [], "unary_overhead": [], "stream_overhead": []}
             for i in range(reps + 2):
-                started = time.perf_counter()
-                reply = await client.forward(request, timeout=60)
+                floor = echo.round_trip(nbytes)
+                for transport, client in clients.items():
+                    started = time.perf_counter()
+                    reply = await client.forward(request, timeout=60)
+                    if i >= 2:
+                        samples[f"{transport}_overhead"].append(time.perf_counter() - started - reply.compute_ms / 1e3)
                 if i >= 2:
-                    overheads.append(time.perf_counter() - started - reply.compute_ms / 1e3)
-            await client.close()
-            row[f"{transport}_overhead_ms"] = median_ms(overheads)
-        row["tcp_floor_ms"] = median_ms(echo_round_trips(nbytes, reps * 3))
-        for transport in ("unary", "stream"):
-            row[f"{transport}_over_floor"] = round(row[f"{transport}_overhead_ms"] / row["tcp_floor_ms"], 3)
-        rows.append(row)
+                    samples["tcp_floor"].append(floor)
+            row: dict[str, Any] = {"payload_bytes": nbytes, "shape": [batch, tokens, dim], "dtype": str(dtype)[6:]}
+            row.update({f"{k}_ms": median_ms(v) for k, v in samples.items()})
+            for transport in clients:
+                row[f"{transport}_over_floor"] = round(row[f"{transport}_overhead_ms"] / row["tcp_floor_ms"], 3)
+            rows.append(row)
+    for client in clients.values():
+        await client.close()
     return rows
 
 
