@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import torch
 
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
-from layerswarm.procs import Proc, layerswarm_cmd, spawn_many, stop_all
+from layerswarm.procs import Proc, layerswarm_cmd, spawn, spawn_many, stop_all
 
 VITB = {"image_size": 224, "patch_size": 16, "dim": 768, "depth": 12, "heads": 12, "num_classes": 1000}
 
@@ -80,3 +81,35 @@ def timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
+
+
+def coordinator_process(model_dir: Path, procs: list[Proc], *extra: str) -> Proc:
+    """A coordinator process (HTTP on a free port) with `procs` as static peers, ready to serve."""
+    args = [
+        "coordinator",
+        "--model-dir",
+        str(model_dir),
+        "--http-port",
+        "0",
+        "--no-mdns",
+        *extra,
+        *[f"--peer={a}" for a in addresses(procs)],
+    ]
+    coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}") as client:
+            wait_ready(client)
+    except Exception:
+        stop_all([coord])
+        raise
+    return coord
+
+
+def wait_ready(client: httpx.Client, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = client.get("/v1/nodes").json()
+        if view["reachable_depth"] == view["depth"]:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the benchmark swarm did not become ready")

@@ -15,11 +15,11 @@ from layerswarm.coordinator.core import ClassifyOptions
 from layerswarm.coordinator.planner import Policy
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
-from layerswarm.procs import Proc, layerswarm_cmd, spawn, stop_all
+from layerswarm.procs import Proc, stop_all
 from layerswarm.up import png_bytes
 
-from .fixtures import addresses, median_ms, nodes, percentile_ms
-from .vitb import coordinator, wait_ready
+from .fixtures import addresses, coordinator_process, median_ms, nodes, percentile_ms
+from .vitb import coordinator
 
 
 def layout(members: list[Path]) -> list[tuple[Path, int]]:
@@ -74,7 +74,7 @@ async def concurrency(members: list[Path], levels: list[int], requests: int) -> 
         nodes(layout(members), "--max-in-flight", "256") as on,
         nodes(layout(members), "--max-in-flight", "256", "--no-micro-batch") as off,
     ):
-        coords = {True: _coordinator_process(members[0], on), False: _coordinator_process(members[0], off)}
+        coords = {True: coordinator_process(members[0], on), False: coordinator_process(members[0], off)}
         try:
             for i, level in enumerate(levels):
                 for micro_batch in (True, False) if i % 2 == 0 else (False, True):
@@ -88,22 +88,6 @@ async def concurrency(members: list[Path], levels: list[int], requests: int) -> 
     for row in rows:
         row["throughput_vs_1"] = round(row["throughput_rps"] / base[row["micro_batching"]], 3)
     return rows
-
-
-def _coordinator_process(model_dir: Path, procs: list[Proc]) -> Proc:
-    args = [
-        "coordinator",
-        "--model-dir",
-        str(model_dir),
-        "--http-port",
-        "0",
-        "--no-mdns",
-        *[f"--peer={a}" for a in addresses(procs)],
-    ]
-    coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
-    with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}") as client:
-        wait_ready(client)
-    return coord
 
 
 async def _load(url: str, images: list[bytes], level: int, requests: int) -> dict[str, Any]:

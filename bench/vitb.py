@@ -18,11 +18,11 @@ from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.models.checkpoint import load_model
-from layerswarm.procs import Proc, layerswarm_cmd, spawn, stop_all
+from layerswarm.procs import Proc, stop_all
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from .fixtures import addresses, cpu_seconds, median_ms, timed
+from .fixtures import addresses, coordinator_process, cpu_seconds, median_ms, timed
 from .tcp_floor import EchoServer
 
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
@@ -130,22 +130,9 @@ async def hop_vs_floor(model_dir: Path, node: Proc, reps: int) -> list[dict[str,
 
 def coordinator_cpu_share(model_dir: Path, procs: list[Proc], requests: int, image_size: int) -> dict[str, Any]:
     """CPU seconds of the coordinator process per request, against all nodes' CPU (HTTP end to end)."""
-    args = [
-        "coordinator",
-        "--model-dir",
-        str(model_dir),
-        "--http-port",
-        "0",
-        "--no-mdns",
-        "--policy",
-        "sequential",
-        "--hop-timeout",
-        "60",
-        "--request-timeout",
-        "300",
-        *[f"--peer={a}" for a in addresses(procs)],
-    ]
-    coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
+    coord = coordinator_process(
+        model_dir, procs, "--policy", "sequential", "--hop-timeout", "60", "--request-timeout", "300"
+    )
     try:
         buf = io.BytesIO()
         Image.fromarray(np.random.default_rng(0).integers(0, 255, (image_size, image_size, 3), dtype=np.uint8)).save(
@@ -153,7 +140,6 @@ def coordinator_cpu_share(model_dir: Path, procs: list[Proc], requests: int, ima
         )
         image = buf.getvalue()
         with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=300) as client:
-            wait_ready(client)
             client.post("/v1/classify", files={"file": ("x.png", image, "image/png")})  # warm-up
             before = cpu_seconds(coord.pid), [cpu_seconds(p.pid) for p in procs]
             latencies = []
@@ -179,16 +165,6 @@ def _sync(out: torch.Tensor) -> torch.Tensor:
     if out.is_cuda:
         torch.cuda.synchronize()
     return out
-
-
-def wait_ready(client: httpx.Client, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = client.get("/v1/nodes").json()
-        if view["reachable_depth"] == view["depth"]:
-            return
-        time.sleep(0.2)
-    raise TimeoutError("the benchmark swarm did not become ready")
 
 
 def summarize(values: list[float]) -> float:
