@@ -94,6 +94,9 @@ class ClientPool:
             client = self._clients[address] = NodeClient(address, self.max_message_bytes, self.transport)
         return client
 
+    def addresses(self) -> set[str]:
+        return set(self._clients)
+
     async def drop(self, address: str) -> None:
         client = self._clients.pop(address, None)
         if client is not None:

@@ -60,6 +60,8 @@ class HealthMonitor:
             if not (r.state is NodeState.IGNORED and r.identity is None and r.advert_family)
         ]
         await asyncio.gather(*(self.check(r.address) for r in records))
+        for gone in self.pool.addresses() - self.registry.nodes.keys():  # left the swarm: close its channel
+            await self.pool.drop(gone)
         self.rounds += 1
 
     async def check(self, address: str) -> None:

@@ -56,6 +56,7 @@ async def test_nodes_are_discovered_and_say_goodbye(
         assert [h.block for h in result.path.hops] == [0, 1, 2]
         nodes[1].signal(signal.SIGTERM)  # graceful: drains, then the mDNS goodbye removes it
         await wait_until(lambda: addr[1] not in coord.registry.nodes, what="goodbye")
+        await wait_until(lambda: addr[1] not in coord.pool.addresses(), what="its channel closed")
         nodes[2].signal(signal.SIGKILL)  # no goodbye: health checks must eject it
         await wait_until(lambda: states(coord).get(addr[2]) == "ejected", what="ejection without goodbye")
     finally:
