@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
+from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -24,15 +25,23 @@ MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, boun
 
 
 class NodeClient:
-    def __init__(self, address: str, max_message_bytes: int, transport: str = "stream") -> None:
-        options = [
+    def __init__(
+        self, address: str, max_message_bytes: int, transport: str = "stream", security: SecuritySettings | None = None
+    ) -> None:
+        security = security or SecuritySettings()
+        options: list[tuple[str, Any]] = [
             *KEEPALIVE_OPTIONS,
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
         self.address = address
         self.transport = transport
-        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.metadata = security.metadata()
+        if security.tls:  # nodes share one certificate name, so they may change addresses
+            options.append(("grpc.ssl_target_name_override", NODE_TLS_NAME))
+            self.channel = grpc.aio.secure_channel(address, security.channel_credentials(), options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(address, options=options)
         self.block = pb_grpc.BlockNodeStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self._idle: list[Any] = []  # ForwardStream calls with no request outstanding
@@ -40,7 +49,7 @@ class NodeClient:
     async def forward(self, request: pb.ForwardRequest, timeout: float) -> pb.ForwardResponse:
         """One block forward. Raises grpc.aio.AioRpcError, or TimeoutError past `timeout`."""
         if self.transport == "unary":
-            return await self.block.Forward(request, timeout=timeout)
+            return await self.block.Forward(request, timeout=timeout, metadata=self.metadata)
         call = self._take_stream()
         try:
             reply = await asyncio.wait_for(self._exchange(call, request), timeout)
@@ -61,7 +70,10 @@ class NodeClient:
             call = self._idle.pop()
             if not call.done():  # a node that restarted or died has ended its streams
                 return call
-        return self.block.ForwardStream()
+        return self.block.ForwardStream(metadata=self.metadata)
+
+    async def info(self, timeout: float) -> pb.NodeInfo:
+        return await self.block.Info(pb.InfoRequest(), timeout=timeout, metadata=self.metadata)
 
     @staticmethod
     async def _exchange(call: Any, request: pb.ForwardRequest) -> pb.ForwardResponse:
@@ -83,15 +95,21 @@ def _unavailable(details: str) -> grpc.aio.AioRpcError:
 
 
 class ClientPool:
-    def __init__(self, max_message_bytes: int = 64 * 1024 * 1024, transport: str = "stream") -> None:
+    def __init__(
+        self,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        transport: str = "stream",
+        security: SecuritySettings | None = None,
+    ) -> None:
         self.max_message_bytes = max_message_bytes
         self.transport = transport
+        self.security = security
         self._clients: dict[str, NodeClient] = {}
 
     def get(self, address: str) -> NodeClient:
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = NodeClient(address, self.max_message_bytes, self.transport)
+            client = self._clients[address] = NodeClient(address, self.max_message_bytes, self.transport, self.security)
         return client
 
     def addresses(self) -> set[str]:

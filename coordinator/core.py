@@ -69,7 +69,7 @@ class Coordinator:
         self.config = self.manifest.config
         self.stem, self.head = load_parts(settings.model_dir, self.manifest)
         self.registry = Registry(family_spec(settings), settings.eject_after, settings.quarantine_s)
-        self.pool = ClientPool(transport=settings.transport)
+        self.pool = ClientPool(transport=settings.transport, security=settings.security)
         self.executor = PathExecutor(self.registry, self.pool)
         self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
         self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces) if settings.mdns else None

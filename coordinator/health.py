@@ -72,13 +72,16 @@ class HealthMonitor:
         try:
             if record.identity is None or record.state is not NodeState.HEALTHY:
                 # Identity can change under one address (a restarted node): re-read it before re-admitting.
-                info = await client.block.Info(pb.InfoRequest(), timeout=self.timeout_s)
+                info = await client.info(self.timeout_s)
                 self.registry.admit(address, identity_from_info(info))
             reply = await client.health.Check(
                 health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as exc:
-            self.registry.health_failed(address, f"health check: {exc.code().name}")
+            if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+                self.registry.refuse(address, "refuses our swarm token (UNAUTHENTICATED)")
+            else:
+                self.registry.health_failed(address, f"health check: {exc.code().name}: {exc.details()}")
             return
         if reply.status == health_pb2.HealthCheckResponse.SERVING:
             self.registry.health_ok(address)

@@ -189,6 +189,12 @@ class Registry:
         if record is not None and record.state is NodeState.HEALTHY:
             self._set(record, NodeState.EJECTED, reason)
 
+    def refuse(self, address: str, reason: str) -> None:
+        """A node that will not let us in (wrong token): listed, never routed to."""
+        record = self.nodes.get(address)
+        if record is not None:
+            self._set(record, NodeState.IGNORED, reason)
+
     def quarantine(self, address: str, reason: str) -> None:
         record = self.nodes.get(address)
         if record is not None and record.state is not NodeState.IGNORED:
@@ -210,6 +216,8 @@ class Registry:
         if record is None:
             return
         record.consecutive_failures += 1
+        if record.state is NodeState.PENDING:
+            record.reason = reason  # why it cannot be admitted yet (unreachable, TLS handshake, ...)
         if record.state is NodeState.HEALTHY and record.consecutive_failures >= self.eject_after:
             self._set(record, NodeState.EJECTED, reason)
 

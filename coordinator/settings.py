@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from layerswarm.wire.security import SecuritySettings
 
 
 @dataclass(frozen=True)
@@ -31,3 +33,4 @@ class CoordinatorSettings:
     max_upload_bytes: int = 4 * 1024 * 1024
     max_concurrent_requests: int = 64
     threads: int = 1
+    security: SecuritySettings = field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS

@@ -18,6 +18,7 @@ from prometheus_client import start_http_server
 
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.wire.discovery import PROTOCOL_VERSION, Advert
+from layerswarm.wire.security import TokenInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertiser, routable_addresses
@@ -58,7 +59,10 @@ class Node:
         )
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
         self.health = HealthServicer()
-        self.server = grpc.aio.server(options=grpc_options(settings.max_message_bytes))
+        token = settings.security.token
+        self.server = grpc.aio.server(
+            options=grpc_options(settings.max_message_bytes), interceptors=[TokenInterceptor(token)] if token else None
+        )
         self.port = 0
         self.advertiser: Advertiser | None = None
         self._metrics_server: tuple[Any, Any] | None = None
@@ -67,7 +71,11 @@ class Node:
         s = self.settings
         pb_grpc.add_BlockNodeServicer_to_server(BlockService(self.runtime, s, self.metrics, self.boot_id), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        address = f"{s.host}:{s.port}"
+        if s.security.tls:
+            self.port = self.server.add_secure_port(address, s.security.server_credentials())
+        else:
+            self.port = self.server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"could not bind {s.host}:{s.port}")
         await self.server.start()

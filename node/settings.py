@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from layerswarm.wire.security import SecuritySettings
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class NodeSettings:
     advertise_address: str | None = None  # address put in the mDNS record; default: the bound host
     mdns_interfaces: tuple[str, ...] = ()  # empty: all interfaces
     grace_s: float = 5.0  # drain time on SIGTERM
+    security: SecuritySettings = field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
     # Test-only fault injection (failure-injection suites): never set in production.
     fault_delay_ms: float = 0.0
     fault_mode: str = "none"  # none | nan | shape | dtype

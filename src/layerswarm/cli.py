@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .wire.security import SecuritySettings
 
 EXAMPLES = """\
 examples:
@@ -124,7 +125,29 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("kind", choices=["grpc", "http"])
     probe.add_argument("target", help="HOST:PORT (grpc) or URL (http)")
     probe.add_argument("--timeout", type=float, default=2.0)
+    add_security_args(probe, token=False)  # the health service needs no token, but TLS is the whole port
     return parser
+
+
+def add_security_args(p: argparse.ArgumentParser, token: bool = True) -> None:
+    if token:
+        p.add_argument(
+            "--token-file",
+            type=Path,
+            help="file holding the shared swarm token (nodes refuse "
+            "BlockNode calls without it; keep it out of the command line)",
+        )
+    p.add_argument(
+        "--tls-cert",
+        type=Path,
+        help="this process's certificate (PEM) for mutual TLS (deploy/make-certs.sh makes a swarm's certificates)",
+    )
+    p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    p.add_argument("--tls-ca", type=Path, help="the swarm's CA certificate (PEM): peers must be signed by it")
+
+
+def security_from_args(args: argparse.Namespace) -> SecuritySettings:
+    return SecuritySettings.from_files(getattr(args, "token_file", None), args.tls_cert, args.tls_key, args.tls_ca)
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
@@ -151,6 +174,7 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise-address", help="address to put in the mDNS record (default: the bound host)")
     p.add_argument("--mdns-interface", action="append", default=[], help="IP of an interface for mDNS (repeatable)")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM (default: %(default)s)")
+    add_security_args(p)
     p.add_argument("--fault-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # test-only
     p.add_argument("--fault-mode", choices=["none", "nan", "shape", "dtype"], default="none", help=argparse.SUPPRESS)
 
@@ -205,6 +229,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         help="stream: reused bidirectional streams (default); unary: one call per hop",
     )
     p.add_argument("--max-upload-bytes", type=int, default=4 * 1024 * 1024, help="largest image accepted")
+    add_security_args(p)
 
 
 def add_up_args(p: argparse.ArgumentParser) -> None:
@@ -261,7 +286,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "probe":
         from .probe import probe_grpc, probe_http
 
-        healthy, message = (probe_grpc if args.kind == "grpc" else probe_http)(args.target, args.timeout)
+        if args.kind == "grpc":
+            healthy, message = probe_grpc(args.target, args.timeout, security_from_args(args))
+        else:
+            healthy, message = probe_http(args.target, args.timeout)
         print(message)
         return 0 if healthy else 1
     return _up(args, argv)
@@ -289,6 +317,7 @@ def _node(args: argparse.Namespace) -> int:
             grace_s=args.grace,
             fault_delay_ms=args.fault_delay_ms,
             fault_mode=args.fault_mode,
+            security=security_from_args(args),
         )
     )
 
@@ -315,6 +344,7 @@ def _coordinator(args: argparse.Namespace) -> int:
             wire_dtype=args.wire_dtype,
             transport=args.transport,
             max_upload_bytes=args.max_upload_bytes,
+            security=security_from_args(args),
         )
     )
 

@@ -10,11 +10,18 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .wire.security import NODE_TLS_NAME, SecuritySettings
+
 HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 
 
-def probe_grpc(address: str, timeout: float) -> tuple[bool, str]:
-    with grpc.insecure_channel(address) as channel:
+def probe_grpc(address: str, timeout: float, security: SecuritySettings | None = None) -> tuple[bool, str]:
+    if security is not None and security.tls:
+        options = [("grpc.ssl_target_name_override", NODE_TLS_NAME)]
+        channel = grpc.secure_channel(address, security.channel_credentials(), options=options)
+    else:
+        channel = grpc.insecure_channel(address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=timeout)

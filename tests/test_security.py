@@ -1,0 +1,142 @@
+"""Trust: a shared swarm token and mutual TLS between coordinator and nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.node.server import Node
+from layerswarm.node.settings import NodeSettings
+from layerswarm.probe import probe_grpc
+from layerswarm.wire import codec
+from layerswarm.wire.security import SecuritySettings
+from layerswarm.wire.v1 import block_pb2 as pb
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+from .swarm import states, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = SecuritySettings(token="s3cret-swarm-token")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("certs")
+    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out)], check=True, capture_output=True)
+    return out
+
+
+def tls(certs: Path, who: str, token: str | None = None) -> SecuritySettings:
+    token_file = None
+    if token:
+        token_file = certs / f"{who}.token"
+        token_file.write_text(token + "\n")
+    return SecuritySettings.from_files(token_file, certs / f"{who}.pem", certs / f"{who}.key", certs / "ca.pem")
+
+
+@pytest.fixture
+async def node_with(model_dir: Path, request: pytest.FixtureRequest) -> AsyncIterator[Node]:
+    n = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.1, security=request.param))
+    await n.start()
+    yield n
+    await n.stop()
+
+
+def forward_request() -> pb.ForwardRequest:
+    return pb.ForwardRequest(activations=codec.encode(torch.randn(1, 5, 32)), position=0)
+
+
+@pytest.mark.parametrize("node_with", [TOKEN], indirect=True)
+async def test_token_guards_the_block_service_but_not_health(node_with: Node) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{node_with.port}") as channel:
+        stub = pb_grpc.BlockNodeStub(channel)
+        for call in (
+            stub.Forward(forward_request()),
+            stub.Info(pb.InfoRequest()),
+            stub.Forward(forward_request(), metadata=(("authorization", "Bearer wrong"),)),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await call
+            assert exc.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        stream = stub.ForwardStream(iter([forward_request()]))
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            [r async for r in stream]
+        assert exc.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        reply = await stub.Forward(forward_request(), metadata=TOKEN.metadata())
+        assert tuple(reply.activations.shape) == (1, 5, 32)
+        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("node_with", [TOKEN], indirect=True)
+async def test_coordinator_with_the_wrong_token_lists_the_node_as_refused(node_with: Node, model_dir: Path) -> None:
+    address = f"127.0.0.1:{node_with.port}"
+    for security, expected in ((SecuritySettings(token="nope"), "ignored"), (TOKEN, "healthy")):
+        coord = Coordinator(
+            CoordinatorSettings(
+                model_dir=model_dir, peers=(address,), mdns=False, security=security, health_interval_s=0.2
+            )
+        )
+        await coord.start()
+        try:
+            await wait_until(lambda c=coord, e=expected: states(c).get(address) == e, what=expected)  # type: ignore[misc]
+            if expected == "ignored":
+                assert "swarm token" in coord.registry.nodes[address].reason
+        finally:
+            await coord.stop()
+
+
+async def test_mutual_tls_end_to_end(certs: Path, model_dir: Path) -> None:
+    node = Node(
+        NodeSettings(
+            model_dir=model_dir, block=0, advertise=False, grace_s=0.1, security=tls(certs, "node", token="t0k")
+        )
+    )
+    await node.start()
+    address = f"127.0.0.1:{node.port}"
+    try:
+        good = Coordinator(
+            CoordinatorSettings(
+                model_dir=model_dir,
+                peers=(address,),
+                mdns=False,
+                security=tls(certs, "coordinator", token="t0k"),
+                wire_dtype="fp32",
+            )
+        )
+        plain = Coordinator(
+            CoordinatorSettings(model_dir=model_dir, peers=(address,), mdns=False, health_timeout_s=0.5)
+        )
+        for c in (good, plain):
+            await c.start()
+        try:
+            await wait_until(lambda: states(good).get(address) == "healthy", what="TLS admission")
+            result = await good.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+            assert result.path.hops[0].outcome == "ok"
+            await asyncio.sleep(0.5)
+            assert states(plain)[address] == "pending"  # no client certificate: never admitted
+            assert "UNAVAILABLE" in plain.registry.nodes[address].reason
+        finally:
+            for c in (good, plain):
+                await c.stop()
+        healthy, message = await asyncio.to_thread(probe_grpc, address, 2.0, tls(certs, "coordinator"))
+        assert healthy, message
+        healthy, _ = await asyncio.to_thread(probe_grpc, address, 1.0)
+        assert not healthy
+    finally:
+        await node.stop()
+
+
+def test_half_a_tls_configuration_is_refused(certs: Path) -> None:
+    with pytest.raises(ValueError, match="all three"):
+        SecuritySettings.from_files(None, certs / "node.pem", None, certs / "ca.pem")
