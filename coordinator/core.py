@@ -142,6 +142,8 @@ class Coordinator:
             spec=self.spec,
             request_id=uuid.uuid4().hex[:16],
             early_exit=self._confident(opts.exit_confidence) if opts.exit_confidence else None,
+            hedge_quantile=self.settings.hedge_quantile,
+            hedge_min_ms=self.settings.hedge_min_ms,
         )
         result = await self.executor.run(x, plan, exec_opts, rng)
         logits = await self._run_local(self.head, result.activations)

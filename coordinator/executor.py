@@ -44,7 +44,8 @@ class Hop:
     node: str | None = None
     model_id: str | None = None
     latency_ms: float = 0.0
-    outcome: str = "ok"  # ok | substituted | skipped
+    outcome: str = "ok"  # ok | hedged (a second node answered first) | substituted | skipped
+    hedged_to: str | None = None  # the node a slow hop was also sent to
     attempts: list[Attempt] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -79,6 +80,19 @@ class ExecOptions:
     spec: codec.TensorSpec
     request_id: str
     early_exit: Callable[[torch.Tensor], Awaitable[bool]] | None = None  # True: confident enough to stop
+    hedge_quantile: float | None = None  # hedge a hop slower than this quantile of the node's latency
+    hedge_min_ms: float = 10.0  # ... but never sooner than this
+
+
+_Won = tuple[NodeRecord, torch.Tensor, float]  # the node that answered, its output, latency in ms
+
+
+def _hedge_delay(record: NodeRecord, opts: ExecOptions) -> float | None:
+    """Seconds to wait for `record` before hedging; None: do not hedge (off, or too few samples yet)."""
+    if opts.hedge_quantile is None:
+        return None
+    quantile = record.latency_quantile(opts.hedge_quantile)
+    return None if quantile is None else max(quantile, opts.hedge_min_ms) / 1e3
 
 
 class HopFailed(Exception):
@@ -131,32 +145,67 @@ class PathExecutor:
     async def _run_hop(
         self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: _RequestState
     ) -> torch.Tensor | None:
-        opts = state.opts
-        for record in self._alternatives(hop, candidates, state):
-            if time.monotonic() >= opts.deadline:
+        alternatives = self._alternatives(hop, candidates, state)
+        for record in alternatives:
+            if time.monotonic() >= state.opts.deadline:
                 hop.attempts.append(Attempt(record.address, None, record.block, "request deadline reached"))
                 break
-            started = time.monotonic()
-            try:
-                out = await self._call(record, x, hop.position, opts)
-            except HopFailed as exc:
-                state.failed.add(record.address)
-                ident = record.identity
-                hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
-                if exc.quarantine:
-                    self.registry.quarantine(record.address, str(exc))
-                else:
-                    self.registry.record_failure(record.address, str(exc))
+            won = await self._hedged(x, hop, record, alternatives, state)
+            if won is None:
                 continue
-            latency_ms = (time.monotonic() - started) * 1e3
-            self.registry.record_success(record.address, latency_ms)
-            hop.block, hop.node, hop.latency_ms = record.block, record.address, latency_ms
-            hop.model_id = record.identity.model_id if record.identity else None
-            hop.outcome = "ok" if not hop.attempts else "substituted"
-            state.used.add(record.block)
+            winner, out, latency_ms = won
+            self.registry.record_success(winner.address, latency_ms)
+            hop.block, hop.node, hop.latency_ms = winner.block, winner.address, latency_ms
+            hop.model_id = winner.identity.model_id if winner.identity else None
+            hop.outcome = "substituted" if hop.attempts else "hedged" if hop.hedged_to == winner.address else "ok"
+            state.used.add(winner.block)
             return out
         hop.outcome = "skipped"
         return None
+
+    async def _hedged(
+        self, x: torch.Tensor, hop: Hop, record: NodeRecord, alternatives: Iterator[NodeRecord], state: _RequestState
+    ) -> _Won | None:
+        """Call `record`; once it is slower than its hedge delay (a high quantile of its own recent
+        latencies), send the same activations to the next alternative as well: the first answer wins
+        and the other call is cancelled. Shuffle-robust families make many nodes eligible."""
+        primary = asyncio.ensure_future(self._attempt(record, x, hop, state))
+        delay = _hedge_delay(record, state.opts)
+        if delay is None:
+            return await primary
+        done, _ = await asyncio.wait({primary}, timeout=delay)
+        backup_record = None if done else next(alternatives, None)
+        if backup_record is None:
+            return await primary
+        hop.hedged_to = backup_record.address
+        pending = {primary, asyncio.ensure_future(self._attempt(backup_record, x, hop, state))}
+        try:
+            while pending:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    if task.result() is not None:
+                        return task.result()
+            return None
+        finally:
+            for task in pending:
+                task.cancel()  # the loser's stream is cancelled too: its node stops waiting for us
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _attempt(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> _Won | None:
+        """One call; a failure goes into the trace and the registry, and gives None."""
+        started = time.monotonic()
+        try:
+            out = await self._call(record, x, hop.position, state.opts)
+        except HopFailed as exc:
+            state.failed.add(record.address)
+            ident = record.identity
+            hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
+            if exc.quarantine:
+                self.registry.quarantine(record.address, str(exc))
+            else:
+                self.registry.record_failure(record.address, str(exc))
+            return None
+        return record, out, (time.monotonic() - started) * 1e3
 
     def _alternatives(self, hop: Hop, candidates: list[NodeRecord], state: _RequestState) -> Iterator[NodeRecord]:
         """Planned candidates first; then (robust families) nodes of spare block indices. Nodes that

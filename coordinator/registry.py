@@ -7,6 +7,7 @@ liveness from health checks and real traffic. A node is routable only once all t
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -67,6 +68,14 @@ class NodeRecord:
     failed: int = 0
     last_ok: float | None = None
     state_since: float = 0.0
+    recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=64))  # bounded: for hedging
+
+    def latency_quantile(self, q: float, min_samples: int = 8) -> float | None:
+        """The q-quantile of recent hop latencies (ms), or None while there are too few to judge."""
+        if len(self.recent_ms) < min_samples:
+            return None
+        ordered = sorted(self.recent_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     @property
     def block(self) -> int:
@@ -140,6 +149,7 @@ class Registry:
         record = self.nodes.get(address) or self.add_candidate(address, "static")
         if record.identity is not None and record.identity.boot_id != identity.boot_id:
             record.ewma_ms, record.consecutive_failures = None, 0  # a new incarnation starts fresh
+            record.recent_ms.clear()
         record.identity = identity
         refusal = self._refusal(identity)
         if refusal:
@@ -172,6 +182,7 @@ class Registry:
         record.last_ok = self.clock()
         a = self.EWMA_ALPHA
         record.ewma_ms = latency_ms if record.ewma_ms is None else (1 - a) * record.ewma_ms + a * latency_ms
+        record.recent_ms.append(latency_ms)
         if record.state is NodeState.EJECTED:
             self._set(record, NodeState.HEALTHY, "recovered")
 

@@ -22,6 +22,8 @@ class CoordinatorSettings:
     health_timeout_s: float = 0.5
     eject_after: int = 2
     quarantine_s: float = 30.0
+    hedge_quantile: float | None = 0.95  # None: no hedged requests
+    hedge_min_ms: float = 10.0
     hop_timeout_s: float = 2.0
     request_timeout_s: float = 10.0
     min_blocks: int = 1

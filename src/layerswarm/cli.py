@@ -216,6 +216,16 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request, all hops")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")
     p.add_argument(
+        "--hedge-quantile",
+        type=float,
+        default=0.95,
+        help="hedge a hop slower than this quantile of its node's recent latencies: send it to another "
+        "node too, first answer wins (0: off; default: %(default)s)",
+    )
+    p.add_argument(
+        "--hedge-min-ms", type=float, default=10.0, help="never hedge sooner than this (default: %(default)s)"
+    )
+    p.add_argument(
         "--wire-dtype",
         default="fp16",
         choices=["fp32", "fp16", "bf16"],
@@ -341,6 +351,8 @@ def _coordinator(args: argparse.Namespace) -> int:
             hop_timeout_s=args.hop_timeout,
             request_timeout_s=args.request_timeout,
             health_interval_s=args.health_interval,
+            hedge_quantile=args.hedge_quantile or None,
+            hedge_min_ms=args.hedge_min_ms,
             wire_dtype=args.wire_dtype,
             transport=args.transport,
             max_upload_bytes=args.max_upload_bytes,

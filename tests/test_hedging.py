@@ -1,0 +1,78 @@
+"""Hedged requests: a hop slower than its node's usual latency is also sent to another node; the first
+answer wins and the slow call is cancelled without counting as a failure."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.models.checkpoint import read_manifest
+from layerswarm.node.server import Node
+from layerswarm.node.settings import NodeSettings
+
+from .swarm import wait_until
+
+SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
+
+
+@pytest.fixture
+async def slow_and_fast(family_dirs: list[Path]) -> AsyncIterator[tuple[Node, Node]]:
+    slow = Node(NodeSettings(model_dir=family_dirs[0], block=0, advertise=False, fault_delay_ms=800, grace_s=0.1))
+    fast = Node(NodeSettings(model_dir=family_dirs[1], block=0, advertise=False, grace_s=0.1))
+    for n in (slow, fast):
+        await n.start()
+    yield slow, fast
+    for n in (slow, fast):
+        await n.stop()
+
+
+async def coordinator_for(family_dirs: list[Path], nodes: tuple[Node, Node], hedge: float | None) -> Coordinator:
+    peers = tuple(f"127.0.0.1:{n.port}" for n in nodes)
+    coord = Coordinator(
+        CoordinatorSettings(
+            model_dir=family_dirs[0],
+            peers=peers,
+            mdns=False,
+            hedge_quantile=hedge,
+            hedge_min_ms=5.0,
+            health_interval_s=0.2,
+        )
+    )
+    await coord.start()
+    await wait_until(lambda: coord.registry.reachable_depth() == 1)
+    # The slow node's history says it is usually fast (as a node that just froze up would look).
+    coord.registry.nodes[peers[0]].recent_ms.extend([2.0] * 10)
+    return coord
+
+
+async def test_slow_hop_is_hedged_and_the_fast_answer_wins(
+    family_dirs: list[Path], slow_and_fast: tuple[Node, Node]
+) -> None:
+    slow, fast = slow_and_fast
+    coord = await coordinator_for(family_dirs, slow_and_fast, hedge=0.95)
+    try:
+        result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+        hop = result.path.hops[0]
+        assert hop.hedged_to == f"127.0.0.1:{fast.port}" and hop.node == hop.hedged_to
+        assert hop.outcome == "hedged" and hop.model_id == read_manifest(family_dirs[1]).model_id
+        slow_record = coord.registry.nodes[f"127.0.0.1:{slow.port}"]
+        assert slow_record.failed == 0 and slow_record.state.value == "healthy"  # cancelled, not failed
+        assert slow_record.in_flight == 0
+    finally:
+        await coord.stop()
+
+
+async def test_without_hedging_the_slow_node_answers(family_dirs: list[Path], slow_and_fast: tuple[Node, Node]) -> None:
+    slow, _ = slow_and_fast
+    coord = await coordinator_for(family_dirs, slow_and_fast, hedge=None)
+    try:
+        hop = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]
+        assert hop.hedged_to is None and hop.outcome == "ok" and hop.node == f"127.0.0.1:{slow.port}"
+    finally:
+        await coord.stop()
