@@ -210,7 +210,7 @@ async def _read_request(request: Request, limit: int) -> tuple[bytes, ClassifyPa
         try:
             data = json.loads(body)
             params = ClassifyJson.model_validate(data)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, "invalid_json", f"body is not JSON: {exc}") from exc
         except ValidationError as exc:
             raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc

@@ -99,6 +99,7 @@ def test_classify_json_base64_matches_upload(client: httpx.Client) -> None:
         ({"json": {"image_base64": "%%%"}}, 400, "invalid_base64"),
         ({"json": {"image": "abc"}}, 422, "invalid_request"),
         ({"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, "invalid_json"),
+        ({"content": b"\x00" * 5, "headers": {"content-type": "application/json"}}, 400, "invalid_json"),  # fuzzer
         ({"content": b"x", "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
         ({"files": {"file": ("a.png", b"0" * 60000, "image/png")}}, 413, "too_large"),
     ],
