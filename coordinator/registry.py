@@ -150,6 +150,8 @@ class Registry:
         if record.identity is not None and record.identity.boot_id != identity.boot_id:
             record.ewma_ms, record.consecutive_failures = None, 0  # a new incarnation starts fresh
             record.recent_ms.clear()
+            if record.state in (NodeState.EJECTED, NodeState.QUARANTINED):
+                self._set(record, NodeState.HEALTHY, "restarted (new boot id)")
         record.identity = identity
         refusal = self._refusal(identity)
         if refusal:

@@ -105,6 +105,8 @@ class BlockService(pb_grpc.BlockNodeServicer):
             self.metrics.in_flight.dec()
         self.metrics.latency.observe(ms / 1e3)
         out = await self._inject_faults(out)
+        if self.settings.fault_mode == "dtype":  # test-only: answer in a dtype nobody asked for
+            reply_dtype = torch.float32 if reply_dtype == torch.bfloat16 else torch.bfloat16
         return pb.ForwardResponse(
             request_id=request.request_id, activations=codec.encode(out, reply_dtype), compute_ms=ms
         )
@@ -139,6 +141,4 @@ class BlockService(pb_grpc.BlockNodeServicer):
             return torch.full_like(out, float("nan"))
         if s.fault_mode == "shape":
             return out[:, :-1]
-        if s.fault_mode == "dtype":
-            return out.to(torch.bfloat16)  # the coordinator asked for another dtype
         return out

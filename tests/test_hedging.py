@@ -76,3 +76,28 @@ async def test_without_hedging_the_slow_node_answers(family_dirs: list[Path], sl
         assert hop.hedged_to is None and hop.outcome == "ok" and hop.node == f"127.0.0.1:{slow.port}"
     finally:
         await coord.stop()
+
+
+@pytest.mark.parametrize("mode", ["nan", "shape", "dtype"])
+async def test_malformed_replies_quarantine_the_node_and_the_hop_is_substituted(
+    family_dirs: list[Path], mode: str
+) -> None:
+    liar = Node(NodeSettings(model_dir=family_dirs[0], block=0, advertise=False, fault_mode=mode, grace_s=0.1))
+    honest = Node(NodeSettings(model_dir=family_dirs[1], block=0, advertise=False, grace_s=0.1))
+    for n in (liar, honest):
+        await n.start()
+    peers = (f"127.0.0.1:{liar.port}", f"127.0.0.1:{honest.port}")
+    coord = Coordinator(CoordinatorSettings(model_dir=family_dirs[0], peers=peers, mdns=False, hedge_quantile=None))
+    await coord.start()
+    try:
+        await wait_until(lambda: coord.registry.reachable_depth() == 1)
+        hop = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]  # own model (the liar) first
+        assert hop.outcome == "substituted" and hop.node == peers[1]
+        assert "malformed activations" in hop.attempts[0].error
+        assert coord.registry.nodes[peers[0]].state.value == "quarantined"
+        hop = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]
+        assert hop.outcome == "ok" and hop.node == peers[1]  # quarantined nodes are not asked again
+    finally:
+        await coord.stop()
+        for n in (liar, honest):
+            await n.stop()

@@ -197,3 +197,43 @@ async def test_micro_batching_off_runs_each_request_alone(model_dir: Path) -> No
     await asyncio.gather(*(runtime.forward(torch.randn(1, 5, 32), 0) for _ in range(4)))
     runtime.close()
     assert runtime.served == 4 and runtime.batches == 4
+
+
+async def test_random_requests_get_ok_or_invalid_argument_never_unknown(node: Node) -> None:
+    """Property test of request validation: whatever arrives, the answer is OK or INVALID_ARGUMENT."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    requests = st.builds(
+        pb.ForwardRequest,
+        request_id=st.text(max_size=8),
+        activations=st.builds(
+            pb.Tensor,
+            dtype=st.integers(0, 5),
+            shape=st.lists(st.integers(-2, 70), max_size=4),
+            data=st.binary(max_size=20000),
+        ),
+        position=st.integers(-3, 5),
+        reply_dtype=st.integers(0, 5),
+    )
+    seen: list[grpc.StatusCode] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
+        stub = pb_grpc.BlockNodeStub(channel)
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(requests)
+        def check(req: pb.ForwardRequest) -> None:
+            seen.append(asyncio.run_coroutine_threadsafe(_status(stub, req), loop).result(10))
+
+        loop = asyncio.get_running_loop()
+        await asyncio.to_thread(check)
+    assert set(seen) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, set(seen)
+    assert grpc.StatusCode.INVALID_ARGUMENT in seen
+
+
+async def _status(stub: pb_grpc.BlockNodeStub, req: pb.ForwardRequest) -> grpc.StatusCode:
+    try:
+        await stub.Forward(req, timeout=5)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK

@@ -116,6 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (CI runs this)")
     bench.add_argument("--json", type=Path, help="write the report as JSON here")
     bench.add_argument("--markdown", type=Path, help="write the tables as markdown here")
+    chaos = sub.add_parser(
+        "chaos",
+        help="failure injection: load plus faults on a one-host-per-node swarm, a report",
+        description="Every node its own host (network namespace on a bridge), discovering over "
+        "mDNS; a bounded load generator; faults on a seeded schedule (kill, freeze, pulled "
+        "cable, dropped packets, netem delay where the kernel has it, slow and malformed nodes, "
+        "restarts, joins, coordinator restart). Needs root; runs in a private namespace.",
+    )
+    chaos.add_argument("--requests", type=int, default=1000, help="requests to send (default: %(default)s)")
+    chaos.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default: %(default)s)")
+    chaos.add_argument("--hold", type=float, default=2.0, help="seconds each fault lasts (default: %(default)s)")
+    chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
+    chaos.add_argument("--quick", action="store_true", help="200 requests, shorter faults (CI)")
+    chaos.add_argument("--json", type=Path, help="write the report as JSON here")
     probe = sub.add_parser(
         "probe",
         help="health check a node (gRPC) or coordinator (HTTP); exit 0 if healthy",
@@ -289,6 +303,8 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         return _node(args)
     if args.command == "coordinator":
         return _coordinator(args)
+    if args.command == "chaos":
+        return _chaos(args, argv)
     if args.command == "bench":
         from layerswarm.bench.runner import main as bench_main
 
@@ -359,6 +375,29 @@ def _coordinator(args: argparse.Namespace) -> int:
             security=security_from_args(args),
         )
     )
+
+
+def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
+    import json
+
+    from . import netns
+
+    if not netns.in_private_netns():
+        if os.geteuid() != 0 or not netns.can_unshare():
+            print("layerswarm chaos: error: needs root and `unshare` (it builds network namespaces)", file=sys.stderr)
+            return 2
+        return netns.reexec_in_private_netns(argv)
+    from .chaos.report import render
+    from .chaos.run import ChaosOptions, run_chaos
+
+    opts = ChaosOptions(requests=args.requests, concurrency=args.concurrency, seed=args.seed, hold_s=args.hold)
+    if args.quick:
+        opts = ChaosOptions(requests=200, concurrency=4, seed=args.seed, hold_s=1.0, warmup_s=2.0)
+    report = run_chaos(opts)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(render(report))
+    return 0 if report["lost"] == 0 and report["non_200_while_min_depth_reachable"] == 0 else 1
 
 
 def _up(args: argparse.Namespace, argv: list[str]) -> int:

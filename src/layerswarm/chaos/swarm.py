@@ -1,0 +1,169 @@
+"""A chaos swarm: the shipped family's nodes and a coordinator, each its own host (network namespace)
+on a bridge, discovering each other over mDNS; and the faults that can be done to them."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from layerswarm.procs import Proc, launch, stop_all, wait_ready
+from layerswarm.testing.netlab import Host, NetLab
+
+NODE_PORT = 50051
+HTTP_PORT = 8080
+FAULT_KINDS = ("kill", "freeze", "link", "drop", "netem", "slow", "malformed", "restart", "join", "coordinator")
+
+
+@dataclass
+class ChaosNode:
+    name: str
+    host: Host
+    model_dir: Path
+    block: int
+    extra: tuple[str, ...] = ()
+    proc: Proc | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host.address}:{NODE_PORT}"
+
+    def command(self) -> list[str]:
+        args = [
+            "node",
+            "--model-dir",
+            str(self.model_dir),
+            "--block",
+            str(self.block),
+            "--host",
+            self.host.address,
+            "--port",
+            str(NODE_PORT),
+            "--grace",
+            "0.5",
+            *self.extra,
+        ]
+        return self.host.command([sys.executable, "-m", "layerswarm", *args])
+
+
+@dataclass
+class ChaosSwarm:
+    lab: NetLab
+    coordinator_host: Host
+    coordinator_args: list[str]
+    nodes: list[ChaosNode] = field(default_factory=list)
+    coordinator: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.coordinator_host.address}:{HTTP_PORT}"
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+
+    def start_nodes(self, nodes: list[ChaosNode], timeout: float = 120.0) -> None:
+        for node in nodes:
+            node.proc = launch(node.name, node.command())
+        for node in nodes:
+            assert node.proc is not None
+            wait_ready(node.proc, timeout)
+
+    def start_coordinator(self, timeout: float = 60.0) -> None:
+        argv = self.coordinator_host.command([sys.executable, "-m", "layerswarm", *self.coordinator_args])
+        self.coordinator = wait_ready(launch("coordinator", argv), timeout)
+
+    def stop(self) -> None:
+        procs = [n.proc for n in self.nodes if n.proc is not None]
+        stop_all([p for p in [self.coordinator, *procs] if p is not None])
+        self.lab.stop()
+
+    # --- faults ------------------------------------------------------------------------------------------
+
+    def kill(self, node: ChaosNode) -> None:
+        assert node.proc is not None
+        node.proc.signal(signal.SIGKILL)
+        node.proc.popen.wait(5)
+
+    def restart(self, node: ChaosNode, extra: tuple[str, ...] = ()) -> None:
+        """Start the node again on the same host and port (a reboot, or a redeploy with other flags)."""
+        if node.proc is not None and node.proc.alive:
+            node.proc.stop(5)
+        node.extra = extra
+        self.start_nodes([node])
+
+    def freeze(self, node: ChaosNode, frozen: bool) -> None:
+        assert node.proc is not None
+        node.proc.signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def drop_packets(self, node: ChaosNode, drop: bool) -> None:
+        """nftables inside the node's namespace: silently drop everything to its gRPC port."""
+        if drop:
+            script = (
+                f"add table inet chaos\nadd chain inet chaos input {{ type filter hook input priority 0; }}\n"
+                f"add rule inet chaos input tcp dport {NODE_PORT} drop\n"
+            )
+        else:
+            script = "delete table inet chaos\n"
+        subprocess.run(node.host.command(["nft", "-f", "-"]), input=script, text=True, check=True, capture_output=True)
+
+    def netem(self, node: ChaosNode, delay_ms: int | None) -> None:
+        action = (
+            ["replace", "dev", "eth0", "root", "netem", "delay", f"{delay_ms}ms"]
+            if delay_ms
+            else ["del", "dev", "eth0", "root"]
+        )
+        subprocess.run(node.host.command(["tc", "qdisc", *action]), check=True, capture_output=True)
+
+    def restart_coordinator(self) -> None:
+        assert self.coordinator is not None
+        self.coordinator.stop(10)
+        self.start_coordinator()
+
+
+def fault_tools() -> dict[str, bool]:
+    """Which faults this machine can do: nftables and netem are probed, never assumed."""
+    nft = shutil.which("nft") is not None
+    netem = False
+    if shutil.which("tc") and shutil.which("unshare"):
+        probe = subprocess.run(
+            ["unshare", "-n", "sh", "-c", "ip link set lo up && tc qdisc add dev lo root netem delay 1ms"],
+            capture_output=True,
+            check=False,
+        )
+        netem = probe.returncode == 0
+    return {"nftables": nft, "netem": netem}
+
+
+def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = ()) -> ChaosSwarm:
+    """Hosts for every block of every member and one for the coordinator (not started yet)."""
+    lab = NetLab().start()
+    try:
+        coordinator_host = lab.add_host("coordinator")
+        args = [
+            "coordinator",
+            "--model-dir",
+            str(members[0]),
+            "--http-host",
+            coordinator_host.address,
+            "--http-port",
+            str(HTTP_PORT),
+            "--health-interval",
+            "0.25",
+            "--hop-timeout",
+            "0.5",
+            "--request-timeout",
+            "5",
+            *[f"--family-dir={m}" for m in members[1:]],
+            *extra_coordinator,
+        ]
+        swarm = ChaosSwarm(lab, coordinator_host, args)
+        for m, model_dir in enumerate(members):
+            for block in range(depth):
+                name = f"node-b{block}-m{m}"
+                swarm.nodes.append(ChaosNode(name, lab.add_host(name), model_dir, block))
+    except Exception:
+        lab.stop()
+        raise
+    return swarm
