@@ -64,3 +64,18 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what:
 
 def states(coord: Coordinator) -> dict[str, str]:
     return {a: r.state.value for a, r in coord.registry.nodes.items()}
+
+
+def coordinator_process(model_dir: Path, nodes: list[Proc], *extra: str) -> Proc:
+    """A real coordinator process on a free HTTP port with `nodes` as static peers."""
+    args = [
+        "coordinator",
+        "--model-dir",
+        str(model_dir),
+        "--http-port",
+        "0",
+        "--no-mdns",
+        *extra,
+        *[f"--peer={address(n)}" for n in nodes],
+    ]
+    return spawn("coordinator", layerswarm_cmd(*args))

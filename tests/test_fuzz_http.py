@@ -10,9 +10,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from layerswarm.procs import layerswarm_cmd, spawn, stop_all
+from layerswarm.procs import stop_all
 
-from .swarm import address, start_nodes
+from .swarm import coordinator_process, start_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -20,18 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def api_schema(family_dirs: list[Path]) -> Iterator[schemathesis.BaseSchema]:
     nodes = start_nodes([(family_dirs[0], b) for b in range(3)])
-    args = [
-        "coordinator",
-        "--model-dir",
-        str(family_dirs[0]),
-        "--http-port",
-        "0",
-        "--no-mdns",
-        "--max-upload-bytes",
-        "100000",
-        *[f"--peer={address(n)}" for n in nodes],
-    ]
-    coord = spawn("coordinator", layerswarm_cmd(*args))
+    coord = coordinator_process(family_dirs[0], nodes, "--max-upload-bytes", "100000")
     try:
         yield schemathesis.openapi.from_url(f"http://127.0.0.1:{coord.ready['port']}/openapi.json")
     finally:

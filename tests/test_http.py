@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from layerswarm.procs import Proc, layerswarm_cmd, spawn, stop_all
+from layerswarm.procs import Proc, stop_all
 
-from .swarm import address, start_nodes
+from .swarm import address, coordinator_process, start_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -29,20 +29,7 @@ def png(size: tuple[int, int] = (16, 16), seed: int = 0) -> bytes:
 @pytest.fixture(scope="module")
 def swarm(family_dirs: list[Path]) -> Iterator[tuple[httpx.Client, list[Proc]]]:
     nodes = start_nodes([(family_dirs[0], b) for b in range(3)])
-    args = [
-        "coordinator",
-        "--model-dir",
-        str(family_dirs[0]),
-        "--http-port",
-        "0",
-        "--no-mdns",
-        "--health-interval",
-        "0.2",
-        "--max-upload-bytes",
-        "50000",
-        *[f"--peer={address(n)}" for n in nodes[:2]],
-    ]
-    coord = spawn("coordinator", layerswarm_cmd(*args))
+    coord = coordinator_process(family_dirs[0], nodes[:2], "--health-interval", "0.2", "--max-upload-bytes", "50000")
     client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=20)
     try:
         yield client, nodes

@@ -13,6 +13,7 @@ import logging
 import random
 import signal
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,17 +185,10 @@ def summarise(phases: list[Phase], nodes: list[Proc], killed: list[Proc], view: 
         "phases": {p.name: p.tally() for p in phases},
         "swarm_after": {
             "reachable_depth": view.get("reachable_depth"),
-            "states": _count(n["state"] for n in view.get("nodes", [])),
+            "states": _counts(n["state"] for n in view.get("nodes", [])),
         },
         "example_trace": example,
     }
-
-
-def _count(values: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -229,3 +223,7 @@ def _render_hop(hop: dict[str, Any]) -> str:
         return f"  -: planned block {hop['planned_block']} skipped, no node could stand in{failed}"
     model = (hop["model_id"] or "")[-8:]
     return f"  {hop['position']}: block {hop['block']} @ {hop['node']} [{model}] {hop['outcome']}{failed}"
+
+
+def _counts(values: Any) -> dict[str, int]:
+    return dict(Counter(values))

@@ -4,6 +4,7 @@ with and without faults; how fast the coordinator routed around faults and re-ad
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
@@ -34,7 +35,7 @@ def summarize(
         "sent": len(records),
         "ok": sum(r.status == 200 for r in records),
         "clear_errors": len(clear),
-        "clear_error_codes": _count(f"{r.status} {r.error}" for r in clear),
+        "clear_error_codes": _counts(f"{r.status} {r.error}" for r in clear),
         "lost": len(lost),
         "lost_examples": [asdict(r) for r in lost[:5]],
         "non_200_while_min_depth_reachable": len(refused_while_reachable),
@@ -46,7 +47,7 @@ def summarize(
         "max_latency_ms": round(max((r.latency_s for r in answered), default=0.0) * 1e3, 1),
         "deadline_budget_ms": round(deadline_s * 1e3, 1),
         "accuracy": {"without_faults": _accuracy(calm), "with_faults": _accuracy(faulted)},
-        "hops": _count(k for r in records for k, n in r.hops.items() for _ in range(n)),
+        "hops": dict(sum((Counter(r.hops) for r in records), Counter())),
         "connect_retries": sum(r.connect_retries for r in records),
         "faults": events,
     }
@@ -83,13 +84,6 @@ def _accuracy(records: list[Record]) -> float | None:
     return round(sum(bool(r.correct) for r in ok) / len(ok), 4) if ok else None
 
 
-def _count(values: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out
-
-
 def render(report: dict[str, Any]) -> str:
     lat, acc = report["latency_ms"], report["accuracy"]
     lines = [
@@ -114,3 +108,7 @@ def render(report: dict[str, Any]) -> str:
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _counts(values: Any) -> dict[str, int]:
+    return dict(Counter(values))
