@@ -15,7 +15,7 @@ import torch
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
-from layerswarm.procs import Proc, layerswarm_cmd, spawn, spawn_many, stop_all
+from layerswarm.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many, stop_all
 
 VITB = {"image_size": 224, "patch_size": 16, "dim": 768, "depth": 12, "heads": 12, "num_classes": 1000}
 
@@ -59,7 +59,7 @@ def nodes(layout: list[tuple[Path, int]], *extra: str) -> Iterator[list[Proc]]:
 
 
 def addresses(procs: list[Proc]) -> tuple[str, ...]:
-    return tuple(f"127.0.0.1:{p.ready['port']}" for p in procs)
+    return tuple(node_address(p) for p in procs)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -85,17 +85,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 def coordinator_process(model_dir: Path, procs: list[Proc], *extra: str) -> Proc:
     """A coordinator process (HTTP on a free port) with `procs` as static peers, ready to serve."""
-    args = [
-        "coordinator",
-        "--model-dir",
-        str(model_dir),
-        "--http-port",
-        "0",
-        "--no-mdns",
-        *extra,
-        *[f"--peer={a}" for a in addresses(procs)],
-    ]
-    coord = spawn("bench-coordinator", layerswarm_cmd(*args), timeout=120)
+    coord = spawn("bench-coordinator", coordinator_cmd(model_dir, procs, *extra), timeout=120)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}") as client:
             wait_ready(client)

@@ -4,7 +4,6 @@ and the coordinator's CPU share."""
 from __future__ import annotations
 
 import io
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -165,7 +164,3 @@ def _sync(out: torch.Tensor) -> torch.Tensor:
     if out.is_cuda:
         torch.cuda.synchronize()
     return out
-
-
-def summarize(values: list[float]) -> float:
-    return round(statistics.median(values), 4)

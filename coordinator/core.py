@@ -9,7 +9,6 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -166,7 +165,3 @@ class Coordinator:
                 return module(x)
 
         return await asyncio.get_running_loop().run_in_executor(self._compute, compute)
-
-
-def load_family_dirs(paths: list[Path]) -> tuple[Path, ...]:
-    return tuple(p for p in paths if (p / "manifest.json").is_file())

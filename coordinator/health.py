@@ -44,7 +44,6 @@ class HealthMonitor:
         self.registry = registry
         self.pool = pool
         self.timeout_s = timeout_s
-        self.rounds = 0
         self._periodic = Periodic("health-monitor", interval_s, self.check_all)
 
     def start(self) -> None:
@@ -62,7 +61,6 @@ class HealthMonitor:
         await asyncio.gather(*(self.check(r.address) for r in records))
         for gone in self.pool.addresses() - self.registry.nodes.keys():  # left the swarm: close its channel
             await self.pool.drop(gone)
-        self.rounds += 1
 
     async def check(self, address: str) -> None:
         client = self.pool.get(address)

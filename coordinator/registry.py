@@ -66,7 +66,6 @@ class NodeRecord:
     in_flight: int = 0
     served: int = 0
     failed: int = 0
-    last_ok: float | None = None
     state_since: float = 0.0
     recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=64))  # bounded: for hedging
 
@@ -181,7 +180,6 @@ class Registry:
             return
         record.served += 1
         record.consecutive_failures = 0
-        record.last_ok = self.clock()
         a = self.EWMA_ALPHA
         record.ewma_ms = latency_ms if record.ewma_ms is None else (1 - a) * record.ewma_ms + a * latency_ms
         record.recent_ms.append(latency_ms)

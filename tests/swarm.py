@@ -9,7 +9,7 @@ from pathlib import Path
 
 from layerswarm.coordinator.core import Coordinator
 from layerswarm.coordinator.settings import CoordinatorSettings
-from layerswarm.procs import Proc, layerswarm_cmd, spawn, spawn_many
+from layerswarm.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many
 
 
 def node_cmd(model_dir: Path, block: int, port: int = 0, *extra: str, host: str = "127.0.0.1") -> list[str]:
@@ -38,7 +38,7 @@ def restart_node(model_dir: Path, block: int, port: int) -> Proc:
 
 
 def address(proc: Proc) -> str:
-    return f"127.0.0.1:{proc.ready['port']}"
+    return node_address(proc)
 
 
 def coordinator(model_dir: Path, nodes: list[Proc], **overrides: object) -> Coordinator:
@@ -68,14 +68,4 @@ def states(coord: Coordinator) -> dict[str, str]:
 
 def coordinator_process(model_dir: Path, nodes: list[Proc], *extra: str) -> Proc:
     """A real coordinator process on a free HTTP port with `nodes` as static peers."""
-    args = [
-        "coordinator",
-        "--model-dir",
-        str(model_dir),
-        "--http-port",
-        "0",
-        "--no-mdns",
-        *extra,
-        *[f"--peer={address(n)}" for n in nodes],
-    ]
-    return spawn("coordinator", layerswarm_cmd(*args))
+    return spawn("coordinator", coordinator_cmd(model_dir, nodes, *extra))

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -58,6 +59,19 @@ class Proc:
 
 def layerswarm_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "layerswarm", *args]
+
+
+def node_address(proc: Proc) -> str:
+    """HOST:PORT at which a node process that reported ready can be reached from this host."""
+    host = proc.ready["host"]
+    return f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{proc.ready['port']}"
+
+
+def coordinator_cmd(model_dir: Path, peers: Sequence[Proc] | None = None, *extra: str) -> list[str]:
+    """`layerswarm coordinator` on a free HTTP port: with `peers`, static peers and no mDNS; with
+    None, discovery over mDNS."""
+    static = [] if peers is None else ["--no-mdns", *[f"--peer={node_address(p)}" for p in peers]]
+    return layerswarm_cmd("coordinator", "--model-dir", str(model_dir), "--http-port", "0", *static, *extra)
 
 
 def launch(name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> Proc:

@@ -26,7 +26,7 @@ from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
 
-from .procs import Proc, layerswarm_cmd, spawn, spawn_many, stop_all
+from .procs import Proc, coordinator_cmd, layerswarm_cmd, spawn, spawn_many, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +76,9 @@ def start_swarm(opts: UpOptions) -> tuple[list[Proc], Proc, list[Path]]:
         specs.append((f"node-{i}", layerswarm_cmd(*args, *([] if opts.mdns else ["--no-advertise"]))))
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
-        peers = [] if opts.mdns else [f"--peer=127.0.0.1:{n.ready['port']}" for n in nodes]
-        coord_args = [
-            "coordinator",
-            "--model-dir",
-            str(members[0]),
-            "--http-port",
-            "0",
-            "--health-interval",
-            "0.5",
-            *[f"--family-dir={m}" for m in members[1:]],
-            *peers,
-            *([] if opts.mdns else ["--no-mdns"]),
-        ]
-        coordinator = spawn("coordinator", layerswarm_cmd(*coord_args), opts.timeout_s)
+        family = [f"--family-dir={m}" for m in members[1:]]
+        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family)
+        coordinator = spawn("coordinator", cmd, opts.timeout_s)
     except Exception:
         stop_all(nodes)
         raise

@@ -115,14 +115,5 @@ def check_shape(shape: tuple[int, ...], spec: TensorSpec) -> None:
         raise TensorError(f"batch size {shape[0]} outside 1..{spec.max_batch}")
 
 
-def check_tensor(tensor: torch.Tensor, spec: TensorSpec) -> None:
-    """Validate an in-memory tensor (e.g. a node's reply at the coordinator) against a spec."""
-    check_shape(tuple(tensor.shape), spec)
-    if tensor.dtype not in _TO_WIRE:
-        raise TensorError(f"dtype {tensor.dtype} is not a wire dtype")
-    if not spec.allow_non_finite and not bool(torch.isfinite(tensor).all()):
-        raise TensorError("tensor has NaN or Inf values")
-
-
 def _fmt(shape: tuple[int | None, ...]) -> str:
     return "(" + ", ".join("B" if d is None else str(d) for d in shape) + ")"
