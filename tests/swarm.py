@@ -9,7 +9,7 @@ from pathlib import Path
 
 from layerswarm.coordinator.core import Coordinator
 from layerswarm.coordinator.settings import CoordinatorSettings
-from layerswarm.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many
+from layerswarm.harness.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many
 
 
 def node_cmd(model_dir: Path, block: int, port: int = 0, *extra: str, host: str = "127.0.0.1") -> list[str]:

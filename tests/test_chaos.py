@@ -11,8 +11,8 @@ import pytest
 
 from layerswarm.chaos.run import ChaosOptions, run_chaos
 from layerswarm.chaos.swarm import FAULT_KINDS, fault_tools
-from layerswarm.netns import in_private_netns
-from layerswarm.testing.netlab import NetLab
+from layerswarm.harness.netlab import NetLab
+from layerswarm.harness.netns import in_private_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 

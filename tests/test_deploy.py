@@ -176,12 +176,12 @@ def test_compose_topology_serves() -> None:
     import signal
     import time
 
+    import compose_lab as compose
     import httpx
 
+    from layerswarm.cli.up import png_bytes
+    from layerswarm.harness.netlab import NetLab
     from layerswarm.models.data import load_dataset
-    from layerswarm.testing import compose
-    from layerswarm.testing.netlab import NetLab
-    from layerswarm.up import png_bytes
 
     reason = NetLab.available()
     if reason:

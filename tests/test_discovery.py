@@ -15,9 +15,9 @@ import torch
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
-from layerswarm.netns import in_private_netns, loopback_multicast_ready
-from layerswarm.procs import spawn_many, stop_all
-from layerswarm.testing.netlab import NetLab
+from layerswarm.harness.netlab import NetLab
+from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
+from layerswarm.harness.procs import spawn_many, stop_all
 
 from .conftest import make_model_dir
 from .swarm import node_cmd, states, wait_until

@@ -10,7 +10,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from layerswarm.procs import stop_all
+from layerswarm.harness.procs import stop_all
 
 from .swarm import coordinator_process, start_nodes
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from layerswarm.procs import Proc, stop_all
+from layerswarm.harness.procs import Proc, stop_all
 
 from .swarm import address, coordinator_process, start_nodes
 

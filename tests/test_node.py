@@ -161,7 +161,7 @@ async def test_prometheus_metrics(model_dir: Path) -> None:
 
 
 async def test_probe_command_reads_grpc_health(node: Node) -> None:
-    from layerswarm.probe import probe_grpc
+    from layerswarm.cli.probe import probe_grpc
 
     healthy, message = await asyncio.to_thread(probe_grpc, f"127.0.0.1:{node.port}", 2.0)
     assert healthy and message.endswith("SERVING")

@@ -12,12 +12,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from layerswarm.cli.probe import probe_grpc
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
-from layerswarm.probe import probe_grpc
 from layerswarm.wire import codec
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb

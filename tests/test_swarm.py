@@ -16,8 +16,8 @@ import torch
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.executor import DepthError
 from layerswarm.coordinator.planner import Policy
+from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest
-from layerswarm.procs import Proc, stop_all
 
 from .conftest import make_model_dir
 from .swarm import address, coordinator, restart_node, start_nodes, states, wait_until

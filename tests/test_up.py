@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from layerswarm.cli.up import node_layout
+from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.models.zoo import family_root, model_dirs
-from layerswarm.netns import in_private_netns, loopback_multicast_ready
-from layerswarm.up import node_layout
 
 pytestmark = pytest.mark.slow
 

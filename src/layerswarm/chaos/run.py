@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
+from layerswarm.cli.up import png_bytes
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
-from layerswarm.up import png_bytes
 
 from . import swarm as chaos_swarm
 from .load import run_load

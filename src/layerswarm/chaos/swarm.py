@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerswarm.procs import Proc, launch, stop_all, wait_ready
-from layerswarm.testing.netlab import Host, NetLab
+from layerswarm.harness.netlab import Host, NetLab
+from layerswarm.harness.procs import Proc, launch, stop_all, wait_ready
 
 NODE_PORT = 50051
 HTTP_PORT = 8080

@@ -64,7 +64,7 @@ class SecuritySettings:
         )
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
+class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
     """Answers UNAUTHENTICATED to BlockNode calls without the swarm token (constant-time compare)."""
 
     def __init__(self, token: str) -> None:

@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 import torch
 
+from layerswarm.cli.up import png_bytes
 from layerswarm.coordinator.core import ClassifyOptions
 from layerswarm.coordinator.planner import Policy
+from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
-from layerswarm.procs import Proc, stop_all
-from layerswarm.up import png_bytes
 
 from .fixtures import addresses, coordinator_process, median_ms, nodes, percentile_ms
 from .vitb import coordinator
@@ -32,7 +32,7 @@ async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps
     data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
     x, y = data.test_x[:images], data.test_y[:images]
     cfg = manifest.config
-    rows = []
+    rows: list[dict[str, Any]] = []
     for wire in ("fp32", "fp16", "bf16"):
         coord = coordinator(members[0], addresses(procs), wire, "stream")
         await coord.start()

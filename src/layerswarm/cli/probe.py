@@ -10,7 +10,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .wire.security import NODE_TLS_NAME, SecuritySettings
+from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 
 HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 
@@ -26,7 +26,7 @@ def probe_grpc(address: str, timeout: float, security: SecuritySettings | None =
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=timeout)
         except grpc.RpcError as exc:
-            return False, f"{address}: {exc.code().name}"  # type: ignore[attr-defined]
+            return False, f"{address}: {exc.code().name}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
 

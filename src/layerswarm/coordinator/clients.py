@@ -42,7 +42,7 @@ class NodeClient:
             self.channel = grpc.aio.secure_channel(address, security.channel_credentials(), options=options)
         else:
             self.channel = grpc.aio.insecure_channel(address, options=options)
-        self.block = pb_grpc.BlockNodeStub(self.channel)
+        self.block = pb_grpc.BlockNodeStub(self.channel)  # type: ignore[no-untyped-call]
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self._idle: list[Any] = []  # ForwardStream calls with no request outstanding
 

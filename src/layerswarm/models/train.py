@@ -136,7 +136,7 @@ class Trainer:
                 order = batch_order(self.model, self.recipe.variant, self.gen)
                 loss = training_loss(self.model, images.to(self.device), y[idx].to(self.device), order)
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 self.opt.step()
                 self.sched.step()
                 running += loss.item()
@@ -231,7 +231,7 @@ def build_model(
             variant=variant,
             class_names=data.class_names,
             **arch,
-        )  # type: ignore[arg-type]
+        )
         model = ViT(cfg)
         return model, Lineage(source="scratch")  # its own root, fixed when it is saved
     if init.startswith("hf:"):

@@ -16,8 +16,8 @@ from PIL import Image
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model
-from layerswarm.procs import Proc, stop_all
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 

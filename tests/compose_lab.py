@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from layerswarm.procs import Proc, launch, stop_all, wait_ready
+from layerswarm.harness.procs import Proc, launch, stop_all, wait_ready
 
 from .netlab import Host, NetLab
 

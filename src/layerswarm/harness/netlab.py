@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerswarm.netns import in_private_netns
+from layerswarm.harness.netns import in_private_netns
 
 log = logging.getLogger(__name__)
 SUBNET = "198.18.0"  # RFC 2544's benchmarking range: never a real peer

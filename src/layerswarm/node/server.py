@@ -69,7 +69,7 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
-        pb_grpc.add_BlockNodeServicer_to_server(BlockService(self.runtime, s, self.metrics, self.boot_id), self.server)
+        pb_grpc.add_BlockNodeServicer_to_server(BlockService(self.runtime, s, self.metrics, self.boot_id), self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{s.host}:{s.port}"
         if s.security.tls:

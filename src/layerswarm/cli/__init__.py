@@ -8,8 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from . import __version__
-from .cli_args import (
+from layerswarm import __version__
+
+from .args import (
     add_coordinator_args,
     add_node_args,
     add_security_args,
@@ -247,15 +248,15 @@ def _coordinator(args: argparse.Namespace) -> int:
 def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
     import json
 
-    from . import netns
+    from layerswarm.harness import netns
 
     if not netns.in_private_netns():
         if os.geteuid() != 0 or not netns.can_unshare():
             print("layerswarm chaos: error: needs root and `unshare` (it builds network namespaces)", file=sys.stderr)
             return 2
         return netns.reexec_in_private_netns(argv)
-    from .chaos.report import render
-    from .chaos.run import ChaosOptions, run_chaos
+    from layerswarm.chaos.report import render
+    from layerswarm.chaos.run import ChaosOptions, run_chaos
 
     opts = ChaosOptions(requests=args.requests, concurrency=args.concurrency, seed=args.seed, hold_s=args.hold)
     if args.quick:
@@ -268,7 +269,8 @@ def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _up(args: argparse.Namespace, argv: list[str]) -> int:
-    from . import netns
+    from layerswarm.harness import netns
+
     from .up import UpOptions, render, run_up, to_json
 
     mdns = args.network != "loopback"

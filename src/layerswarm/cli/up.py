@@ -22,11 +22,10 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from layerswarm.harness.procs import Proc, coordinator_cmd, layerswarm_cmd, spawn, spawn_many, stop_all
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
-
-from .procs import Proc, coordinator_cmd, layerswarm_cmd, spawn, spawn_many, stop_all
 
 log = logging.getLogger(__name__)
 

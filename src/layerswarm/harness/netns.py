@@ -23,7 +23,7 @@ def interfaces() -> list[str]:
     return sorted(line.split(":", 1)[0].strip() for line in dev.read_text().splitlines()[2:] if ":" in line)
 
 
-LAB_PREFIXES = ("lsbr", "lsv")  # bridges and veths that layerswarm.testing.netlab makes in here
+LAB_PREFIXES = ("lsbr", "lsv")  # bridges and veths that layerswarm.harness.netlab makes in here
 
 
 def in_private_netns() -> bool:

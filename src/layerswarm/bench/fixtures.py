@@ -8,16 +8,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
 
+from layerswarm.harness.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many, stop_all
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
-from layerswarm.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many, stop_all
 
-VITB = {"image_size": 224, "patch_size": 16, "dim": 768, "depth": 12, "heads": 12, "num_classes": 1000}
+VITB: dict[str, Any] = {"image_size": 224, "patch_size": 16, "dim": 768, "depth": 12, "heads": 12, "num_classes": 1000}
 
 
 def vitb_model_dir(root: Path) -> Path:

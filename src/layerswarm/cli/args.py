@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .wire.security import SecuritySettings
+from layerswarm.wire.security import SecuritySettings
 
 
 def model_dir(value: str) -> Path:
