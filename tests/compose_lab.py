@@ -14,9 +14,8 @@ from typing import Any
 
 import yaml
 
+from layerswarm.harness.netlab import Host, NetLab
 from layerswarm.harness.procs import Proc, launch, stop_all, wait_ready
-
-from .netlab import Host, NetLab
 
 
 @dataclass

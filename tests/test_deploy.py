@@ -176,12 +176,13 @@ def test_compose_topology_serves() -> None:
     import signal
     import time
 
-    import compose_lab as compose
     import httpx
 
     from layerswarm.cli.up import png_bytes
     from layerswarm.harness.netlab import NetLab
     from layerswarm.models.data import load_dataset
+
+    from . import compose_lab as compose
 
     reason = NetLab.available()
     if reason:
