@@ -1,4 +1,4 @@
-"""Datasets: generated data is deterministic; image folders load as ImageNet lays them out."""
+"""Datasets: generated data is deterministic; image folders load as ImageNet lays them out, at any size."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from layerswarm.models.data import load_dataset
+from layerswarm.models.data import check_spec, iterate_batches, load_dataset
+from layerswarm.models.folders import ImageFiles
 
 
 def test_shapes_are_deterministic_and_balanced() -> None:
@@ -59,5 +60,81 @@ def test_bad_specs_are_explained(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a directory"):
         load_dataset(f"imagefolder:{tmp_path / 'none'}")
     (tmp_path / "only").mkdir()
-    with pytest.raises(ValueError, match="two class subfolders"):
+    with pytest.raises(ValueError, match=r"two class sub-folders.*accepted layouts: ROOT/train/<class>"):
         load_dataset(f"imagefolder:{tmp_path}")
+
+
+@pytest.mark.parametrize("test_folder", ["val", "validation", "test"])
+def test_imagefolder_accepts_each_common_test_folder_name(tmp_path: Path, test_folder: str) -> None:
+    _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    _write_folder(tmp_path / test_folder, {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert (len(d.train_y), len(d.test_y)) == (6, 4) and d.class_names == ("a", "b")
+
+
+def test_imagefolder_train_alone_is_split_by_seed(tmp_path: Path) -> None:
+    _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 10)
+    one, same, other = (load_dataset(f"imagefolder:{tmp_path}", seed=s) for s in (1, 1, 2))
+    assert len(one.test_y) == 4 and len(one.train_y) == 16
+    assert torch.equal(one.test_x, same.test_x) and not torch.equal(one.test_x, other.test_x)
+
+
+def test_imagefolder_val_class_unknown_to_train_is_refused(tmp_path: Path) -> None:
+    _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)
+    _write_folder(tmp_path / "val", {"a": (0, 0, 0), "zebra": (255, 255, 255)}, 1)
+    with pytest.raises(ValueError, match=r"\['zebra'\]"):
+        load_dataset(f"imagefolder:{tmp_path}")
+
+
+@pytest.mark.parametrize("size", [16, 48, 64])
+def test_every_spec_loads_at_the_asked_image_size(tmp_path: Path, size: int) -> None:
+    _write_folder(tmp_path, {"a": (10, 10, 10), "b": (240, 240, 240)}, 3)
+    for spec in ("shapes1:8:4", "digits", f"imagefolder:{tmp_path}"):
+        d = load_dataset(spec, image_size=size)
+        assert d.image_shape == (3, size, size), spec
+        assert d.test_x.shape[1:] == (3, size, size), spec
+        assert float(d.train_x.min()) >= 0.0 and float(d.train_x.max()) <= 1.0, spec
+
+
+def test_imagefolder_resize_policy_is_the_whole_image_squeezed(tmp_path: Path) -> None:
+    """No crop: a 40 x 20 image, left half red and right half blue, keeps both halves at 8 x 8."""
+    pixels = np.zeros((20, 40, 3), dtype=np.uint8)
+    pixels[:, :20, 0], pixels[:, 20:, 2] = 255, 255
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        Image.fromarray(pixels).save(tmp_path / name / "0.png")
+        Image.fromarray(pixels).save(tmp_path / name / "1.png")
+    image = load_dataset(f"imagefolder:{tmp_path}", image_size=8).train_x[0]
+    assert float(image[0, :, :3].min()) > 0.9 and float(image[2, :, :3].max()) < 0.1  # left: red
+    assert float(image[2, :, -3:].min()) > 0.9 and float(image[0, :, -3:].max()) < 0.1  # right: blue
+
+
+def test_streamed_folder_decodes_in_workers_to_the_same_images(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"a": (200, 20, 20), "b": (20, 20, 200)}, 6)
+    held = load_dataset(f"imagefolder:{tmp_path}", image_size=24)
+    streamed = load_dataset(f"imagefolder:{tmp_path}", image_size=24, workers=2, memory_limit_bytes=0)
+    assert not held.streamed and streamed.streamed and streamed.describe()["streamed"] is True
+    assert isinstance(streamed.train_x, ImageFiles) and streamed.train_x.shape == (10, 3, 24, 24)
+    idx = [torch.tensor([0, 3, 5]), torch.tensor([8, 1])]
+    for got, want in zip(
+        iterate_batches(streamed.train_x, idx, workers=2), (held.train_x[i] for i in idx), strict=True
+    ):
+        assert torch.equal(got, want)
+    assert torch.equal(torch.stack(list(streamed.test_x)), held.test_x)
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("shapes:abc", "whole-number counts"),
+        ("shapes:0:0", "at least 2 training and 1 test"),
+        ("shapes1:5:0", "at least 2 training and 1 test"),
+        ("shapes:1:2:3", "whole-number counts"),
+        ("imagefolder:", "needs a path"),
+    ],
+)
+def test_bad_shape_counts_are_explained(spec: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        load_dataset(spec)
+    with pytest.raises(ValueError, match=problem):
+        check_spec(spec)

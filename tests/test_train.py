@@ -138,19 +138,86 @@ def test_cli_train_family_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert group["merged"]["n"] == 20 and "std" in group["merged"]
     assert (tmp_path / "plots" / "accuracy_vs_blocks.png").stat().st_size > 1000
     assert "| member | layershuffle |" in capsys.readouterr().out
+    assert main(["eval", str(member)]) == 0  # no --json: the report still goes to stdout
+    assert "| member | layershuffle |" in capsys.readouterr().out
 
 
-def test_cli_refuses_bad_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("argv", "flag", "problem"),
+    [
+        (["train", "--data", "shapes:0:0"], "--data", "at least 2 training and 1 test image"),
+        (["train", "--data", "shapes:abc"], "--data", "whole-number counts"),
+        (["train", "--data", "mnist"], "--data", "unknown data spec 'mnist'"),
+        (["train", "--data", "imagefolder:/no/such/dir"], "--data", "is not a directory"),
+        (["train", "--data", "shapes:64:16", "--batch-size", "0"], "--batch-size", "must be at least 1, got 0"),
+        (["train", "--data", "shapes:64:16", "--epochs", "0"], "--epochs", "must be at least 1, got 0"),
+        (["train", "--data", "shapes:64:16", "--image-size", "x"], "--image-size", "'x' is not a whole number"),
+        (["train", "--data", "shapes", "--variant", "nope"], "--variant", "invalid choice"),
+        (["eval", "some-model", "--orders", "2"], "--orders", "must be at least 10, got 2"),
+        (["eval", "some-model", "--merges", "5"], "--merges", "must be at least 20, got 5"),
+    ],
+)
+def test_operator_mistakes_get_one_line_naming_the_flag(
+    argv: list[str], flag: str, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if argv[0] == "train":
+        argv = [*argv, "--out", str(tmp_path / "never")]
     with pytest.raises(SystemExit) as exc:
-        main(["train", "--data", "shapes", "--variant", "nope", "--out", str(tmp_path)])
-    assert exc.value.code == 2 and "--variant" in capsys.readouterr().err
-    assert main(["train", "--data", "mnist", "--out", str(tmp_path / "x")]) == 2
-    assert "unknown data spec" in capsys.readouterr().err
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and f"argument {flag}: " in error_lines[0] and problem in error_lines[0], err
+    assert "Traceback" not in err and not (tmp_path / "never").exists()
+
+
+def test_cli_refuses_bad_init(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert (
         main(["train", "--data", "shapes1:64:16", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "y")])
         == 2
     )
     assert "manifest" in capsys.readouterr().err
+
+
+def test_trainer_talks_per_epoch_summary_and_near_chance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two epochs on 200 images of 10 classes with lr 1e-6: the model stays at chance (0.05 with seed 1:
+    fixed seeds, deterministic on CPU), and says so."""
+    argv = ["train", "--data", "shapes1:200:20", "--epochs", "2", "--depth", "2", "--dim", "16", "--heads", "2"]
+    assert main([*argv, "--lr", "1e-6", "--seed", "1", "--image-size", "16", "--out", str(tmp_path / "m")]) == 0
+    err = capsys.readouterr().err
+    epoch_lines = [line for line in err.splitlines() if line.startswith("epoch ") and "val acc" in line]
+    assert [line.split(":")[0] for line in epoch_lines] == ["epoch 1/2", "epoch 2/2"], err
+    assert all("sequential /" in line and "arbitrary order" in line and "s/step" in line for line in epoch_lines)
+    assert "| epoch | train loss | val loss | val acc (sequential) | val acc (arbitrary order) |" in err
+    assert err.count("| best |") == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("within 5 points of chance (0.100 for 10 classes)" in w for w in warnings), warnings
+    manifest = read_manifest(tmp_path / "m")
+    assert manifest.config.image_size == 16 and manifest.dataset["image_size"] == 16
+    history = manifest.recipe["history"]
+    assert len(history) == 2 and {"val_acc", "val_acc_arbitrary", "step_s", "peak_rss_mb"} <= set(history[0])
+
+
+def test_no_chance_warning_for_a_model_that_learned(tmp_path: Path) -> None:
+    from layerswarm.models.train_report import near_chance_warning
+
+    learned = [{"epoch": 1, "val_loss": 0.3, "val_acc": 0.9, "val_acc_arbitrary": 0.12}]
+    assert near_chance_warning(learned, 10, shuffle_robust=False) is None
+    assert near_chance_warning(learned, 10, shuffle_robust=True) is not None  # arbitrary order is what it serves
+    assert near_chance_warning([{**learned[0], "val_acc_arbitrary": 0.2}], 10, shuffle_robust=True) is None
+
+
+def test_image_size_must_match_the_init_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--data", "shapes1:32:8", "--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2"]
+    assert main(["train", *common, "--image-size", "16", "--out", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    bad = ["train", *common, "--init", str(tmp_path / "a"), "--image-size", "32", "--out", str(tmp_path / "b")]
+    assert main(bad) == 2
+    assert "--image-size 32 does not match the --init model's image size 16" in capsys.readouterr().err
+    assert main(["train", *common, "--init", str(tmp_path / "a"), "--out", str(tmp_path / "c")]) == 0
+    assert read_manifest(tmp_path / "c").config.image_size == 16  # the size follows the init model
 
 
 def test_trained_model_round_trips(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]

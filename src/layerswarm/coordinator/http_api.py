@@ -24,7 +24,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from layerswarm import __version__
-from layerswarm.models.data import decode_image
+from layerswarm.models.images import decode_image
 
 from .core import ClassifyOptions, Coordinator
 from .executor import DepthError

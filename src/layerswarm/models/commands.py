@@ -9,23 +9,63 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from .checkpoint import ModelDirError, read_manifest, save_model
 from .config import VARIANTS
-from .data import load_dataset
+from .data import Dataset, check_spec, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
-from .train import Trainer, TrainRecipe, build_model
+from .train import Trainer, TrainRecipe, build_model, evaluate_loss, init_image_size
+from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
+from .vit import ViT
 
 log = logging.getLogger(__name__)
 
 
+# --- argparse validators: a bad value ends as "argument --flag: why" with exit status 2 -----------------
+
+
+def positive_int(text: str) -> int:
+    return at_least(1)(text)
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"at_least_{minimum}"
+    return parse
+
+
+def data_spec(text: str) -> str:
+    try:
+        return check_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# --- train --------------------------------------------------------------------------------------------
+
+
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH")
+    p.add_argument(
+        "--data",
+        required=True,
+        type=data_spec,
+        help="shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH",
+    )
     p.add_argument(
         "--variant", choices=VARIANTS, default="layershuffle", help="training approach (default: %(default)s)"
     )
@@ -35,21 +75,44 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="start from a model directory (fine-tune: same family) or hf:PATH (a local "
         "Hugging Face ViT with config.json + model.safetensors); default: from scratch",
     )
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=positive_int, default=10, help="(default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="training seed (order of batches, block orders, init)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=positive_int, default=128, help="(default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine-decayed after warm-up")
-    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--warmup-steps", type=at_least(0), default=100, help="(default: %(default)s)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--no-augment", action="store_true", help="turn off flips and small shifts")
-    p.add_argument("--depth", type=int, default=6, help="blocks (from scratch only)")
-    p.add_argument("--dim", type=int, default=64, help="embedding size D (from scratch only)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (from scratch only)")
-    p.add_argument("--patch-size", type=int, default=8, help="patch side P (from scratch only)")
+    p.add_argument("--depth", type=positive_int, default=6, help="blocks (from scratch only)")
+    p.add_argument("--dim", type=positive_int, default=64, help="embedding size D (from scratch only)")
+    p.add_argument("--heads", type=positive_int, default=4, help="attention heads (from scratch only)")
+    p.add_argument("--patch-size", type=positive_int, default=8, help="patch side P (from scratch only)")
+    add_image_args(p)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
+
+
+def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
+    if train:
+        p.add_argument(
+            "--image-size",
+            type=positive_int,
+            help="image side S the model takes (from scratch; default 32); with --init, the model's own, "
+            "which this must match if given",
+        )
+    p.add_argument(
+        "--workers",
+        type=at_least(0),
+        default=2,
+        help="processes decoding image folders (default: %(default)s; 0: in the main process)",
+    )
+    p.add_argument(
+        "--data-memory-mb",
+        type=at_least(0),
+        default=2048,
+        help="image folders larger than this once decoded stream from disk (default: %(default)s)",
+    )
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -63,7 +126,14 @@ def train_main(args: argparse.Namespace) -> int:
         if args.device == "auto"
         else args.device
     )
-    data = load_dataset(args.data, seed=args.data_seed)
+    image_size = resolve_image_size(args.init, args.image_size)
+    data = load_dataset(
+        args.data,
+        seed=args.data_seed,
+        image_size=image_size,
+        workers=args.workers,
+        memory_limit_bytes=args.data_memory_mb << 20,
+    )
     arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": args.patch_size}
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
     recipe = TrainRecipe(
@@ -77,12 +147,14 @@ def train_main(args: argparse.Namespace) -> int:
         augment=not args.no_augment,
         threads=args.threads,
     )
-    trainer = Trainer(model, data, recipe, device, args.out / ".train_state")
+    trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
         trainer.load_state()
-    trainer.fit()
-    model = trainer.model.cpu().eval()
-    metrics = _quick_metrics(model, data)
+    trainer.fit(on_epoch=lambda record: tqdm.write(describe_epoch(record, recipe.epochs), file=sys.stderr))
+    _report_run(trainer, len(data.class_names))
+    model = trainer.model.eval()
+    metrics = _quick_metrics(model, data, args.workers)
+    model = model.cpu()
     recipe_record = {
         **asdict(recipe),
         "init": args.init,
@@ -90,7 +162,7 @@ def train_main(args: argparse.Namespace) -> int:
         "history": trainer.history,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    dataset = {**data.describe(), "data_seed": args.data_seed}
+    dataset = {**data.describe(), "data_seed": args.data_seed, "image_size": model.cfg.image_size}
     manifest = save_model(model, args.out, lineage, recipe=recipe_record, dataset=dataset, metrics=metrics)
     print(
         json.dumps(
@@ -107,30 +179,50 @@ def train_main(args: argparse.Namespace) -> int:
     return 0
 
 
-@torch.inference_mode()
-def _quick_metrics(model: Any, data: Any, orders: int = 5) -> dict[str, float]:
+def _report_run(trainer: Trainer, num_classes: int) -> None:
+    """The summary table, and a warning when the kept model is near chance (stderr: stdout is the JSON)."""
+    history = trainer.history
+    print(render_history(history, best_epoch(history)), file=sys.stderr)
+    warning = near_chance_warning(history, num_classes, trainer.model.cfg.shuffle_robust)
+    if warning:
+        log.warning("%s", warning)
+
+
+def _quick_metrics(model: ViT, data: Dataset, workers: int, orders: int = 5) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     x, y = data.test_x, data.test_y
-    seq = float((model(x).argmax(-1) == y).float().mean())
+    _, seq = evaluate_loss(model, x, y, workers=workers)
     depth = len(model.blocks)
     arb = [
-        float((model(x, torch.randperm(depth, generator=gen).tolist()).argmax(-1) == y).float().mean())
+        evaluate_loss(model, x, y, order=torch.randperm(depth, generator=gen).tolist(), workers=workers)[1]
         for _ in range(orders)
     ]
     return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
 
 
+def resolve_image_size(init: str | None, asked: int | None) -> int | None:
+    """The image side to decode data at: the --init model's own, else --image-size, else the data's native."""
+    own = init_image_size(init) if init else None
+    if own is not None and asked is not None and asked != own:
+        raise ValueError(f"--image-size {asked} does not match the --init model's image size {own}")
+    return own or asked
+
+
 def add_family_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", required=True, type=Path, help="model directory every member is fine-tuned from")
-    p.add_argument("--members", type=int, default=4, help="how many members (default: %(default)s)")
+    p.add_argument("--members", type=positive_int, default=4, help="how many members (default: %(default)s)")
     p.add_argument("--out", required=True, type=Path, help="folder for the members (OUT/<prefix>-<i>)")
     p.add_argument("--prefix", default="member", help="member directory prefix (default: %(default)s)")
     p.add_argument("--variant", choices=VARIANTS, default="layershuffle")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=positive_int, default=5, help="(default: %(default)s)")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--first-seed", type=int, default=1, help="member i trains with seed FIRST_SEED + i")
-    p.add_argument("--jobs", type=int, default=2, help="members trained in parallel, one thread each")
-    p.add_argument("--data", help="data spec (default: the base model's)")
+    p.add_argument("--jobs", type=positive_int, default=2, help="members trained in parallel, one thread each")
+    p.add_argument("--data", type=data_spec, help="data spec (default: the base model's)")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="(default: %(default)s)")
+    p.add_argument("--device", default="auto", help="each member's device: auto | cpu | cuda | cuda:N (default: auto)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per member (default: %(default)s)")
+    p.add_argument("--workers", type=at_least(0), default=0, help="decoding processes per member (default: 0)")
 
 
 def family_main(args: argparse.Namespace) -> int:
@@ -164,8 +256,14 @@ def family_main(args: argparse.Namespace) -> int:
                 str(args.lr),
                 "--seed",
                 str(args.first_seed + i),
+                "--batch-size",
+                str(args.batch_size),
+                "--device",
+                args.device,
                 "--threads",
-                "1",
+                str(args.threads),
+                "--workers",
+                str(args.workers),
             ]
         )
     failed = _run_parallel(cmds, args.jobs)
@@ -197,11 +295,16 @@ def _run_parallel(cmds: list[list[str]], jobs: int) -> int:
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dirs", nargs="+", type=Path, help="model directories (a family's members, baselines...)")
-    p.add_argument("--json", type=Path, required=True, help="write the report here")
+    p.add_argument("--json", type=Path, help="also write the report as JSON here (the table goes to stdout)")
     p.add_argument("--plots", type=Path, help="write figures (PNG) into this folder")
-    p.add_argument("--data", help="data spec (default: the first model's)")
-    p.add_argument("--orders", type=int, default=10, help="random orders per arbitrary-order figure (>= 10)")
-    p.add_argument("--merges", type=int, default=20, help="random merged models per family (>= 20)")
+    p.add_argument("--data", type=data_spec, help="data spec (default: the first model's)")
+    p.add_argument(
+        "--orders", type=at_least(10), default=10, help="random orders per arbitrary-order figure (>= 10, default 10)"
+    )
+    p.add_argument(
+        "--merges", type=at_least(20), default=20, help="random merged models per family (>= 20, default 20)"
+    )
+    add_image_args(p, train=False)
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -213,13 +316,19 @@ def eval_main(args: argparse.Namespace) -> int:
     spec = args.data or first.dataset.get("spec")
     if not spec:
         raise SystemExit("layerswarm eval: --data is needed (the manifest names no dataset)")
-    data = load_dataset(spec, seed=int(first.dataset.get("data_seed", 0)))
-    report = evaluate_models(
-        [str(d) for d in args.model_dirs], data, EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed)
+    data = load_dataset(
+        spec,
+        seed=int(first.dataset.get("data_seed", 0)),
+        image_size=first.config.image_size,  # every member of a family has its base's size
+        workers=args.workers,
+        memory_limit_bytes=args.data_memory_mb << 20,
     )
+    plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
+    report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
     report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.plots:
         from .plots import plot_merged, plot_pruning
 

@@ -1,32 +1,44 @@
 """Datasets, all local: a seeded generated image set, scikit-learn's bundled digits, and image folders.
 
 A data spec names one:  shapes[:N_TRAIN[:N_TEST]] (pairs) | shapes1[...] (single shapes)  |  digits  |  imagefolder:PATH
-Each yields float32 images (N, C, H, W) in [0, 1] and int64 labels; normalisation is the stem's job,
-with mean and std saved in the model config.
+Each yields float32 images (N, C, H, W) in [0, 1] at the model's image size and int64 labels;
+normalisation is the stem's job, with mean and std saved in the model config. Generated sets are drawn
+at 32 x 32 and resized; image folders are decoded at the size asked for (see images.py for the
+policy), held in memory when they fit and streamed from disk otherwise (see folders.py).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from .folders import DEFAULT_MEMORY_LIMIT_BYTES, ImageFiles, load_imagefolder
+from .images import IMAGE_SUFFIXES, decode_image
+
+__all__ = ["IMAGE_SUFFIXES", "Dataset", "Images", "decode_image", "iterate_batches", "load_dataset"]
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm"}
+NATIVE_SIZE = 32  # generated shapes and upsampled digits are drawn at this side
+DATA_SPECS = "shapes[:N_TRAIN[:N_TEST]], shapes1[:N_TRAIN[:N_TEST]], digits or imagefolder:PATH"
+
+Images = torch.Tensor | ImageFiles  # in memory, or decoded from disk batch by batch
 
 
 @dataclass
 class Dataset:
     name: str
     spec: str
-    train_x: torch.Tensor  # (N, C, H, W) float32 in [0, 1]
+    train_x: Images  # (N, C, H, W) float32 in [0, 1]
     train_y: torch.Tensor  # (N,) int64
-    test_x: torch.Tensor
+    test_x: Images
     test_y: torch.Tensor
     class_names: tuple[str, ...]
 
@@ -34,6 +46,10 @@ class Dataset:
     def image_shape(self) -> tuple[int, int, int]:
         c, h, w = self.train_x.shape[1:]
         return int(c), int(h), int(w)
+
+    @property
+    def streamed(self) -> bool:
+        return isinstance(self.train_x, ImageFiles)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -43,24 +59,86 @@ class Dataset:
             "test": len(self.test_y),
             "classes": list(self.class_names),
             "image_shape": list(self.image_shape),
+            "streamed": self.streamed,
         }
 
 
-def load_dataset(spec: str, seed: int = 0, image_size: int | None = None) -> Dataset:
+def load_dataset(
+    spec: str,
+    seed: int = 0,
+    image_size: int | None = None,
+    workers: int = 0,
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+) -> Dataset:
+    """Load a data spec at `image_size` (None: the set's native 32 x 32).
+
+    workers: decoding processes for image folders; memory_limit_bytes: larger decoded folders stream."""
     kind, _, arg = spec.partition(":")
+    size = image_size or NATIVE_SIZE
     if kind in ("shapes", "shapes1"):
-        mode = "pairs" if kind == "shapes" else "single"
-        sizes = [int(s) for s in arg.split(":")] if arg else []
-        n_train = sizes[0] if sizes else 20_000
-        n_test = sizes[1] if len(sizes) > 1 else 2_000
-        return make_shapes(n_train, n_test, seed=seed, spec=spec, mode=mode)
+        n_train, n_test = parse_shape_counts(arg)
+        data = make_shapes(n_train, n_test, seed=seed, spec=spec, mode="pairs" if kind == "shapes" else "single")
+        return _resized(data, size)
     if kind == "digits":
-        return load_digits(spec, image_size or 32)
+        return load_digits(spec, size)
     if kind == "imagefolder":
         if not arg:
-            raise ValueError("imagefolder needs a path: --data imagefolder:PATH")
-        return load_imagefolder(Path(arg), spec, image_size or 32, seed=seed)
-    raise ValueError(f"unknown data spec {spec!r}: use shapes[:N_TRAIN[:N_TEST]], digits or imagefolder:PATH")
+            raise ValueError("imagefolder needs a path: imagefolder:PATH")
+        train_x, train_y, test_x, test_y, classes = load_imagefolder(
+            Path(arg), size, seed=seed, workers=workers, memory_limit_bytes=memory_limit_bytes
+        )
+        return Dataset("imagefolder", spec, train_x, train_y, test_x, test_y, classes)
+    raise ValueError(f"unknown data spec {spec!r}: use {DATA_SPECS}")
+
+
+def parse_shape_counts(arg: str) -> tuple[int, int]:
+    """The N_TRAIN[:N_TEST] of a shapes spec: whole numbers, at least 2 to train on and 1 to test."""
+    parts = arg.split(":") if arg else []
+    if len(parts) > 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"shapes takes whole-number counts, shapes[:N_TRAIN[:N_TEST]], not {arg!r}")
+    n_train = int(parts[0]) if parts else 20_000
+    n_test = int(parts[1]) if len(parts) > 1 else 2_000
+    if n_train < 2 or n_test < 1:
+        raise ValueError(f"shapes needs at least 2 training and 1 test image, got {n_train} and {n_test}")
+    return n_train, n_test
+
+
+def check_spec(spec: str) -> str:
+    """Check a spec without loading it (the command line's early, one-line error)."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("shapes", "shapes1"):
+        parse_shape_counts(arg)
+    elif kind == "imagefolder":
+        if not arg:
+            raise ValueError("imagefolder needs a path: imagefolder:PATH")
+        if not Path(arg).is_dir():
+            raise ValueError(f"imagefolder: {arg} is not a directory")
+    elif spec != "digits":
+        raise ValueError(f"unknown data spec {spec!r}: use {DATA_SPECS}")
+    return spec
+
+
+def _resized(data: Dataset, size: int) -> Dataset:
+    if size == NATIVE_SIZE:
+        return data
+    assert isinstance(data.train_x, torch.Tensor) and isinstance(data.test_x, torch.Tensor)
+    data.train_x, data.test_x = resize_tensor(data.train_x, size), resize_tensor(data.test_x, size)
+    return data
+
+
+def resize_tensor(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(N, C, H, W) in [0, 1] to side `size`, bilinear (antialiased when shrinking), as images.py resizes."""
+    return F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False).clamp(0, 1)
+
+
+def iterate_batches(images: Images, index_batches: Sequence[torch.Tensor], workers: int = 0) -> Iterator[torch.Tensor]:
+    """images[idx] for each idx; files are decoded by `workers` processes, a few batches ahead."""
+    if isinstance(images, torch.Tensor) or workers <= 0:
+        for idx in index_batches:
+            yield images[idx]
+        return
+    loader = DataLoader(images, sampler=list(index_batches), batch_size=None, num_workers=workers, prefetch_factor=2)
+    yield from loader
 
 
 # --- generated shapes -------------------------------------------------------------------------------
@@ -147,6 +225,7 @@ def _draw_shapes(rng: np.random.Generator, kinds: list[int], size: int) -> np.nd
 
 
 def load_digits(spec: str, image_size: int) -> Dataset:
+    """8 x 8 digits upsampled (nearest: sharp strokes) to the model's side."""
     from sklearn.datasets import load_digits as sk_digits
 
     bunch = sk_digits()
@@ -158,61 +237,3 @@ def load_digits(spec: str, image_size: int) -> Dataset:
     n_test = len(y) // 5
     names = tuple(str(d) for d in range(10))
     return Dataset("digits", spec, x[n_test:], y[n_test:], x[:n_test], y[:n_test], names)
-
-
-# --- image folders ------------------------------------------------------------------------------------
-
-
-def decode_image(data: bytes | Path, image_size: int | None = None) -> np.ndarray:
-    """Decode to float32 (3, H, W) in [0, 1] with Pillow (no torchvision on CPU-only machines)."""
-    with Image.open(data if isinstance(data, Path) else _bytes_io(data)) as img:
-        rgb = img.convert("RGB")
-        if image_size is not None and rgb.size != (image_size, image_size):
-            rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
-        return np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 255.0
-
-
-def _bytes_io(data: bytes):  # type: ignore[no-untyped-def]
-    import io
-
-    return io.BytesIO(data)
-
-
-def load_imagefolder(root: Path, spec: str, image_size: int, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
-    """ImageNet-style layout: ROOT/<class>/<image>, or ROOT/train/<class>/... and ROOT/val/<class>/..."""
-    if not root.is_dir():
-        raise ValueError(f"imagefolder: {root} is not a directory")
-    train_root, val_root = root / "train", root / "val"
-    if train_root.is_dir() and val_root.is_dir():
-        classes = _class_dirs(train_root)
-        train_x, train_y = _read_folder(train_root, classes, image_size)
-        test_x, test_y = _read_folder(val_root, classes, image_size)
-    else:
-        classes = _class_dirs(root)
-        x, y = _read_folder(root, classes, image_size)
-        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-        n_test = max(1, int(len(y) * test_fraction))
-        test_x, test_y, train_x, train_y = x[perm[:n_test]], y[perm[:n_test]], x[perm[n_test:]], y[perm[n_test:]]
-    return Dataset("imagefolder", spec, train_x, train_y, test_x, test_y, tuple(classes))
-
-
-def _class_dirs(root: Path) -> list[str]:
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    if len(classes) < 2:
-        raise ValueError(f"imagefolder: {root} needs at least two class subfolders, found {classes}")
-    return classes
-
-
-def _read_folder(root: Path, classes: list[str], image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    images: list[np.ndarray] = []
-    labels: list[int] = []
-    for label, name in enumerate(classes):
-        folder = root / name
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
-        for path in files:
-            images.append(decode_image(path, image_size))
-            labels.append(label)
-    if not images:
-        raise ValueError(f"imagefolder: no images under {root}")
-    log.info("read %d images in %d classes from %s", len(images), len(classes), root)
-    return torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64)

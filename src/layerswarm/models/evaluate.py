@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from .checkpoint import Manifest, load_model
-from .data import Dataset
+from .data import Dataset, iterate_batches
 from .vit import ViT, run_blocks
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class EvalPlan:
     prune_ks: Sequence[int] | None = None  # None: 1..depth
     seed: int = 0
     batch_size: int = 1000
+    workers: int = 0  # processes decoding a streamed test set
 
 
 @dataclass
@@ -45,8 +46,18 @@ class Evaluated:
     stem_out: Tensor = field(default_factory=lambda: torch.empty(0))
 
 
+# Activations per forward chunk: a ViT-B/16 at 224 x 224 (197 tokens) runs 166 images at a time,
+# so its MLP's hidden activations stay near 400 MB however large the test set is.
+TOKENS_PER_CHUNK = 1 << 15
+
+
 def accuracy(head: torch.nn.Module, x: Tensor, blocks: Sequence[nn.Module], labels: Tensor) -> float:
-    return float((head(run_blocks(blocks, x)).argmax(-1) == labels).float().mean())
+    chunk = max(1, TOKENS_PER_CHUNK // x.shape[1])
+    correct = sum(
+        int((head(run_blocks(blocks, x[i : i + chunk])).argmax(-1) == labels[i : i + chunk]).sum())
+        for i in range(0, len(labels), chunk)
+    )
+    return correct / len(labels)
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -62,10 +73,11 @@ def summary(values: list[float]) -> dict[str, float]:
 @torch.inference_mode()
 def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) -> dict[str, Any]:
     rng = random.Random(plan.seed)
-    models = [_load(d, data) for d in model_dirs]
+    models = [_load(d, data, plan.workers) for d in model_dirs]
     report: dict[str, Any] = {
         "dataset": data.describe(),
         "plan": {"orders": plan.orders, "merges": plan.merges, "prune_trials": plan.prune_trials, "seed": plan.seed},
+        "chance": 1.0 / len(data.class_names),
         "models": {},
         "groups": {},
     }
@@ -77,12 +89,24 @@ def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) ->
     return report
 
 
-def _load(model_dir: str, data: Dataset) -> Evaluated:
+def _load(model_dir: str, data: Dataset, workers: int = 0) -> Evaluated:
     model, manifest = load_model(model_dir)
     if manifest.config.num_classes != len(data.class_names):
         raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has {len(data.class_names)}")
+    if manifest.config.image_size != data.image_shape[1]:
+        raise ValueError(
+            f"{model_dir} takes {manifest.config.image_size}x{manifest.config.image_size} images, "
+            f"the data is {data.image_shape[1]}x{data.image_shape[2]}"
+        )
     name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
-    return Evaluated(name, model, manifest, model.stem(data.test_x))
+    return Evaluated(name, model, manifest, _stem_outputs(model, data, workers))
+
+
+def _stem_outputs(model: ViT, data: Dataset, workers: int, batch: int = 64) -> Tensor:
+    """The stem over the test set, kept for every order and merge (it is the same for all of them)."""
+    n = len(data.test_y)
+    chunks = [torch.arange(i, min(i + batch, n)) for i in range(0, n, batch)]
+    return torch.cat([model.stem(images) for images in iterate_batches(data.test_x, chunks, workers)])
 
 
 def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) -> dict[str, Any]:

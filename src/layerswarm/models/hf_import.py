@@ -1,6 +1,8 @@
 """Import a local Hugging Face ViT checkpoint (the key layout of google/vit-base-patch16-224).
 
-Reads DIR/config.json and DIR/model.safetensors (never a pickle). Query, key and value are fused into
+Reads DIR/config.json, DIR/model.safetensors (never a pickle) and, when present,
+DIR/preprocessor_config.json (the image mean and std HF's processor normalises with; they go into the
+config, so the stem normalises as HF did). Query, key and value are fused into
 one qkv projection. A different class count re-initialises the classifier (for fine-tuning).
 """
 
@@ -21,8 +23,29 @@ from .vit import ViT
 log = logging.getLogger(__name__)
 
 
+def hf_normalisation(path: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The image mean and std of HF's processor for this checkpoint (preprocessor_config.json; without
+    one, ViTImageProcessor's defaults, 0.5 and 0.5). Pixels are scaled to [0, 1] first (1/255), as ours are."""
+    path = path / "preprocessor_config.json"
+    if not path.is_file():
+        return (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    raw = json.loads(path.read_text())
+    rescale = float(raw.get("rescale_factor", 1 / 255)) if raw.get("do_rescale", True) else 1.0
+    if abs(rescale - 1 / 255) > 1e-9:
+        raise ValueError(f"{path}: rescale_factor {rescale} is not 1/255; only [0, 1] pixel scaling is supported")
+    if not raw.get("do_normalize", True):
+        return (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    mean = tuple(float(v) for v in raw.get("image_mean", (0.5, 0.5, 0.5)))
+    std = tuple(float(v) for v in raw.get("image_std", (0.5, 0.5, 0.5)))
+    return mean, std
+
+
 def hf_config(
-    raw: dict[str, Any], variant: str, num_classes: int | None, class_names: tuple[str, ...] | None
+    raw: dict[str, Any],
+    variant: str,
+    num_classes: int | None,
+    class_names: tuple[str, ...] | None,
+    normalisation: tuple[tuple[float, ...], tuple[float, ...]] = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
 ) -> ViTConfig:
     if raw.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"only GELU ViTs are supported, this one uses {raw['hidden_act']!r}")
@@ -41,8 +64,8 @@ def hf_config(
         num_classes=num_classes or len(names) or 1000,
         variant=variant,
         class_names=tuple(names),
-        image_mean=(0.5, 0.5, 0.5),
-        image_std=(0.5, 0.5, 0.5),
+        image_mean=normalisation[0],
+        image_std=normalisation[1],
         dropout=0.0,
     )
 
@@ -90,7 +113,8 @@ def import_hf_vit(
     for p in (config_path, weights_path):
         if not p.is_file():
             raise ValueError(f"--init hf:{path}: missing {p.name} (expected a Hugging Face ViT directory)")
-    cfg = hf_config(json.loads(config_path.read_text()), variant, num_classes, class_names)
+    raw = json.loads(config_path.read_text())
+    cfg = hf_config(raw, variant, num_classes, class_names, hf_normalisation(path))
     model = ViT(cfg)
     converted = convert_state_dict(load_file(str(weights_path)), cfg)
     missing, unexpected = model.load_state_dict(converted, strict=False)

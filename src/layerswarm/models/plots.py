@@ -17,6 +17,7 @@ def plot_pruning(report: dict[str, Any], path: Path) -> Path:
         for name, m in report["models"].items():
             ks = [int(k) for k in m["pruned"]]
             ax.plot(ks, [m["pruned"][str(k)][order] for k in ks], marker="o", label=f"{name} ({m['variant']})")
+        _chance_line(ax, report)
         ax.set_title(f"{order} order")
         ax.set_xlabel("blocks kept")
         ax.grid(alpha=0.3)
@@ -48,6 +49,7 @@ def plot_merged(report: dict[str, Any], path: Path) -> Path:
         ax.bar(base + 2, g["ensemble"], color="tab:green", label="ensemble" if i == 0 else None)
         labels.append(f"{g['variant']}\n{key.split('/')[0][:12]}")
         positions.append(base + 1)
+    _chance_line(ax, report)
     ax.set_xticks(positions, labels, fontsize=8)
     ax.set_ylabel("test accuracy, arbitrary order")
     ax.set_title("Members, merged models and ensembles (cf. LayerShuffle, Figure 5)")
@@ -57,3 +59,9 @@ def plot_merged(report: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _chance_line(ax: Any, report: dict[str, Any]) -> None:
+    """Accuracy of guessing (1 / classes): a model near it has learned nothing."""
+    chance = report.get("chance") or 1.0 / len(report["dataset"]["classes"])
+    ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=f"chance ({chance:.2f})")

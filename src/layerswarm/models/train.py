@@ -22,12 +22,15 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
-from .checkpoint import Lineage, Manifest, load_model
+from .checkpoint import Lineage, Manifest, load_model, read_manifest
 from .config import ViTConfig
-from .data import Dataset
+from .data import Dataset, Images, iterate_batches
+from .train_report import describe_epoch, peak_memory_mb
 from .vit import Block, ViT
 
 log = logging.getLogger(__name__)
+
+VAL_ORDERS = 3  # random block orders behind the arbitrary-order validation accuracy
 
 
 @dataclass
@@ -42,6 +45,10 @@ class TrainRecipe:
     val_fraction: float = 0.1
     augment: bool = True
     threads: int = 0  # 0: leave torch's default
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"epochs and batch size must be at least 1, got {self.epochs} and {self.batch_size}")
 
 
 def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
@@ -78,26 +85,53 @@ def _augment(images: Tensor, gen: torch.Generator) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate_loss(model: ViT, x: Tensor, y: Tensor, batch_size: int = 512) -> tuple[float, float]:
+def evaluate_loss(
+    model: ViT,
+    x: Images,
+    y: Tensor,
+    batch_size: int = 256,
+    order: list[int] | None = None,
+    workers: int = 0,
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over (x, y), in batches (x may be streamed from disk)."""
     model.eval()
+    device = next(model.parameters()).device
     total_loss, correct = 0.0, 0
-    for i in range(0, len(y), batch_size):
-        logits = model(x[i : i + batch_size])
-        total_loss += F.cross_entropy(logits, y[i : i + batch_size], reduction="sum").item()
-        correct += int((logits.argmax(-1) == y[i : i + batch_size]).sum())
+    chunks = [torch.arange(i, min(i + batch_size, len(y))) for i in range(0, len(y), batch_size)]
+    for idx, images in zip(chunks, iterate_batches(x, chunks, workers), strict=True):
+        logits = model(images.to(device), order)
+        labels = y[idx].to(device)
+        total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += int((logits.argmax(-1) == labels).sum())
     return total_loss / len(y), correct / len(y)
 
 
 class Trainer:
     """One training run: owns model, optimiser, schedule and the periodic train-state checkpoint."""
 
-    def __init__(self, model: ViT, data: Dataset, recipe: TrainRecipe, device: torch.device, state_dir: Path):
+    def __init__(
+        self,
+        model: ViT,
+        data: Dataset,
+        recipe: TrainRecipe,
+        device: torch.device,
+        state_dir: Path,
+        workers: int = 0,
+    ):
         self.model, self.data, self.recipe, self.device = model.to(device), data, recipe, device
-        self.state_dir = state_dir
+        self.state_dir, self.workers = state_dir, workers
         n_val = max(1, int(len(data.train_y) * recipe.val_fraction))
         split = torch.Generator().manual_seed(recipe.seed)
         perm = torch.randperm(len(data.train_y), generator=split)
         self.val_idx, self.train_idx = perm[:n_val], perm[n_val:]
+        if len(self.train_idx) == 0:
+            raise ValueError(f"{len(data.train_y)} training image(s) leave none to train on after the validation split")
+        x = data.train_x
+        self.val_x = x[self.val_idx] if isinstance(x, Tensor) else x.subset(self.val_idx)
+        self.val_y = data.train_y[self.val_idx]
+        # Fixed orders for the arbitrary-order validation figure: comparable across epochs and resumes.
+        depth, orders_gen = len(model.blocks), torch.Generator().manual_seed(recipe.seed + 1)
+        self.val_orders = [torch.randperm(depth, generator=orders_gen).tolist() for _ in range(VAL_ORDERS)]
         self.opt = torch.optim.Adam(
             model.parameters(), lr=recipe.lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=recipe.weight_decay
         )
@@ -116,51 +150,13 @@ class Trainer:
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     def fit(self, on_epoch: Callable[[dict[str, float]], None] | None = None) -> dict[str, float]:
-        x, y = self.data.train_x, self.data.train_y
         for epoch in range(self.epoch, self.recipe.epochs):
-            self.model.train()
-            perm = self.train_idx[torch.randperm(len(self.train_idx), generator=self.gen)]
-            started, running = time.perf_counter(), 0.0
-            bar = tqdm(
-                range(self.steps_per_epoch),
-                desc=f"epoch {epoch + 1}/{self.recipe.epochs}",
-                leave=False,
-                unit="batch",
-                disable=None,
-            )
-            for step in bar:
-                idx = perm[step * self.recipe.batch_size : (step + 1) * self.recipe.batch_size]
-                images = x[idx]
-                if self.recipe.augment:
-                    images = _augment(images, self.gen)
-                order = batch_order(self.model, self.recipe.variant, self.gen)
-                loss = training_loss(self.model, images.to(self.device), y[idx].to(self.device), order)
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]
-                self.opt.step()
-                self.sched.step()
-                running += loss.item()
-                bar.set_postfix(loss=f"{running / (step + 1):.3f}")
-            val_loss, val_acc = evaluate_loss(
-                self.model, x[self.val_idx].to(self.device), y[self.val_idx].to(self.device)
-            )
-            record = {
-                "epoch": epoch + 1,
-                "train_loss": running / self.steps_per_epoch,
-                "val_loss": val_loss,
-                "val_acc": val_acc,
-                "seconds": time.perf_counter() - started,
-            }
+            record = self._train_epoch(epoch)
+            record.update(self._validate())
             self.history.append(record)
-            log.info(
-                "epoch %d: train loss %.4f, val loss %.4f, val acc %.4f",
-                epoch + 1,
-                record["train_loss"],
-                val_loss,
-                val_acc,
-            )
-            if val_loss < self.best_val:
-                self.best_val = val_loss
+            log.info("%s", describe_epoch(record, self.recipe.epochs))
+            if record["val_loss"] < self.best_val:
+                self.best_val = record["val_loss"]
                 self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.epoch = epoch + 1
             self.save_state()
@@ -169,6 +165,49 @@ class Trainer:
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
         return self.history[-1] if self.history else {}
+
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        perm = self.train_idx[torch.randperm(len(self.train_idx), generator=self.gen)]
+        size = self.recipe.batch_size
+        index_batches = [perm[s * size : (s + 1) * size] for s in range(self.steps_per_epoch)]
+        batches = iterate_batches(self.data.train_x, index_batches, self.workers)
+        started, running = time.perf_counter(), 0.0
+        bar = tqdm(
+            zip(index_batches, batches, strict=True),
+            total=self.steps_per_epoch,
+            desc=f"epoch {epoch + 1}/{self.recipe.epochs}",
+            leave=True,  # one line per epoch stays on screen: the run's history at a glance
+            unit="batch",
+            disable=None,
+        )
+        for step, (idx, batch) in enumerate(bar):
+            images = _augment(batch, self.gen) if self.recipe.augment else batch
+            order = batch_order(self.model, self.recipe.variant, self.gen)
+            loss = training_loss(self.model, images.to(self.device), self.data.train_y[idx].to(self.device), order)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            self.opt.step()
+            self.sched.step()
+            running += loss.item()
+            bar.set_postfix(loss=f"{running / (step + 1):.3f}")
+        seconds = time.perf_counter() - started
+        return {
+            "epoch": epoch + 1,
+            "train_loss": running / self.steps_per_epoch,
+            "seconds": seconds,
+            "step_s": seconds / self.steps_per_epoch,
+            **peak_memory_mb(self.device),
+        }
+
+    def _validate(self) -> dict[str, float]:
+        val_loss, val_acc = evaluate_loss(self.model, self.val_x, self.val_y, workers=self.workers)
+        arbitrary = [
+            evaluate_loss(self.model, self.val_x, self.val_y, order=o, workers=self.workers)[1] for o in self.val_orders
+        ]
+        return {"val_loss": val_loss, "val_acc": val_acc, "val_acc_arbitrary": sum(arbitrary) / len(arbitrary)}
 
     # --- resumable train state (safetensors + JSON: nothing is ever unpickled) ---------------------------
 
@@ -213,6 +252,16 @@ class Trainer:
         return True
 
 
+def init_image_size(init: str) -> int:
+    """The image side of an --init model: from its manifest, or a Hugging Face config.json."""
+    if init.startswith("hf:"):
+        config = Path(init[3:]) / "config.json"
+        if not config.is_file():
+            raise ValueError(f"--init {init}: missing config.json (expected a Hugging Face ViT directory)")
+        return int(json.loads(config.read_text()).get("image_size", 224))
+    return read_manifest(init).config.image_size
+
+
 def build_model(
     data: Dataset,
     variant: str,
@@ -237,11 +286,18 @@ def build_model(
     if init.startswith("hf:"):
         from .hf_import import import_hf_vit
 
-        return import_hf_vit(
+        model, lineage = import_hf_vit(
             Path(init[3:]), variant=variant, num_classes=len(data.class_names), class_names=data.class_names
         )
-    parent, manifest = load_model(init)
-    return _fine_tune_copy(parent, manifest, data, variant)
+    else:
+        parent, manifest = load_model(init)
+        model, lineage = _fine_tune_copy(parent, manifest, data, variant)
+    if (h, c) != (model.cfg.image_size, model.cfg.in_channels):
+        raise ValueError(
+            f"the data is {c}x{h}x{h}, the --init model takes {model.cfg.in_channels}x{model.cfg.image_size}x"
+            f"{model.cfg.image_size}: load the data at the model's --image-size"
+        )
+    return model, lineage
 
 
 def _fine_tune_copy(parent: ViT, manifest: Manifest, data: Dataset, variant: str) -> tuple[ViT, Lineage]:

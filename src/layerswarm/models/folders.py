@@ -1,0 +1,143 @@
+"""Image folders, as ImageNet and most tutorials lay them out, decoded at the model's size.
+
+Accepted layouts (class = sub-folder name, classes sorted by name):
+
+    ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/ or ROOT/test/ beside it (same classes)
+    ROOT/train/<class>/<image> alone, or ROOT/<class>/<image>: one set, split by a seeded fraction
+
+A set whose decoded size (N x 3 x S x S float32) fits the memory limit is decoded once, by worker
+processes, into memory; a larger one (ImageNet at 224 x 224 is hundreds of GB decoded) stays on disk
+as an `ImageFiles` list and is decoded batch by batch while the model trains (DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
+
+from .images import IMAGE_SUFFIXES, decode_image
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_LIMIT_BYTES = 2 << 30
+TEST_FOLDERS = ("val", "validation", "test")
+LAYOUTS = (
+    "ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/ or ROOT/test/ beside it; "
+    "ROOT/train/<class>/<image> alone; or ROOT/<class>/<image> (split by a seeded fraction); "
+    f"images ending in {', '.join(sorted(IMAGE_SUFFIXES))}"
+)
+Split = tuple["torch.Tensor | ImageFiles", torch.Tensor, "torch.Tensor | ImageFiles", torch.Tensor, tuple[str, ...]]
+
+
+class ImageFiles(TorchDataset[torch.Tensor]):
+    """Image files decoded on demand: indexing with a tensor or list of indices decodes that batch."""
+
+    def __init__(self, paths: list[Path], image_size: int) -> None:
+        self.paths, self.image_size = paths, image_size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return len(self.paths), 3, self.image_size, self.image_size
+
+    def __getitem__(self, index: int | torch.Tensor | list[int] | slice) -> torch.Tensor:
+        """One image (3, S, S) for an int, else a batch (B, 3, S, S) decoded here."""
+        if isinstance(index, int):
+            return torch.from_numpy(decode_image(self.paths[index], self.image_size))
+        picked = self.paths[index] if isinstance(index, slice) else [self.paths[int(i)] for i in index]
+        return torch.from_numpy(np.stack([decode_image(p, self.image_size) for p in picked]))
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (self[i] for i in range(len(self)))
+
+    def subset(self, index: torch.Tensor) -> ImageFiles:
+        return ImageFiles([self.paths[int(i)] for i in index], self.image_size)
+
+
+def load_imagefolder(
+    root: Path,
+    image_size: int,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    workers: int = 0,
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+) -> Split:
+    """(train images, train labels, test images, test labels, class names) from a folder."""
+    if not root.is_dir():
+        raise ValueError(f"imagefolder: {root} is not a directory; accepted layouts: {LAYOUTS}")
+    train_root = root / "train" if (root / "train").is_dir() else root
+    test_root = next((root / n for n in TEST_FOLDERS if train_root != root and (root / n).is_dir()), None)
+    classes = _class_dirs(train_root)
+    train_paths, train_y = _list_folder(train_root, classes)
+    if test_root is not None:
+        test_paths, test_y = _list_folder(test_root, classes)
+        _check_no_extra_classes(test_root, classes)
+    else:
+        perm = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(seed))
+        n_test = max(1, int(len(train_y) * test_fraction))
+        test_paths, test_y = [train_paths[int(i)] for i in perm[:n_test]], train_y[perm[:n_test]]
+        train_paths, train_y = [train_paths[int(i)] for i in perm[n_test:]], train_y[perm[n_test:]]
+    if len(train_y) < 2:
+        raise ValueError(f"imagefolder: {train_root} has {len(train_y)} training image(s); at least 2 are needed")
+    decoded_bytes = (len(train_paths) + len(test_paths)) * 3 * image_size * image_size * 4
+    stream = decoded_bytes > memory_limit_bytes
+    log.info(
+        "imagefolder %s: %d train, %d test images in %d classes at %dx%d (%.0f MB decoded): %s",
+        root,
+        len(train_paths),
+        len(test_paths),
+        len(classes),
+        image_size,
+        image_size,
+        decoded_bytes / 2**20,
+        "streamed from disk" if stream else "held in memory",
+    )
+    train_files, test_files = ImageFiles(train_paths, image_size), ImageFiles(test_paths, image_size)
+    if stream:
+        return train_files, train_y, test_files, test_y, tuple(classes)
+    return decode_all(train_files, workers), train_y, decode_all(test_files, workers), test_y, tuple(classes)
+
+
+def decode_all(files: ImageFiles, workers: int, batch: int = 64) -> torch.Tensor:
+    """Every file decoded into one tensor, by `workers` processes (0: in this one)."""
+    chunks = [torch.arange(i, min(i + batch, len(files))) for i in range(0, len(files), batch)]
+    if workers <= 0:
+        return torch.cat([files[c] for c in chunks])
+    loader = DataLoader(files, sampler=chunks, batch_size=None, num_workers=workers)
+    return torch.cat(list(loader))
+
+
+def _class_dirs(root: Path) -> list[str]:
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) < 2:
+        raise ValueError(
+            f"imagefolder: {root} needs at least two class sub-folders, found {classes}; accepted layouts: {LAYOUTS}"
+        )
+    return classes
+
+
+def _list_folder(root: Path, classes: list[str]) -> tuple[list[Path], torch.Tensor]:
+    paths: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        folder = root / name
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+        paths += files
+        labels += [label] * len(files)
+    if not paths:
+        raise ValueError(f"imagefolder: no images under {root}; accepted layouts: {LAYOUTS}")
+    return paths, torch.tensor(labels, dtype=torch.int64)
+
+
+def _check_no_extra_classes(test_root: Path, classes: list[str]) -> None:
+    extra = sorted(p.name for p in test_root.iterdir() if p.is_dir() and p.name not in classes)
+    if extra:
+        raise ValueError(f"imagefolder: {test_root} has classes {extra} that the training folder lacks")

@@ -1,0 +1,73 @@
+"""What the trainer tells its operator: a line per epoch, a table at the end, a warning near chance."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Sequence
+
+import torch
+
+# A model within this many accuracy points of chance has learned next to nothing: say so.
+NEAR_CHANCE_POINTS = 0.05
+
+
+def peak_memory_mb(device: torch.device) -> dict[str, float]:
+    """Peak memory so far: the process's resident set (always) and, on CUDA, tensors on the device."""
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    scale = 1024 if sys.platform != "darwin" else 1  # macOS reports bytes
+    out = {"peak_rss_mb": round(peak_kib * scale / 2**20, 1)}
+    if device.type == "cuda":
+        out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return out
+
+
+def describe_epoch(record: dict[str, float], epochs: int) -> str:
+    memory = f"peak RSS {record['peak_rss_mb']:.0f} MB"
+    if "peak_cuda_mb" in record:
+        memory += f", peak CUDA {record['peak_cuda_mb']:.0f} MB"
+    return (
+        f"epoch {int(record['epoch'])}/{epochs}: train loss {record['train_loss']:.4f}, "
+        f"val loss {record['val_loss']:.4f}, val acc {record['val_acc']:.4f} sequential / "
+        f"{record['val_acc_arbitrary']:.4f} arbitrary order; {record['step_s']:.3f} s/step, {memory}"
+    )
+
+
+def render_history(history: Sequence[dict[str, float]], best_epoch: int | None) -> str:
+    """The run as a markdown table, the kept (best validation) epoch marked."""
+    lines = [
+        "| epoch | train loss | val loss | val acc (sequential) | val acc (arbitrary order) | s/step | kept |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in history:
+        kept = "best" if int(r["epoch"]) == best_epoch else ""
+        lines.append(
+            f"| {int(r['epoch'])} | {r['train_loss']:.4f} | {r['val_loss']:.4f} | {r['val_acc']:.4f} | "
+            f"{r['val_acc_arbitrary']:.4f} | {r['step_s']:.3f} | {kept} |"
+        )
+    return "\n".join(lines)
+
+
+def best_epoch(history: Sequence[dict[str, float]]) -> int | None:
+    """The epoch whose weights are kept: the lowest validation loss, as the trainer picks."""
+    return int(min(history, key=lambda r: r["val_loss"])["epoch"]) if history else None
+
+
+def near_chance_warning(
+    history: Sequence[dict[str, float]], num_classes: int, shuffle_robust: bool, points: float = NEAR_CHANCE_POINTS
+) -> str | None:
+    """A warning when the kept epoch's validation accuracy (arbitrary order for shuffle-robust variants,
+    the order they will be served in) is within `points` of chance; None otherwise."""
+    epoch = best_epoch(history)
+    if epoch is None:
+        return None
+    record = next(r for r in history if int(r["epoch"]) == epoch)
+    key, order = ("val_acc_arbitrary", "arbitrary-order") if shuffle_robust else ("val_acc", "sequential")
+    chance = 1.0 / num_classes
+    if record[key] > chance + points:
+        return None
+    return (
+        f"warning: {order} validation accuracy {record[key]:.3f} is within {points * 100:.0f} points of chance "
+        f"({chance:.3f} for {num_classes} classes): the model has learned little; train longer, with more "
+        "data or another learning rate"
+    )
