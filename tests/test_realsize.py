@@ -24,6 +24,7 @@ from layerswarm.coordinator.core import ClassifyOptions
 from layerswarm.coordinator.planner import Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest
+from layerswarm.models.data import labelled_samples
 from layerswarm.models.hf_import import import_hf_vit
 from layerswarm.models.images import decode_image
 
@@ -190,3 +191,15 @@ def test_http_classifies_at_the_model_size_and_resizes(served: tuple[Path, list[
     for name, p in served_probs.items():
         assert p == pytest.approx(float(local[model.cfg.class_names.index(name)]), abs=1e-5)
     assert resized.json()["labels"] == exact.json()["labels"]  # resizing here or there: the same pixels
+
+
+def test_samples_come_at_the_model_size(served: tuple[Path, list[Proc], httpx.Client]) -> None:
+    """Labelled samples for clients are PNGs at 64 x 64, so the coordinator takes them without resize."""
+    member, _, client = served
+    manifest = read_manifest(member)
+    samples = labelled_samples(manifest.dataset, manifest.config.image_size, count=3)
+    assert len(samples) == 3 and {label for _, label in samples} <= set(CLASSES)
+    for image, _ in samples:
+        assert Image.open(io.BytesIO(image)).size == (SIZE, SIZE)
+        reply = client.post("/v1/classify", files={"file": ("s.png", image, "image/png")})
+        assert reply.status_code == 200, reply.text

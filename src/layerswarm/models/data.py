@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from .folders import DEFAULT_MEMORY_LIMIT_BYTES, ImageFiles, load_imagefolder
-from .images import IMAGE_SUFFIXES, decode_image
+from .images import IMAGE_SUFFIXES, decode_image, png_bytes
 
-__all__ = ["IMAGE_SUFFIXES", "Dataset", "Images", "decode_image", "iterate_batches", "load_dataset"]
+__all__ = ["IMAGE_SUFFIXES", "Dataset", "Images", "decode_image", "iterate_batches", "labelled_samples", "load_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -237,3 +237,20 @@ def load_digits(spec: str, image_size: int) -> Dataset:
     n_test = len(y) // 5
     names = tuple(str(d) for d in range(10))
     return Dataset("digits", spec, x[n_test:], y[n_test:], x[:n_test], y[:n_test], names)
+
+
+# --- labelled samples for clients (samples, demos, load generators) -----------------------------------
+
+
+def labelled_samples(
+    dataset: dict[str, object], image_size: int, count: int, workers: int = 0
+) -> list[tuple[bytes, str]]:
+    """`count` test images of a model's dataset (its manifest's `dataset` record) as PNG bytes at the
+    model's `image_size`, each with its class name: what a client sends, accepted without resize."""
+    spec = str(dataset.get("spec", ""))
+    if not spec:
+        raise ValueError("the manifest names no dataset: pass a data spec")
+    data = load_dataset(spec, seed=int(str(dataset.get("data_seed", 0))), image_size=image_size, workers=workers)
+    n = min(count, len(data.test_y))
+    images = data.test_x[torch.arange(n)]
+    return [(png_bytes(images[i].numpy()), data.class_names[int(data.test_y[i])]) for i in range(n)]

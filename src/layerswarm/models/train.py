@@ -174,7 +174,7 @@ class Trainer:
         size = self.recipe.batch_size
         index_batches = [perm[s * size : (s + 1) * size] for s in range(self.steps_per_epoch)]
         batches = iterate_batches(self.data.train_x, index_batches, self.workers)
-        started, running = time.perf_counter(), 0.0
+        started, cpu_started, running = time.perf_counter(), time.process_time(), 0.0
         bar = tqdm(
             zip(index_batches, batches, strict=True),
             total=self.steps_per_epoch,
@@ -199,6 +199,8 @@ class Trainer:
             "train_loss": running / self.steps_per_epoch,
             "seconds": seconds,
             "step_s": seconds / self.steps_per_epoch,
+            # CPU seconds of this process (all its threads): what a step costs when the machine is shared
+            "step_cpu_s": (time.process_time() - cpu_started) / self.steps_per_epoch,
             **peak_memory_mb(self.device),
         }
 
