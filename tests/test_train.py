@@ -218,6 +218,9 @@ def test_image_size_must_match_the_init_model(tmp_path: Path, capsys: pytest.Cap
     assert "--image-size 32 does not match the --init model's image size 16" in capsys.readouterr().err
     assert main(["train", *common, "--init", str(tmp_path / "a"), "--out", str(tmp_path / "c")]) == 0
     assert read_manifest(tmp_path / "c").config.image_size == 16  # the size follows the init model
+    capsys.readouterr()
+    assert main(["train", *common, "--image-size", "20", "--out", str(tmp_path / "d")]) == 2
+    assert "--image-size 20 is not a multiple of --patch-size 8" in capsys.readouterr().err
 
 
 def test_trained_model_round_trips(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]

@@ -127,6 +127,8 @@ def train_main(args: argparse.Namespace) -> int:
         else args.device
     )
     image_size = resolve_image_size(args.init, args.image_size)
+    if args.init is None and (image_size or 32) % args.patch_size:
+        raise ValueError(f"--image-size {image_size or 32} is not a multiple of --patch-size {args.patch_size}")
     data = load_dataset(
         args.data,
         seed=args.data_seed,
