@@ -249,3 +249,28 @@ def test_trained_model_round_trips(tmp_path: Path, data) -> None:  # type: ignor
     )
     model, manifest = load_model(out)
     assert manifest.config.variant == "layershuffle-predict" and model.blocks[0].position_head is not None
+
+
+def test_plots_draw_the_chance_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerswarm.models import plots
+
+    figures: list = []  # type: ignore[type-arg]
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    row = {
+        "variant": "layershuffle",
+        "pruned": {"1": {"sequential": 0.5, "arbitrary": 0.4}},
+        "arbitrary": {"mean": 0.4},
+    }
+    group = {"variant": "layershuffle", "members": ["a"], "merged": {"mean": 0.4, "std": 0.0}, "ensemble": 0.5}
+    report = {
+        "chance": 0.25,
+        "dataset": {"classes": ["w", "x", "y", "z"]},
+        "models": {"a": row},
+        "groups": {"f/l": group},
+    }
+    plots.plot_pruning(report, tmp_path / "p.png")
+    plots.plot_merged(report, tmp_path / "m.png")
+    for fig in figures:
+        for ax in fig.axes:
+            flat = [line for line in ax.get_lines() if set(line.get_ydata()) == {0.25}]
+            assert flat and "chance" in flat[0].get_label()
