@@ -8,7 +8,6 @@ API docs are shown to work with no internet.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from layerswarm.harness.browser import chromium_paths, headless_chromium
 from layerswarm.harness.procs import Proc, stop_all
 
 from .swarm import address, coordinator_process, start_nodes
@@ -25,35 +25,14 @@ from .test_kserve import png
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or CHROMEDRIVER is None:
+if chromium_paths() is None:
     pytest.skip(
         "Chromium and chromium-driver are not installed (apt-get install chromium chromium-driver; .ci/run does)",
         allow_module_level=True,
     )
 
-from selenium import webdriver  # noqa: E402  (only once the browser is known to be there)
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402  (a dev dependency)
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-
-
-def browser() -> WebDriver:
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",  # tests run as root in CI
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,1000",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",  # no CDN, no internet: loopback only
-    ):
-        options.add_argument(flag)
-    return webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -78,7 +57,7 @@ def swarm(family_dirs: list[Path]) -> Iterator[tuple[str, list[Proc]]]:
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator[WebDriver]:
-    chrome = browser()
+    chrome = headless_chromium()
     try:
         yield chrome
     finally:
