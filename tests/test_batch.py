@@ -75,6 +75,7 @@ def test_json_batch_matches_multipart(client: httpx.Client) -> None:
         ({"files": [("file", ("a.png", png(0)))] * 2, "data": {"label": ["a"]}}, 422, "invalid_request"),
         ({"json": {"images": [], "top_k": 1}}, 422, "invalid_request"),
         ({"json": {"images": [{"image_base64": "@@"}]}}, 400, "invalid_base64"),
+        ({"content": b"[" * 100_000, "headers": {"content-type": "application/json"}}, 400, "invalid_json"),
         ({"json": {"images": [ONE], "label": "a"}}, 422, "invalid_request"),
         ({"files": [("file", ("a.png", png(0))), ("file", ("b.png", b"not an image"))]}, 400, "invalid_image"),
         ({"content": b"x", "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),

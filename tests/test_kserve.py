@@ -158,6 +158,7 @@ def test_errors_are_protocol_json_4xx(url: str, client: triton.InferenceServerCl
     encoded = {"name": "images_encoded", "datatype": "BYTES", "shape": [1], "data": ["aGVsbG8="]}  # "hello"
     cases = [
         (b"not json", {}, 400),
+        (b"[" * 100_000, {}, 400),  # nesting deeper than the JSON parser recurses
         (json.dumps({"inputs": []}).encode(), {}, 400),
         (json.dumps({"inputs": [{**images, "data": [1]}]}), {}, 400),  # 1 value for 768
         (json.dumps({"inputs": [{**images, "data": [[1.0] * 768], "datatype": "FP16"}]}), {}, 400),

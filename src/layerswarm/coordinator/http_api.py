@@ -325,7 +325,7 @@ async def _read_batch(request: Request, limit: int, max_batch: int) -> _Batch:
         body = await _read_limited(request, body_limit * 4 // 3 + 64 * 1024)
         try:
             batch = BatchJson.model_validate(json.loads(body))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurd nesting
             raise ApiError(400, "invalid_json", f"body is not JSON: {exc}") from exc
         except ValidationError as exc:
             raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc

@@ -60,8 +60,9 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
     version = coordinator.manifest.model_id
     classes = cfg.class_names or tuple(str(i) for i in range(cfg.num_classes))
     size = cfg.image_size
-    # Room for a full batch as JSON floats (about 12 characters each) or encoded images.
-    body_limit = 4 * settings.max_upload_bytes + settings.max_batch * 3 * size * size * 12 + 64 * 1024
+    # Room for a full batch of encoded images or of binary FP32 tensors; JSON floats take about three
+    # times the bytes, so a full batch of large images has to use the binary extension.
+    body_limit = 4 * settings.max_upload_bytes + settings.max_batch * 3 * size * size * 4 + 64 * 1024
 
     @app.exception_handler(KServeError)
     async def _kserve_error(request: Request, exc: KServeError) -> JSONResponse:

@@ -58,8 +58,8 @@ def parse_request(body: bytes, header_length: int | None) -> InferRequest:
     head, binary = (body, b"") if header_length is None else (body[:header_length], body[header_length:])
     try:
         doc = json.loads(head)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"request header is not JSON: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurd nesting
+        raise ProtocolError(f"request header is not JSON: {type(exc).__name__}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError("request must be a JSON object with a non-empty `inputs` list")
     params = _object(doc.get("parameters", {}), "parameters")

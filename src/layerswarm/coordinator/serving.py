@@ -59,5 +59,12 @@ async def classify_batch(
     coordinator.metrics.requests.labels("200").inc()
     names = coordinator.config.class_names or tuple(str(i) for i in range(int(result.probs.shape[-1])))
     predictions = predicted_labels(result, names)
-    activity.record_success(api, result, predictions, list(truths) or [None] * batch)
+    activity.record_success(api, result, predictions, [_class_name(t, names) for t in truths] or [None] * batch)
     return result, predictions
+
+
+def _class_name(truth: str | None, names: Sequence[str]) -> str | None:
+    """A true label as a class name: clients may send the name or the class index."""
+    if truth is not None and truth.isdigit() and int(truth) < len(names):
+        return names[int(truth)]
+    return truth

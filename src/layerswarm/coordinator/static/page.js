@@ -77,11 +77,13 @@ function renderNodes(snap) {
     const stateCell = el("td");
     stateCell.append(state);
     stateCell.title = `for ${n.state_for_s} s`;
+    const why = el("td", "why", n.reason);
+    why.title = n.reason;  // the full reason; the cell shows one line
     const link = el("td");
     link.append(linkBar(n.link_quality));
     tr.append(
       stateCell,
-      el("td", "why", n.reason),
+      why,
       el("td", "", n.address),
       el("td", "", short(n.model_id)),
       el("td", "", n.block === null ? "–" : n.block),
