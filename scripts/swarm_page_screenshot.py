@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from PIL import Image
+from PIL import Image, ImageChops
 
 from layerswarm.cli.up import UpOptions, png_bytes, start_swarm, wait_for_swarm
 from layerswarm.client import SwarmClient, SwarmError
@@ -39,6 +39,13 @@ def send(swarm: SwarmClient, samples: list[tuple[bytes, str]], rng: random.Rando
             print(f"request failed: {exc}", file=sys.stderr)
 
 
+def trimmed(image: Image.Image, margin: int = 16) -> Image.Image:
+    """Cut the empty page background below the content."""
+    background = Image.new("RGB", image.size, image.getpixel((image.width - 1, image.height - 1)))
+    box = ImageChops.difference(image, background).getbbox()
+    return image if box is None else image.crop((0, 0, image.width, min(image.height, box[3] + margin)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/img/swarm-page.png"))
@@ -50,7 +57,7 @@ def main() -> int:
     try:
         manifest = read_manifest(members[0])
         data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
-        picks = rng.sample(range(len(data.test_y)), 60)
+        picks = rng.sample(range(len(data.test_y)), 46)
         samples = [(png_bytes(data.test_x[i].numpy()), data.class_names[int(data.test_y[i])]) for i in picks]
         base = f"http://127.0.0.1:{coordinator.ready['port']}"
         with SwarmClient(base) as swarm:
@@ -59,9 +66,9 @@ def main() -> int:
             swarm.classify_batch([s[0] for s in samples[30:38]], labels=[s[1] for s in samples[30:38]])
             for proc in rng.sample(nodes, args.kill):
                 proc.signal(signal.SIGKILL)
-            send(swarm, samples[38:], rng)
+            send(swarm, samples[38:46], rng)  # before the ejections: substituted and skipped hops
             time.sleep(2.5)  # health checks eject the dead nodes; the page shows why
-        browser = headless_chromium(1280, 1400)
+        browser = headless_chromium(1280, 1700)  # tall enough for the routes under the nodes
         try:
             browser.get(base + "/")
             time.sleep(2.5)  # two events: the page is live and filled
@@ -72,7 +79,7 @@ def main() -> int:
         stop_all([coordinator, *nodes])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # A palette PNG: the page is flat colours, so 256 of them keep it sharp at a fraction of the size.
-    Image.open(io.BytesIO(png)).convert("RGB").quantize(256).save(args.out, optimize=True)
+    trimmed(Image.open(io.BytesIO(png)).convert("RGB")).quantize(256).save(args.out, optimize=True)
     print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
     return 0
 
