@@ -5,29 +5,20 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from layerswarm.harness.procs import stop_all
-
-from .swarm import coordinator_process, start_nodes
 from .test_kserve import png
 
 pytestmark = pytest.mark.slow
 ONE = {"image_base64": base64.b64encode(png(0)).decode()}
 
 
-@pytest.fixture(scope="module")
-def client(family_dirs: list[Path]) -> Iterator[httpx.Client]:
-    nodes = start_nodes([(family_dirs[1], b) for b in range(3)])
-    coord = coordinator_process(family_dirs[1], nodes, "--policy", "sequential", "--wire-dtype", "fp32")
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=30) as c:
-            yield c
-    finally:
-        stop_all([coord, *nodes])
+@pytest.fixture
+def client(api_swarm: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api_swarm, timeout=30) as c:
+        yield c
 
 
 def single(client: httpx.Client, image: bytes) -> dict[str, object]:

@@ -4,7 +4,6 @@ where a later try can succeed (connect errors, 429, 503), counted on the wire.""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,20 +12,15 @@ import pytest
 from layerswarm.client import AsyncSwarmClient, BatchClassification, Classification, SwarmClient, SwarmError
 from layerswarm.harness.procs import Proc, coordinator_cmd, launch, stop_all, wait_ready
 
-from .swarm import coordinator_process, start_nodes
+from .swarm import coordinator_process
 from .test_kserve import png
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def base_url(family_dirs: list[Path]) -> Iterator[str]:
-    nodes = start_nodes([(family_dirs[0], b) for b in range(3)])
-    coord = coordinator_process(family_dirs[0], nodes, "--policy", "sequential")
-    try:
-        yield f"http://127.0.0.1:{coord.ready['port']}"
-    finally:
-        stop_all([coord, *nodes])
+@pytest.fixture
+def base_url(api_swarm: str) -> str:
+    return api_swarm
 
 
 def counting(base_url: str) -> tuple[httpx.Client, list[str]]:

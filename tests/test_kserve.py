@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -15,10 +14,7 @@ import tritonclient.http as triton
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.data import decode_image
-
-from .swarm import coordinator_process, start_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -32,21 +28,9 @@ def png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-@pytest.fixture(scope="module")
-def swarm(family_dirs: list[Path]) -> Iterator[tuple[str, list[Proc]]]:
-    nodes = start_nodes([(family_dirs[0], b) for b in range(3)])
-    coord = coordinator_process(
-        family_dirs[0], nodes, "--health-interval", "0.2", "--policy", "sequential", "--wire-dtype", "fp32"
-    )
-    try:
-        yield f"127.0.0.1:{coord.ready['port']}", nodes
-    finally:
-        stop_all([coord, *nodes])
-
-
 @pytest.fixture
-def url(swarm: tuple[str, list[Proc]]) -> str:
-    return swarm[0]
+def url(api_swarm: str) -> str:
+    return api_swarm.removeprefix("http://")
 
 
 @pytest.fixture
