@@ -25,6 +25,7 @@ from .registry import NodeRecord
 
 STATIC = Path(__file__).parent / "static"
 EVENT_INTERVAL_S = 1.0
+SHUTDOWN_CHECKS = 5  # per interval
 MAX_EVENT_STREAMS = 32  # open pages at once; more get 429 (each costs a snapshot per second)
 ROUTES_SHOWN = 16
 
@@ -86,15 +87,23 @@ def mount_page(app: FastAPI, coordinator: Coordinator, activity: Activity) -> No
                 status_code=429, content={"error": "busy", "detail": f"{MAX_EVENT_STREAMS} event streams open"}
             )
 
+        server = getattr(request.app.state, "server", None)  # uvicorn's, when run by `serve`
+
+        def closing() -> bool:
+            return bool(server is not None and server.should_exit)
+
         async def stream() -> AsyncIterator[str]:
             streams["open"] += 1
             try:
                 seq = 0
-                while not await request.is_disconnected():
+                while not closing() and not await request.is_disconnected():
                     seq += 1
                     data = json.dumps(swarm_snapshot(coordinator, activity), separators=(",", ":"))
                     yield f"id: {seq}\nevent: swarm\nretry: 2000\ndata: {data}\n\n"
-                    await asyncio.sleep(EVENT_INTERVAL_S)
+                    for _ in range(SHUTDOWN_CHECKS):  # wake up often enough to let a shutdown through
+                        if closing():
+                            break
+                        await asyncio.sleep(EVENT_INTERVAL_S / SHUTDOWN_CHECKS)
             finally:
                 streams["open"] -= 1
 
