@@ -78,3 +78,5 @@ def test_batch_errors_are_json_4xx(client: httpx.Client, kwargs: dict[str, objec
     assert reply.json()["error"] == error and reply.json()["detail"]
     if error == "invalid_image":
         assert "item 1" in reply.json()["detail"]  # which image of the batch is bad
+    newest = client.get("/v1/swarm").json()["requests"][0]
+    assert (newest["status"], newest["error"]) == (status, error)  # the page shows refused requests too

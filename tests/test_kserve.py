@@ -157,4 +157,6 @@ def test_errors_are_protocol_json_4xx(url: str, client: triton.InferenceServerCl
         reply = httpx.post(base, content=body, headers=headers)
         assert reply.status_code == status, (body[:80], reply.text)
         assert isinstance(reply.json()["error"], str) and reply.json()["error"]
+        newest = httpx.get(f"http://{url}/v1/swarm").json()["requests"][0]
+        assert newest["api"] == "v2" and newest["status"] == status  # counted among the page's errors
     assert httpx.post(f"http://{url}/v2/models/nope/infer", content=b"{}").status_code == 404

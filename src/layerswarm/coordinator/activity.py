@@ -17,6 +17,7 @@ from .core import Classification
 
 RECENT_REQUESTS = 40  # routes kept for the page
 WINDOW_S = 60  # the rate, error and accuracy window
+MAX_ERROR_CHARS = 160  # of an error message kept for the page
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Activity:
         return self._add(record)
 
     def record_failure(self, api: str, batch: int, status: int, error: str) -> RequestRecord:
-        """A request the swarm could not answer (too few blocks, busy): counted as an error."""
+        """A request that got an error answer: counted as an error, drawn in red on the page."""
         record = RequestRecord(
             seq=next(self._seq),
             at=self.clock(),
@@ -128,6 +129,13 @@ class Activity:
             unreachable_blocks=(),
         )
         return self._add(record)
+
+    def record_rejection(self, api: str, status: int, error: str) -> RequestRecord | None:
+        """A request refused before it reached the swarm (bad input, limits), counted as an error.
+        Busy (429) and too-thin (503) answers are recorded where they happen, with their batch size."""
+        if status in (429, 503):
+            return None
+        return self.record_failure(api, 0, status, error[:MAX_ERROR_CHARS])
 
     def _add(self, record: RequestRecord) -> RequestRecord:
         self.recent.append(record)

@@ -168,6 +168,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if request.url.path.startswith("/v1/classify"):
+            activity.record_rejection("v1", exc.status_code, exc.error)
         return _error(exc.status_code, exc.error, exc.detail)
 
     @app.exception_handler(StarletteHTTPException)  # routing 404/405 come from Starlette itself

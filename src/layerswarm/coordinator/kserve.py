@@ -66,6 +66,8 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
 
     @app.exception_handler(KServeError)
     async def _kserve_error(request: Request, exc: KServeError) -> JSONResponse:
+        if request.url.path.endswith("/infer"):
+            activity.record_rejection("v2", exc.status, exc.message)
         return JSONResponse(status_code=exc.status, content={"error": exc.message})
 
     def check_model(model: str, model_version: str | None = None) -> None:
