@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,21 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
     base, manifest = load_model(base_dir)
     return [make_model_dir(root / f"m{i}", seed=10 + i, parent=(base, manifest.lineage.root)) for i in range(3)]
+
+
+@pytest.fixture(scope="session")
+def api_swarm(family_dirs: list[Path]) -> Iterator[str]:
+    """One real swarm (three node processes, one coordinator process, sequential paths, fp32 on the
+    wire) shared by the API suites that only send requests: its base URL."""
+    from layerswarm.harness.procs import stop_all
+
+    from .swarm import coordinator_process, start_nodes
+
+    nodes = start_nodes([(family_dirs[0], b) for b in range(3)])
+    coord = coordinator_process(
+        family_dirs[0], nodes, "--health-interval", "0.2", "--policy", "sequential", "--wire-dtype", "fp32"
+    )
+    try:
+        yield f"http://127.0.0.1:{coord.ready['port']}"
+    finally:
+        stop_all([coord, *nodes])

@@ -33,11 +33,18 @@ OPERATIONS = [
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
+    ("POST", "/v1/classify/batch"),
+    ("GET", "/v1/swarm"),
+    ("GET", "/v2/health/ready"),
+    ("GET", "/v2/models/{model}"),
+    ("POST", "/v2/models/{model}/infer"),
 ]
 
 
 # Valid requests for every operation; invalid ones (negative mode) where there is input to break.
-CASES = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + [("POST", "/v1/classify", GenerationMode.NEGATIVE)]
+CASES = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + [
+    (m, p, GenerationMode.NEGATIVE) for m, p in (("POST", "/v1/classify"), ("POST", "/v1/classify/batch"))
+]
 
 
 @pytest.mark.parametrize(("method", "path", "mode"), CASES)
@@ -54,7 +61,7 @@ def test_no_server_errors_and_no_hangs(
             assert response.json().get("error", "not_ready") in ("insufficient_depth", "not_ready"), response.text
         else:
             assert response.status_code < 500, response.text
-        if response.status_code >= 400 and path == "/v1/classify":
+        if response.status_code >= 400 and path.startswith("/v1/classify"):
             body = response.json()
             assert body["error"] and body["detail"]  # every error is JSON with a reason
 

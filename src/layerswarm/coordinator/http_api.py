@@ -6,29 +6,34 @@ thin to answer); nothing reaches a client as a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from PIL import Image, UnidentifiedImageError
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from layerswarm import __version__
-from layerswarm.models.images import decode_image
 
-from .core import ClassifyOptions, Coordinator
-from .executor import DepthError
+from .activity import Activity
+from .core import Classification, ClassifyOptions, Coordinator
+from .executor import PathResult
+from .images import ImageError, decode_batch
+from .kserve import mount_kserve
+from .page import mount_page
 from .planner import Policy
+from .serving import Busy, TooThin, classify_batch
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +53,44 @@ class ClassifyParams(BaseModel):
         None, gt=0.0, le=1.0, description="early exit: stop once the top class has this probability"
     )
     resize: bool = Field(False, description="resize images of another size instead of refusing them")
+    label: str | None = Field(
+        None, max_length=256, description="the true class, if known: counted in the swarm page's accuracy"
+    )
 
 
 class ClassifyJson(ClassifyParams):
     image_base64: str = Field(..., description="the image file (PNG, JPEG, ...), base64-encoded")
 
 
+class BatchItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image_base64: str = Field(..., description="the image file (PNG, JPEG, ...), base64-encoded")
+    label: str | None = Field(None, max_length=256, description="the true class, if known")
+
+
+class BatchJson(ClassifyParams):
+    images: list[BatchItem] = Field(..., min_length=1, description="the batch, in order")
+
+
 class Label(BaseModel):
     index: int
     label: str
     probability: float
+
+
+class ItemResult(BaseModel):
+    prediction: str
+    labels: list[Label]
+
+
+class BatchResponse(BaseModel):
+    results: list[ItemResult] = Field(description="one per input, in order")
+    policy: str
+    seed: int
+    depth: int = Field(description="blocks that ran (the whole batch took one path)")
+    exited_early: bool
+    elapsed_ms: float
+    trace: dict[str, Any] = Field(description="per hop: node, model, block, position, latency, substitutions")
 
 
 class ClassifyResponse(BaseModel):
@@ -101,10 +134,33 @@ CLASSIFY_BODY = {
 }
 
 
+BATCH_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        **ClassifyParams.model_json_schema()["properties"],
+                        "label": {"type": "array", "items": {"type": "string"}},
+                    },
+                }
+            },
+            "application/json": {"schema": BatchJson.model_json_schema()},
+        },
+    }
+}
+
+
 def create_app(coordinator: Coordinator) -> FastAPI:
     settings = coordinator.settings
     cfg = coordinator.config
-    app = FastAPI(
+    activity = Activity()  # recent requests and rates, for the swarm page
+    # Swagger UI and ReDoc assets come from the installed package, not a CDN: /docs works offline.
+    app = FastAPIOffline(
         title="layerswarm coordinator",
         version=__version__,
         description="Classify images through a swarm of block nodes, in any order.",
@@ -112,6 +168,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if request.url.path.startswith("/v1/classify"):
+            activity.record_rejection("v1", exc.status_code, exc.error)
         return _error(exc.status_code, exc.error, exc.detail)
 
     @app.exception_handler(StarletteHTTPException)  # routing 404/405 come from Starlette itself
@@ -142,8 +200,24 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         """Classify one image: upload it as multipart `file`, or POST JSON with `image_base64`."""
         image_bytes, params = await _read_request(request, settings.max_upload_bytes)
         images = _to_batch(image_bytes, cfg.image_size, params.resize)
-        if coordinator.in_flight >= settings.max_concurrent_requests:
-            raise ApiError(429, "busy", f"{coordinator.in_flight} requests in flight; retry shortly")
+        result = await _classify(images, params, [params.label])
+        return _response(result, cfg.class_names, params.top_k)
+
+    @app.post(
+        "/v1/classify/batch",
+        response_model=BatchResponse,
+        openapi_extra=BATCH_BODY,
+        responses={400: {}, 413: {}, 415: {}, 422: {}, 429: {}, 503: {}},
+    )
+    async def classify_many(request: Request) -> BatchResponse:
+        """Classify several images as one batch (one path through the swarm, one call per hop): upload
+        several multipart `file` parts (optional `label` fields, one per file), or POST JSON with `images`."""
+        blobs, truths, params = await _read_batch(request, settings.max_upload_bytes, settings.max_batch)
+        images = await asyncio.to_thread(_decode, blobs, cfg.image_size, params.resize)
+        result = await _classify(images, params, truths)
+        return _batch_response(result, cfg.class_names, params.top_k)
+
+    async def _classify(images: torch.Tensor, params: ClassifyParams, truths: Sequence[str | None]) -> Classification:
         opts = ClassifyOptions(
             top_k=params.top_k,
             policy=Policy(params.policy) if params.policy else None,
@@ -152,17 +226,13 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             max_blocks=params.max_blocks,
             exit_confidence=params.exit_confidence,
         )
-        coordinator.in_flight += 1
         try:
-            with coordinator.metrics.latency.time():
-                result = await coordinator.classify(images, opts)
-        except DepthError as exc:
-            coordinator.metrics.requests.labels("503").inc()
+            result, _ = await classify_batch(coordinator, activity, images, opts, truths)
+        except Busy as exc:
+            raise ApiError(429, "busy", str(exc)) from exc
+        except TooThin as exc:
             raise ApiError(503, "insufficient_depth", str(exc)) from exc
-        finally:
-            coordinator.in_flight -= 1
-        coordinator.metrics.requests.labels("200").inc()
-        return _response(result, cfg.class_names, params.top_k)
+        return result
 
     @app.get("/v1/nodes")
     async def nodes() -> dict[str, Any]:
@@ -197,6 +267,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         """Prometheus metrics."""
         return Response(generate_latest(coordinator.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    mount_kserve(app, coordinator, activity)
+    mount_page(app, coordinator, activity)
     return app
 
 
@@ -241,6 +313,69 @@ async def _read_request(request: Request, limit: int) -> tuple[bytes, ClassifyPa
     )
 
 
+_Batch = tuple[list[bytes], list[str | None], ClassifyParams]  # images, their true labels if given, options
+
+
+async def _read_batch(request: Request, limit: int, max_batch: int) -> _Batch:
+    """The images of a batch (each held to `limit` bytes, at most `max_batch`), their labels, options."""
+    body_limit = limit * 4  # the whole batch
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > body_limit * 4 // 3 + 64 * 1024):
+        raise ApiError(413, "too_large", f"request body over the {body_limit}-byte batch limit")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json":
+        body = await _read_limited(request, body_limit * 4 // 3 + 64 * 1024)
+        try:
+            batch = BatchJson.model_validate(json.loads(body))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurd nesting
+            raise ApiError(400, "invalid_json", f"body is not JSON: {exc}") from exc
+        except ValidationError as exc:
+            raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
+        _check_batch(len(batch.images), max_batch, batch.label)
+        images = []
+        for index, item in enumerate(batch.images):
+            try:
+                images.append(base64.b64decode(item.image_base64, validate=True))
+            except (binascii.Error, ValueError) as exc:
+                raise ApiError(400, "invalid_base64", f"images.{index}.image_base64 is not base64: {exc}") from exc
+            if len(images[-1]) > limit:
+                raise ApiError(413, "too_large", f"image {index} over the {limit}-byte upload limit")
+        params = ClassifyParams.model_validate(batch.model_dump(exclude={"images"}))
+        return images, [item.label for item in batch.images], params
+    if content_type == "multipart/form-data":
+        form = await request.form(max_files=max_batch + 1, max_fields=16 + max_batch, max_part_size=limit)
+        uploads = form.getlist("file")
+        if not uploads or not all(isinstance(u, UploadFile) for u in uploads):
+            raise ApiError(422, "invalid_request", "multipart body needs one or more `file` parts with the images")
+        labels = form.getlist("label")
+        _check_batch(len(uploads), max_batch, None)
+        if labels and (len(labels) != len(uploads) or not all(isinstance(v, str) for v in labels)):
+            raise ApiError(422, "invalid_request", f"{len(labels)} `label` fields for {len(uploads)} files")
+        images = [await u.read(limit + 1) for u in uploads if isinstance(u, UploadFile)]
+        if any(len(image) > limit for image in images):
+            raise ApiError(413, "too_large", f"an image is over the {limit}-byte upload limit")
+        fields = {k: v for k, v in form.multi_items() if k not in ("file", "label")}
+        if any(not isinstance(v, str) for v in fields.values()):
+            raise ApiError(422, "invalid_request", "files go in `file` parts only")
+        try:
+            params = ClassifyParams.model_validate({k: v for k, v in fields.items() if v != ""})
+        except ValidationError as exc:
+            raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
+        return images, [str(v) or None for v in labels] or [None] * len(images), params
+    raise ApiError(
+        415,
+        "unsupported_media_type",
+        "send multipart/form-data with `file` parts, or application/json with `images`",
+    )
+
+
+def _check_batch(size: int, max_batch: int, top_level_label: str | None) -> None:
+    if size > max_batch:
+        raise ApiError(413, "batch_too_large", f"{size} images in one batch, at most {max_batch}")
+    if top_level_label is not None:
+        raise ApiError(422, "invalid_request", "in a batch, give each image its own `label`")
+
+
 async def _read_limited(request: Request, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -252,54 +387,61 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 
 
 def _to_batch(image: bytes, size: int, resize: bool) -> torch.Tensor:
-    if not image:
-        raise ApiError(400, "empty_image", "the image is empty")
+    return _decode([image], size, resize)
+
+
+def _decode(images: Sequence[bytes], size: int, resize: bool) -> torch.Tensor:
     try:
-        with Image.open(_bytes(image)) as probe:
-            width, height = probe.size
-            if width * height > 4096 * 4096:
-                raise ApiError(413, "too_large", f"image of {width}x{height} pixels is too large")
-        if (width, height) != (size, size) and not resize:
-            raise ApiError(
-                422, "wrong_size", f"image is {width}x{height}, the model takes {size}x{size} (or pass resize=true)"
-            )
-        array = decode_image(image, size if resize else None)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ApiError(400, "invalid_image", f"cannot decode the image: {exc}") from exc
-    return torch.from_numpy(np.ascontiguousarray(array))[None]
+        return decode_batch(images, size, resize)
+    except ImageError as exc:
+        raise ApiError(exc.status, exc.error, exc.detail) from exc
 
 
-def _bytes(data: bytes):  # type: ignore[no-untyped-def]
-    import io
-
-    return io.BytesIO(data)
-
-
-def _response(result: Any, class_names: tuple[str, ...], top_k: int) -> ClassifyResponse:
-    probs = result.probs[0]
-    k = min(top_k, probs.numel())
-    values, indices = probs.topk(k)
+def _top_labels(probs: torch.Tensor, class_names: tuple[str, ...], top_k: int) -> list[Label]:
+    values, indices = probs.topk(min(top_k, probs.numel()))
     names = class_names or tuple(str(i) for i in range(probs.numel()))
-    labels = [
+    return [
         Label(index=int(i), label=names[int(i)], probability=round(float(p), 6))
         for p, i in zip(values, indices, strict=True)
     ]
-    path = result.path
-    trace = {
+
+
+def _trace(path: PathResult) -> dict[str, Any]:
+    return {
         "hops": [h.to_json() for h in path.hops],
         "unreachable_blocks": path.unreachable,
         "substituted": sum(h.outcome == "substituted" for h in path.hops),
         "skipped": sum(h.outcome == "skipped" for h in path.hops),
     }
+
+
+def _response(result: Classification, class_names: tuple[str, ...], top_k: int) -> ClassifyResponse:
+    labels = _top_labels(result.probs[0], class_names, top_k)
     return ClassifyResponse(
         prediction=labels[0].label,
         labels=labels,
         policy=result.policy.value,
         seed=result.seed,
-        depth=path.depth,
-        exited_early=path.exited_early,
+        depth=result.path.depth,
+        exited_early=result.path.exited_early,
         elapsed_ms=round(result.elapsed_ms, 3),
-        trace=trace,
+        trace=_trace(result.path),
+    )
+
+
+def _batch_response(result: Classification, class_names: tuple[str, ...], top_k: int) -> BatchResponse:
+    results = []
+    for probs in result.probs:
+        labels = _top_labels(probs, class_names, top_k)
+        results.append(ItemResult(prediction=labels[0].label, labels=labels))
+    return BatchResponse(
+        results=results,
+        policy=result.policy.value,
+        seed=result.seed,
+        depth=result.path.depth,
+        exited_early=result.path.exited_early,
+        elapsed_ms=round(result.elapsed_ms, 3),
+        trace=_trace(result.path),
     )
 
 

@@ -29,6 +29,7 @@ async def serve(settings: CoordinatorSettings) -> None:
         timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
+    app.state.server = server  # open event streams end when it exits (else shutdown waits for them)
     task = asyncio.create_task(server.serve())  # uvicorn handles SIGINT/SIGTERM itself
     try:
         while not server.started and not task.done():

@@ -1,0 +1,42 @@
+"""A Python client for a layerswarm coordinator (sync and async, over httpx, typed results).
+
+    from layerswarm.client import SwarmClient
+
+    with SwarmClient("http://127.0.0.1:8080") as swarm:
+        result = swarm.classify("image.png", top_k=3, policy="shuffle")
+        print(result.prediction, result.depth, [h.block for h in result.trace.hops])
+
+Connect errors, 429 (busy) and 503 (too few blocks reachable right now) are retried with exponential
+backoff and jitter (tenacity); other errors raise SwarmError at once.
+"""
+
+from .asynchronous import AsyncSwarmClient
+from .bodies import ImageInput, Options
+from .results import (
+    BatchClassification,
+    Classification,
+    Hop,
+    ItemResult,
+    Label,
+    Node,
+    SwarmError,
+    SwarmView,
+    Trace,
+)
+from .sync import SwarmClient
+
+__all__ = [
+    "AsyncSwarmClient",
+    "BatchClassification",
+    "Classification",
+    "Hop",
+    "ImageInput",
+    "ItemResult",
+    "Label",
+    "Node",
+    "Options",
+    "SwarmClient",
+    "SwarmError",
+    "SwarmView",
+    "Trace",
+]

@@ -1,0 +1,81 @@
+"""What the sync and async clients share: request bodies, error parsing, and the retry policy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+import httpx
+from tenacity import retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from .results import SwarmError
+
+ImageInput = str | os.PathLike[str] | bytes  # a file path, or the encoded image itself
+
+
+class Options(TypedDict, total=False):
+    """Per-request options, as the coordinator's API names them."""
+
+    top_k: int
+    policy: Literal["sequential", "shuffle", "fastest"]
+    seed: int
+    min_blocks: int
+    max_blocks: int
+    exit_confidence: float
+    resize: bool
+
+
+def image_bytes(image: ImageInput) -> bytes:
+    return image if isinstance(image, bytes) else Path(image).read_bytes()
+
+
+def form_fields(options: Options) -> dict[str, str]:
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items() if v is not None}
+
+
+def single_body(image: ImageInput, label: str | None, options: Options) -> dict[str, Any]:
+    data = form_fields(options) | ({"label": label} if label is not None else {})
+    return {"files": {"file": ("image", image_bytes(image))}, "data": data}
+
+
+def batch_body(images: Sequence[ImageInput], labels: Sequence[str] | None, options: Options) -> dict[str, Any]:
+    if labels is not None and len(labels) != len(images):
+        raise ValueError(f"{len(labels)} labels for {len(images)} images")
+    files = [("file", (f"image-{i}", image_bytes(image))) for i, image in enumerate(images)]
+    data: dict[str, Any] = form_fields(options)
+    if labels is not None:
+        data["label"] = list(labels)
+    return {"files": files, "data": data}
+
+
+def checked(response: httpx.Response) -> dict[str, Any]:
+    """The JSON body of a 2xx reply; a SwarmError with the coordinator's reason otherwise."""
+    if response.status_code < 400:
+        body: dict[str, Any] = response.json()
+        return body
+    try:
+        error = response.json()
+        code, detail = str(error.get("error", "http_error")), error.get("detail", response.text)
+    except ValueError:
+        code, detail = "http_error", response.text
+    raise SwarmError(response.status_code, code, detail)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Retry what a later try can fix: no connection (yet), busy (429), too few blocks right now (503).
+    A 4xx about the request itself would fail the same way again."""
+    if isinstance(exc, SwarmError):
+        return exc.retryable
+    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.RemoteProtocolError)
+
+
+def retry_policy(attempts: int, max_backoff_s: float) -> dict[str, Any]:
+    """tenacity arguments: exponential backoff with full jitter, the last error re-raised as is."""
+    return {
+        "retry": retry_if_exception(is_retryable),
+        "stop": stop_after_attempt(max(1, attempts)),
+        "wait": wait_random_exponential(multiplier=0.05, max=max_backoff_s),  # "full jitter"
+        "reraise": True,
+    }

@@ -1,0 +1,71 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from tenacity import Retrying
+from typing_extensions import Unpack
+
+from .bodies import ImageInput, Options, batch_body, checked, retry_policy, single_body
+from .results import BatchClassification, Classification, SwarmView
+
+
+class SwarmClient:
+    """A coordinator's native API. Retries connect errors, 429 and 503 with backoff (tenacity).
+
+    >>> with SwarmClient("http://127.0.0.1:8080") as swarm:
+    ...     print(swarm.classify("image.png", top_k=3).prediction)
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8080",
+        *,
+        timeout: float = 30.0,
+        attempts: int = 4,
+        max_backoff_s: float = 2.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self._http = http or httpx.Client(base_url=base_url, timeout=timeout)
+        self._retry = retry_policy(attempts, max_backoff_s)
+
+    def classify(self, image: ImageInput, *, label: str | None = None, **options: Unpack[Options]) -> Classification:
+        """One image (a path or its bytes); `label`, if you know the true class, counts in the page's accuracy."""
+        return Classification.from_json(self._post("/v1/classify", single_body(image, label, options)))
+
+    def classify_batch(
+        self, images: Sequence[ImageInput], *, labels: Sequence[str] | None = None, **options: Unpack[Options]
+    ) -> BatchClassification:
+        """Several images as one batch: one path through the swarm, one answer per image."""
+        return BatchClassification.from_json(self._post("/v1/classify/batch", batch_body(images, labels, options)))
+
+    def swarm(self) -> SwarmView:
+        return SwarmView.from_json(self._call("GET", "/v1/nodes", {}))
+
+    def ready(self) -> bool:
+        """Whether the coordinator can answer now (no retries: a probe)."""
+        try:
+            return self._http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", path, body)
+
+    def _call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        for attempt in Retrying(**self._retry):
+            with attempt:
+                return checked(self._http.request(method, path, **body))
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SwarmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""One classification as every HTTP API runs it: admission, metrics, the page's activity log.
+
+The native API (/v1) and the Open Inference Protocol (/v2) both call `classify_batch`, so a batch is
+admitted, counted and drawn on the swarm page the same way whichever protocol brought it. Each API
+turns the two failures below into its own error format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .activity import Activity
+from .core import Classification, ClassifyOptions, Coordinator
+from .executor import DepthError
+
+
+class Busy(Exception):
+    """Too many requests in flight: the client should retry shortly (429)."""
+
+
+class TooThin(Exception):
+    """Fewer blocks could run than the request's minimum (503)."""
+
+
+def predicted_labels(result: Classification, class_names: Sequence[str]) -> list[str]:
+    """The top-1 label of each item of the batch."""
+    indices = result.probs.argmax(-1).tolist()
+    return [class_names[i] if i < len(class_names) else str(i) for i in indices]
+
+
+async def classify_batch(
+    coordinator: Coordinator,
+    activity: Activity,
+    images: torch.Tensor,
+    opts: ClassifyOptions,
+    truths: Sequence[str | None] = (),
+    api: str = "v1",
+) -> tuple[Classification, list[str]]:
+    """Run `images` (B, C, H, W) through the swarm as ONE batch per hop; returns the result and each
+    item's predicted label. `truths` (labels the client says are right) feed the page's accuracy."""
+    settings = coordinator.settings
+    batch = int(images.shape[0])
+    if coordinator.in_flight >= settings.max_concurrent_requests:
+        coordinator.metrics.requests.labels("429").inc()
+        activity.record_failure(api, batch, 429, "busy")
+        raise Busy(f"{coordinator.in_flight} requests in flight; retry shortly")
+    coordinator.in_flight += 1
+    try:
+        with coordinator.metrics.latency.time():
+            result = await coordinator.classify(images, opts)
+    except DepthError as exc:
+        coordinator.metrics.requests.labels("503").inc()
+        activity.record_failure(api, batch, 503, "insufficient_depth")
+        raise TooThin(str(exc)) from exc
+    finally:
+        coordinator.in_flight -= 1
+    coordinator.metrics.requests.labels("200").inc()
+    names = coordinator.config.class_names or tuple(str(i) for i in range(int(result.probs.shape[-1])))
+    predictions = predicted_labels(result, names)
+    activity.record_success(api, result, predictions, [_class_name(t, names) for t in truths] or [None] * batch)
+    return result, predictions
+
+
+def _class_name(truth: str | None, names: Sequence[str]) -> str | None:
+    """A true label as a class name: clients may send the name or the class index."""
+    if truth is not None and truth.isdigit() and int(truth) < len(names):
+        return names[int(truth)]
+    return truth

@@ -1,0 +1,168 @@
+// The swarm page: renders the coordinator's /v1/events snapshots. Plain DOM, no dependencies.
+// Everything from the swarm is inserted with textContent (node reasons come from peers).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+const pct = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)} %`);
+const ms = (x) => (x === null || x === undefined ? "–" : `${x < 10 ? x.toFixed(2) : x.toFixed(1)} ms`);
+const short = (id) => (id ? id.replace(/^mdl-/, "").slice(-8) : "–");
+
+function renderHeader(snap) {
+  const s = snap.swarm;
+  $("model").textContent = `${s.model_name} · ${s.variant} · family ${short(s.family_id)}`;
+  const ready = $("ready");
+  ready.textContent = s.ready ? "ready" : "not ready";
+  ready.className = `pill ${s.ready ? "good" : "bad"}`;
+  $("reason").textContent = s.reason;
+  $("depth").textContent = `${s.reachable_depth} / ${s.depth}`;
+  $("inflight").textContent = s.in_flight;
+  const st = snap.stats;
+  $("rate").textContent = st.requests_per_s.toFixed(2);
+  $("errors").textContent = st.error_rate === null ? st.errors : `${st.errors} (${pct(st.error_rate)})`;
+  $("accuracy").textContent = st.accuracy === null ? "–" : `${pct(st.accuracy)} of ${st.labelled}`;
+}
+
+function renderBlocks(snap) {
+  const byBlock = new Map();
+  for (let b = 0; b < snap.swarm.depth; b++) byBlock.set(b, []);
+  for (const n of snap.nodes) if (byBlock.has(n.block)) byBlock.get(n.block).push(n);
+  const row = $("blocks");
+  row.replaceChildren();
+  for (const [b, nodes] of byBlock) {
+    const healthy = nodes.filter((n) => n.state === "healthy").length;
+    const cell = el("div", `block${healthy ? "" : " empty"}`);
+    cell.dataset.block = b;
+    cell.append(el("div", "idx", `block ${b}`), el("div", "muted", `${healthy} of ${nodes.length} up`));
+    const dots = el("div", "dots");
+    for (const n of nodes) {
+      const dot = el("span", `dot ${n.state}`);
+      dot.title = `${n.address} ${n.state}`;
+      dots.append(dot);
+    }
+    cell.append(dots);
+    row.append(cell);
+  }
+}
+
+function linkBar(quality) {
+  const wrap = el("span", "");
+  if (quality === null) return el("span", "muted", "–");
+  const bar = el("span", `bar${quality < 0.9 ? (quality < 0.5 ? " poor" : " low") : ""}`);
+  const fill = el("span");
+  fill.style.width = `${Math.round(quality * 100)}%`;
+  bar.append(fill);
+  wrap.append(bar, document.createTextNode(` ${pct(quality)}`));
+  return wrap;
+}
+
+function renderNodes(snap) {
+  const body = $("nodes").tBodies[0];
+  body.replaceChildren();
+  const states = {};
+  for (const n of snap.nodes) {
+    states[n.state] = (states[n.state] || 0) + 1;
+    const tr = el("tr", n.state);
+    tr.dataset.address = n.address;
+    tr.dataset.state = n.state;
+    const state = el("span", "state");
+    state.append(el("span", `dot ${n.state}`), document.createTextNode(n.state));
+    const stateCell = el("td");
+    stateCell.append(state);
+    stateCell.title = `for ${n.state_for_s} s`;
+    const why = el("td", "why", n.reason);
+    why.title = n.reason;  // the full reason; the cell shows one line
+    const link = el("td");
+    link.append(linkBar(n.link_quality));
+    tr.append(
+      stateCell,
+      why,
+      el("td", "", n.address),
+      el("td", "", short(n.model_id)),
+      el("td", "", n.block === null ? "–" : n.block),
+      el("td", "", n.device || "–"),
+      el("td", "num", ms(n.ewma_latency_ms)),
+      el("td", "num", n.in_flight),
+      link,
+      el("td", "num", `${n.served} / ${n.failed}`),
+    );
+    body.append(tr);
+  }
+  $("node-count").textContent = Object.entries(states).map(([k, v]) => `${v} ${k}`).join(" · ");
+}
+
+function renderRoute(req) {
+  const li = el("li", req.status >= 400 ? "failed" : "");
+  li.dataset.seq = req.seq;
+  const when = new Date(req.at * 1000).toLocaleTimeString();
+  li.append(el("span", "meta", `${when} · ${req.api}${req.batch > 1 ? ` · ×${req.batch}` : ""}`));
+  const path = el("span", "path");
+  if (req.status >= 400) {
+    path.textContent = `${req.status} ${req.error}`;
+  }
+  req.route.forEach((hop, i) => {
+    if (i > 0) path.append(el("span", "arrow", "→"));
+    const text = hop.block === null ? hop.planned_block : hop.block;
+    const chip = el("span", `hop ${hop.outcome}`, text);
+    chip.title = hop.block === null
+      ? `planned block ${hop.planned_block} skipped`
+      : `block ${hop.block} @ ${hop.node} [${short(hop.model_id)}] ${hop.outcome}, ${ms(hop.latency_ms)}`
+        + (hop.outcome === "substituted" ? ` (planned block ${hop.planned_block})` : "");
+    path.append(chip);
+  });
+  if (req.exited_early) path.append(el("span", "arrow", "→"), el("span", "hop exit", "exit"));
+  li.append(path);
+  const result = el("span", "result");
+  if (req.status < 400) {
+    const shown = req.predictions.slice(0, 2).join(", ") + (req.predictions.length > 2 ? ", …" : "");
+    result.append(document.createTextNode(`${shown} · ${ms(req.elapsed_ms)} `));
+    if (req.labelled) {
+      const right = req.correct === req.labelled;
+      result.append(el("span", right ? "right" : "wrong", `${req.correct}/${req.labelled} ${right ? "✓" : "✗"}`));
+    }
+  }
+  li.append(result);
+  return li;
+}
+
+function renderRoutes(snap) {
+  const list = $("routes");
+  list.replaceChildren(...snap.requests.map(renderRoute));
+  if (!snap.requests.length) list.append(el("li", "muted", "no requests yet"));
+}
+
+let seq = 0;
+function render(snap) {
+  renderHeader(snap);
+  renderBlocks(snap);
+  renderNodes(snap);
+  renderRoutes(snap);
+  seq += 1;
+  const updated = $("updated");
+  updated.dataset.seq = seq;
+  updated.textContent = `updated ${new Date(snap.time * 1000).toLocaleTimeString()}`;
+}
+
+function connect() {
+  const source = new EventSource("/v1/events");
+  source.addEventListener("swarm", (event) => {
+    const live = $("live");
+    live.textContent = "live";
+    live.className = "pill good";
+    render(JSON.parse(event.data));
+  });
+  source.onerror = () => {  // EventSource reconnects by itself (retry: 2000)
+    const live = $("live");
+    live.textContent = "reconnecting";
+    live.className = "pill bad";
+  };
+}
+
+connect();
