@@ -145,11 +145,15 @@ async def test_dns_discovery_adds_and_forgets_addresses() -> None:
     from layerswarm.coordinator.discovery import DnsDiscovery
 
     reg = registry_with()
-    dns = DnsDiscovery(reg, ("localhost:50077",))
+    verified: list[str] = []
+    dns = DnsDiscovery(reg, ("localhost:50077",), verify=verified.append)
     await dns.resolve_all()  # /etc/hosts: no network needed
     assert reg.nodes["127.0.0.1:50077"].source == "dns"
     dns.targets = []
-    await dns.resolve_all()
+    await dns.resolve_all()  # gone from DNS: a hint lost, so verify now; only the node's silence removes it
+    assert reg.nodes["127.0.0.1:50077"].hints == {}
+    assert verified == ["127.0.0.1:50077"] * 2
+    reg.forget("127.0.0.1:50077", "not answering")
     assert "127.0.0.1:50077" not in reg.nodes
     with pytest.raises(ValueError, match="NAME:PORT"):
         DnsDiscovery(reg, ("no-port",))

@@ -19,6 +19,7 @@ from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
+from layerswarm.wire.auth import AUTH_KEY, CallSigner
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -63,7 +64,8 @@ async def test_token_guards_the_block_service_but_not_health(node_with: Node) ->
         for call in (
             stub.Forward(forward_request()),
             stub.Info(pb.InfoRequest()),
-            stub.Forward(forward_request(), metadata=(("authorization", "Bearer wrong"),)),
+            stub.Forward(forward_request(), metadata=(("authorization", f"Bearer {TOKEN.token}"),)),
+            stub.Forward(forward_request(), metadata=((AUTH_KEY, "v1.x.1.nonce-123.mac"),)),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as exc:
                 await call
@@ -72,7 +74,14 @@ async def test_token_guards_the_block_service_but_not_health(node_with: Node) ->
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             [r async for r in stream]
         assert exc.value.code() is grpc.StatusCode.UNAUTHENTICATED
-        reply = await stub.Forward(forward_request(), metadata=TOKEN.metadata())
+        signer = CallSigner(str(TOKEN.token))
+        assert signer.learn(exc.value.trailing_metadata())  # a refusal names the node's challenge
+        header, nonce = signer.sign("/layerswarm.v1.BlockNode/Info")
+        info = stub.Info(pb.InfoRequest(), metadata=(header,))
+        assert (await info).block_index == 0
+        assert signer.check_proof(await info.trailing_metadata(), nonce)  # the node proved the token too
+        header, _ = signer.sign("/layerswarm.v1.BlockNode/Forward")
+        reply = await stub.Forward(forward_request(), metadata=(header,))
         assert tuple(reply.activations.shape) == (1, 5, 32)
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -91,7 +100,7 @@ async def test_coordinator_with_the_wrong_token_lists_the_node_as_refused(node_w
         try:
             await wait_until(lambda c=coord, e=expected: states(c).get(address) == e, what=expected)  # type: ignore[misc]
             if expected == "ignored":
-                assert "swarm token" in coord.registry.nodes[address].reason
+                assert "swarm credentials" in coord.registry.nodes[address].reason
         finally:
             await coord.stop()
 

@@ -217,8 +217,11 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _coordinator(args: argparse.Namespace) -> int:
+    from layerswarm.coordinator.peer_memory import default_state_file
     from layerswarm.coordinator.server import run
     from layerswarm.coordinator.settings import CoordinatorSettings
+
+    state_file = None if args.no_state_file else (args.state_file or default_state_file(args.http_port))
 
     return run(
         CoordinatorSettings(
@@ -241,6 +244,7 @@ def _coordinator(args: argparse.Namespace) -> int:
             transport=args.transport,
             max_upload_bytes=args.max_upload_bytes,
             security=security_from_args(args),
+            state_file=state_file,
         )
     )
 

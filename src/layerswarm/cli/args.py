@@ -128,6 +128,13 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         help="stream: reused bidirectional streams (default); unary: one call per hop",
     )
     p.add_argument("--max-upload-bytes", type=int, default=4 * 1024 * 1024, help="largest image accepted")
+    p.add_argument(
+        "--state-file",
+        type=Path,
+        help="where to remember the last known peers, looked at first after a restart (hints only; default: "
+        "$XDG_STATE_HOME/layerswarm/coordinator-HTTP_PORT.json, none with --http-port 0)",
+    )
+    p.add_argument("--no-state-file", action="store_true", help="do not remember peers across restarts")
     add_security_args(p)
 
 

@@ -21,11 +21,23 @@ from .discovery import DnsDiscovery, MdnsDiscovery
 from .executor import ExecOptions, PathExecutor, PathResult
 from .health import HealthMonitor
 from .metrics import CoordinatorMetrics
+from .peer_memory import load_peers, save_peers
+from .periodic import Periodic
 from .planner import Policy, plan_path
-from .registry import FamilySpec, Registry
+from .registry import FamilySpec, NodeEvent, NodeState, Registry
 from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
+MDNS_SETTLE_S = 1.0  # after the browser starts: time for nodes' answers to our first query
+NEW_STATES = (NodeState.HEALTHY, NodeState.PENDING)
+
+
+def log_node_event(event: NodeEvent) -> None:
+    """Every state change of a node, with its reason: ejections and refusals at WARNING."""
+    old = event.old.value if event.old else "new"
+    new = event.new.value if event.new else "forgotten"
+    level = logging.INFO if event.new is None or event.new in NEW_STATES else logging.WARNING
+    log.log(level, "node %s: %s -> %s (%s)", event.address, old, new, event.reason)
 
 
 @dataclass
@@ -67,12 +79,19 @@ class Coordinator:
         self.manifest = read_manifest(settings.model_dir)
         self.config = self.manifest.config
         self.stem, self.head = load_parts(settings.model_dir, self.manifest)
-        self.registry = Registry(family_spec(settings), settings.eject_after, settings.quarantine_s)
+        self.registry = Registry(
+            family_spec(settings), settings.eject_after, settings.quarantine_s, on_change=log_node_event
+        )
         self.pool = ClientPool(transport=settings.transport, security=settings.security)
         self.executor = PathExecutor(self.registry, self.pool)
         self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
-        self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces) if settings.mdns else None
-        self.dns = DnsDiscovery(self.registry, settings.peer_dns) if settings.peer_dns else None
+        verify = self.monitor.verify_soon
+        self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces, verify) if settings.mdns else None
+        self.dns = DnsDiscovery(self.registry, settings.peer_dns, verify=verify) if settings.peer_dns else None
+        self._first_round = asyncio.Event()  # set once the first discovery and health round is done
+        self._first_round_task: asyncio.Task[None] | None = None
+        self._saved_peers: set[str] | None = None
+        self._memory = Periodic("peer-memory", 2.0, self._remember_peers)
         self.metrics = CoordinatorMetrics(self.registry)
         self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
         self.spec = codec.TensorSpec((None, self.config.num_tokens, self.config.dim), max_batch=settings.max_batch)
@@ -93,14 +112,63 @@ class Coordinator:
         return Policy.SHUFFLE if self.shuffle_robust else Policy.SEQUENTIAL
 
     async def start(self) -> None:
+        """Look where the nodes were (remembered, static, DNS peers), start mDNS, and finish the first
+        round in the background: until then /readyz says so and classify waits instead of a 503."""
+        started = time.monotonic()
+        if self.settings.state_file is not None:
+            for peer in load_peers(self.settings.state_file, self.registry.family.family_id):
+                self.registry.add_candidate(peer, "remembered")
         if self.discovery is not None:
             await self.discovery.start()
         if self.dns is not None:
             await self.dns.start()
         await self.monitor.check_all()
         self.monitor.start()
+        if self.settings.state_file is not None:
+            self._memory.start()
+        self._first_round_task = asyncio.create_task(self._finish_first_round(started), name="first-round")
+
+    async def _finish_first_round(self, started: float) -> None:
+        """mDNS answers come in over the first ~second; wait for them and one check of each node,
+        bounded by `startup_wait_s` (or less, once every block of the family is reachable)."""
+        deadline = started + self.settings.startup_wait_s
+        settle_until = started + (MDNS_SETTLE_S if self.discovery is not None else 0.0)
+        while time.monotonic() < deadline:
+            all_checked = all(r.checked for r in self.registry.nodes.values())
+            full = all_checked and self.registry.reachable_depth() >= self.config.depth
+            if full or (all_checked and time.monotonic() >= settle_until):
+                break
+            await asyncio.sleep(0.05)
+        self._first_round.set()
+        log.info(
+            "first discovery round done in %.2f s: %d of %d blocks reachable",
+            time.monotonic() - started,
+            self.registry.reachable_depth(),
+            self.config.depth,
+        )
+
+    async def _remember_peers(self) -> None:
+        assert self.settings.state_file is not None
+        peers = {r.address for r in self.registry.nodes.values() if r.proven and r.state is not NodeState.IGNORED}
+        if peers != self._saved_peers:
+            await asyncio.to_thread(save_peers, self.settings.state_file, self.registry.family.family_id, list(peers))
+            self._saved_peers = peers
+
+    async def wait_first_round(self, timeout_s: float) -> None:
+        """Wait (bounded) until the first discovery round is done: answering before it would be a 503
+        for a swarm that is there."""
+        try:
+            await asyncio.wait_for(self._first_round.wait(), max(0.0, timeout_s))
+        except TimeoutError:
+            log.warning("first discovery round still running after %.1f s: answering anyway", timeout_s)
 
     async def stop(self) -> None:
+        if self._first_round_task is not None:
+            self._first_round_task.cancel()
+            await asyncio.gather(self._first_round_task, return_exceptions=True)
+        await self._memory.stop()
+        if self.settings.state_file is not None:
+            await self._memory.run_once()
         await self.monitor.stop()
         if self.discovery is not None:
             await self.discovery.stop()
@@ -110,6 +178,8 @@ class Coordinator:
         self._compute.shutdown(wait=False, cancel_futures=True)
 
     def ready(self) -> tuple[bool, str]:
+        if not self._first_round.is_set():
+            return False, "starting: the first discovery and health round is not complete"
         depth = self.registry.reachable_depth()
         need = self.settings.min_blocks
         if depth >= need:
@@ -119,6 +189,7 @@ class Coordinator:
     async def classify(self, images: torch.Tensor, opts: ClassifyOptions) -> Classification:
         """images: (B, C, H, W) float32 in [0, 1]. Raises DepthError when too few blocks can run."""
         started = time.monotonic()
+        await self.wait_first_round(self.settings.request_timeout_s / 2)
         policy = opts.policy or self.default_policy
         seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**31)
         rng = random.Random(seed)

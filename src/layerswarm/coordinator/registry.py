@@ -1,7 +1,13 @@
 """The swarm as the coordinator sees it: pure bookkeeping, no sockets, testable with a fake clock.
 
-Membership comes from hints (mDNS records, static peers); identity from the node's own Info reply;
-liveness from health checks and real traffic. A node is routable only once all three agree.
+Hints (mDNS records, static and DNS peers, the remembered peers of a previous run) only say where to
+look: a hint never admits, changes or removes a node. Identity comes from the node's own
+authenticated Info reply; liveness from health checks and real traffic. A node is routable only once
+these agree, and leaves the list only when it has no hint left AND fails to answer over its own
+connection. Unproven mDNS candidates are bounded (in all and per advertised host), so a flood of
+forged adverts cannot grow memory or the health monitor's work without limit.
+
+Every state change is reported to `on_change` (the caller logs it): the registry itself does no I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from enum import Enum
 from typing import Any
 
 from layerswarm.wire.discovery import PROTOCOL_VERSION
+
+MDNS = "mdns"
 
 
 class NodeState(str, Enum):
@@ -53,14 +61,29 @@ class FamilySpec:
     known_weights: dict[tuple[str, int], str] = field(default_factory=dict)  # (model, block) -> sha256
 
 
+@dataclass(frozen=True)
+class NodeEvent:
+    """A node's state changed (`new` None: forgotten). For the operator's log."""
+
+    address: str
+    old: NodeState | None
+    new: NodeState | None
+    reason: str
+
+
 @dataclass
 class NodeRecord:
     address: str
-    source: str  # "mdns" or "static"
+    source: str  # the first hint's kind: "mdns", "static", "dns" or "remembered"
     state: NodeState = NodeState.PENDING
     reason: str = "waiting for Info"
     identity: NodeIdentity | None = None
     advert_family: str | None = None
+    # Where we heard of it: "static", "dns", "remembered" or "mdns:<instance>" -> the family that hint
+    # claims (None: no claim). Hints decide only whether to look, never what the node is.
+    hints: dict[str, str | None] = field(default_factory=dict)
+    proven: bool = False  # has proved to be one of ours over its own connection at least once
+    checked: bool = False  # at least one health round has looked at it
     consecutive_failures: int = 0
     ewma_ms: float | None = None
     in_flight: int = 0
@@ -83,6 +106,21 @@ class NodeRecord:
     @property
     def routable(self) -> bool:
         return self.state is NodeState.HEALTHY
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0]
+
+    @property
+    def mdns_only(self) -> bool:
+        return bool(self.hints) and all(h.startswith(MDNS) for h in self.hints)
+
+    def worth_contacting(self, family_id: str) -> bool:
+        """Not while every hint we have claims another family (an advert is enough to stay away
+        from a stranger, never enough to turn away a node that proved itself)."""
+        if self.identity is not None or not self.hints:
+            return True
+        return any(claim is None or claim == family_id for claim in self.hints.values())
 
     def score(self) -> float:
         """Lower is better: expected latency inflated by queue depth (for the `fastest` policy)."""
@@ -108,11 +146,13 @@ class NodeRecord:
             "served": self.served,
             "failed": self.failed,
             "consecutive_failures": self.consecutive_failures,
+            "hints": sorted(self.hints),
         }
 
 
 class Registry:
     EWMA_ALPHA = 0.2
+    MAX_MDNS_HINTS = 8  # instance names remembered per address
 
     def __init__(
         self,
@@ -120,32 +160,88 @@ class Registry:
         eject_after: int = 2,
         quarantine_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[NodeEvent], None] | None = None,
+        max_unproven: int = 128,
+        max_unproven_per_host: int = 32,
     ) -> None:
         self.family = family
         self.eject_after = eject_after
         self.quarantine_s = quarantine_s
         self.clock = clock
+        self.on_change = on_change
+        self.max_unproven = max_unproven
+        self.max_unproven_per_host = max_unproven_per_host
         self.nodes: dict[str, NodeRecord] = {}
 
     # --- membership --------------------------------------------------------------------------------------
 
-    def add_candidate(self, address: str, source: str, advert_family: str | None = None) -> NodeRecord:
+    def add_candidate(
+        self, address: str, source: str, advert_family: str | None = None, hint: str | None = None
+    ) -> NodeRecord | None:
+        """Note a hint that a node may live at `address`. Returns None when an unproven mDNS candidate
+        is refused because the bounds are reached (a flood of adverts)."""
+        hint = hint or source
         record = self.nodes.get(address)
+        new = record is None
         if record is None:
+            if source == MDNS and not self._room_for_mdns(address):
+                return None
             record = NodeRecord(address=address, source=source, state_since=self.clock())
             self.nodes[address] = record
+        mdns_hints = [h for h in record.hints if h.startswith(MDNS)]
+        if hint.startswith(MDNS) and hint not in record.hints and len(mdns_hints) >= self.MAX_MDNS_HINTS:
+            del record.hints[mdns_hints[0]]  # many names for one address: keep the newest few
+        record.hints[hint] = advert_family
         if advert_family is not None:
             record.advert_family = advert_family
-            if advert_family != self.family.family_id:
-                self._set(record, NodeState.IGNORED, f"advertises family {advert_family}, not ours")
+        # An advert may only decide whether to look at a new address at all, never change a state:
+        # a stranger's family is not contacted, until some hint says it is one of ours.
+        if new and not record.worth_contacting(self.family.family_id):
+            self._set(record, NodeState.IGNORED, f"advertises family {advert_family}, not ours (not contacted)")
+        elif (
+            record.state is NodeState.IGNORED
+            and record.identity is None
+            and record.worth_contacting(self.family.family_id)
+        ):
+            self._set(record, NodeState.PENDING, "waiting for Info")
         return record
 
-    def remove(self, address: str) -> None:
-        self.nodes.pop(address, None)
+    def drop_hint(self, address: str, hint: str) -> bool:
+        """A hint is gone (mDNS goodbye, DNS no longer lists it). Changes no state: returns True when
+        the node has no hint left, so the caller verifies it over its own connection now."""
+        record = self.nodes.get(address)
+        if record is None or record.hints.pop(hint, "absent") == "absent":
+            return False
+        return not record.hints
+
+    def forget(self, address: str, reason: str) -> None:
+        """Drop a node that has no hint left and failed to answer: it left the swarm."""
+        record = self.nodes.get(address)
+        if record is not None and not record.hints:
+            del self.nodes[address]
+            self._emit(NodeEvent(address, record.state, None, reason))
+
+    def _room_for_mdns(self, address: str) -> bool:
+        """Bounds on unproven mDNS-only candidates, in all and per advertised host: when full, the
+        oldest one that has already failed a check (or is not contacted) makes room."""
+        host = address.rpartition(":")[0]
+        unproven = [r for r in self.nodes.values() if r.mdns_only and not r.proven]
+        same_host = [r for r in unproven if r.host == host]
+        for group, limit in ((same_host, self.max_unproven_per_host), (unproven, self.max_unproven)):
+            if len(group) < limit:
+                continue
+            evictable = [r for r in group if r.consecutive_failures > 0 or r.state is NodeState.IGNORED]
+            if not evictable:
+                return False
+            oldest = min(evictable, key=lambda r: r.state_since)
+            del self.nodes[oldest.address]
+            self._emit(NodeEvent(oldest.address, oldest.state, None, "unproven mDNS candidate evicted: too many"))
+        return True
 
     def admit(self, address: str, identity: NodeIdentity) -> NodeRecord:
-        """Record what a node says it is, and decide whether it is one of ours."""
+        """Record what a node proved it is (authenticated Info), and decide whether it is one of ours."""
         record = self.nodes.get(address) or self.add_candidate(address, "static")
+        assert record is not None  # static hints are never refused
         if record.identity is not None and record.identity.boot_id != identity.boot_id:
             record.ewma_ms, record.consecutive_failures = None, 0  # a new incarnation starts fresh
             record.recent_ms.clear()
@@ -156,6 +252,7 @@ class Registry:
         if refusal:
             self._set(record, NodeState.IGNORED, refusal)
         elif record.state in (NodeState.PENDING, NodeState.IGNORED):
+            record.proven = True
             self._set(record, NodeState.HEALTHY, "ok")
         return record
 
@@ -233,9 +330,16 @@ class Registry:
             self._set(record, NodeState.EJECTED, reason)
 
     def _set(self, record: NodeRecord, state: NodeState, reason: str) -> None:
-        if record.state is not state:
+        old = record.state
+        if old is not state:
             record.state_since = self.clock()
         record.state, record.reason = state, reason
+        if old is not state:
+            self._emit(NodeEvent(record.address, old, state, reason))
+
+    def _emit(self, event: NodeEvent) -> None:
+        if self.on_change is not None:
+            self.on_change(event)
 
     # --- views -------------------------------------------------------------------------------------------
 

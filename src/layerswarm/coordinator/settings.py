@@ -36,3 +36,5 @@ class CoordinatorSettings:
     max_concurrent_requests: int = 64
     threads: int = 1
     security: SecuritySettings = field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
+    state_file: Path | None = None  # last known peers (hints for a restart); None: not remembered
+    startup_wait_s: float = 5.0  # longest wait for the first discovery round before answering anyway

@@ -17,8 +17,9 @@ from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
 
 from layerswarm.models.checkpoint import read_manifest
+from layerswarm.wire.auth import NodeAuthenticator
 from layerswarm.wire.discovery import PROTOCOL_VERSION, Advert
-from layerswarm.wire.security import TokenInterceptor
+from layerswarm.wire.security import SwarmAuthInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertiser, routable_addresses
@@ -60,8 +61,10 @@ class Node:
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
         self.health = HealthServicer()
         token = settings.security.token
+        self.auth = NodeAuthenticator(token) if token else None
         self.server = grpc.aio.server(
-            options=grpc_options(settings.max_message_bytes), interceptors=[TokenInterceptor(token)] if token else None
+            options=grpc_options(settings.max_message_bytes),
+            interceptors=[SwarmAuthInterceptor(self.auth)] if self.auth else None,
         )
         self.port = 0
         self.advertiser: Advertiser | None = None

@@ -1,15 +1,18 @@
-"""Who may talk to a node: a shared swarm token (gRPC metadata) and/or mutual TLS.
+"""Who may talk to a node: a shared swarm token (never sent: per-call MACs, see wire/auth.py) and/or
+mutual TLS.
 
 Both sides load the same settings: `SecuritySettings.from_files(...)`. The token guards the
 BlockNode service (Forward, ForwardStream, Info); the standard health service stays open so that
 container and Kubernetes probes work without secrets. With TLS, nodes require a client certificate
 signed by the swarm's CA, and the coordinator checks the node's certificate against the same CA
-(node certificates carry the shared name `layerswarm-node`, so nodes may change addresses).
+(node certificates carry the shared name `layerswarm-node`, so nodes may change addresses). Roles
+are separate: node certificates are for serverAuth only and the coordinator's for clientAuth only
+(deploy/make-certs.sh), and TLS checks the extended key usage, so a node's key cannot drive nodes.
 """
 
 from __future__ import annotations
 
-import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,9 @@ from typing import Any
 
 import grpc
 
+from .auth import AUTH_KEY, PROOF_KEY, AuthError, NodeAuthenticator, metadata_value
+
+log = logging.getLogger(__name__)
 NODE_TLS_NAME = "layerswarm-node"
 PROTECTED_PREFIX = "/layerswarm.v1.BlockNode/"
 
@@ -49,9 +55,6 @@ class SecuritySettings:
     def tls(self) -> bool:
         return self.tls_cert is not None
 
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
-
     def server_credentials(self) -> grpc.ServerCredentials:
         assert self.tls_key and self.tls_cert
         return grpc.ssl_server_credentials(
@@ -64,11 +67,12 @@ class SecuritySettings:
         )
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
-    """Answers UNAUTHENTICATED to BlockNode calls without the swarm token (constant-time compare)."""
+class SwarmAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
+    """Answers UNAUTHENTICATED (with the node's challenge) to BlockNode calls that are not signed with
+    the swarm key (see wire/auth.py); adds the node's proof to Info replies. Health stays open."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, auth: NodeAuthenticator) -> None:
+        self.auth = auth
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
@@ -76,25 +80,44 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grp
         method = handler_call_details.method
         if not method.startswith(PROTECTED_PREFIX):
             return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        given = str(metadata.get("authorization", "")).encode()
-        if hmac.compare_digest(given, self._expected):
-            return await continuation(handler_call_details)
-        return _deny_stream if method.endswith("Stream") else _deny_unary
+        header = metadata_value(handler_call_details.invocation_metadata, AUTH_KEY)
+        try:
+            nonce = self.auth.verify(method, header)
+        except AuthError as exc:
+            if header:  # a bare call is how callers fetch the challenge: not worth a log line
+                log.info("refused %s: %s", method, exc)
+            return _deny(method, str(exc), self.auth.refusal_metadata())
+        handler = await continuation(handler_call_details)
+        if method.endswith("/Info") and handler is not None and handler.unary_unary is not None:
+            return _with_trailing(handler, ((PROOF_KEY, self.auth.proof(nonce)),))
+        return handler
 
 
-async def _abort(context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong swarm token")
+def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> Any:
+    async def abort(context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"swarm authentication: {reason}", trailing)
+
+    if method.endswith("Stream"):
+
+        async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await abort(context)
+            yield  # pragma: no cover - abort raises; this makes the function an async generator
+
+        return grpc.stream_stream_rpc_method_handler(deny_stream)
+
+    async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await abort(context)
+
+    return grpc.unary_unary_rpc_method_handler(deny_unary)
 
 
-async def _deny_unary_behaviour(request: Any, context: grpc.aio.ServicerContext) -> None:
-    await _abort(context)
+def _with_trailing(handler: Any, trailing: tuple[tuple[str, str], ...]) -> Any:
+    inner = handler.unary_unary
 
+    async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        context.set_trailing_metadata(trailing)
+        return await inner(request, context)
 
-async def _deny_stream_behaviour(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-    await _abort(context)
-    yield  # pragma: no cover - abort raises; this makes the function an async generator
-
-
-_deny_unary = grpc.unary_unary_rpc_method_handler(_deny_unary_behaviour)
-_deny_stream = grpc.stream_stream_rpc_method_handler(_deny_stream_behaviour)
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
