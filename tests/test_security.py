@@ -19,7 +19,7 @@ from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
-from layerswarm.wire.auth import AUTH_KEY, CallSigner
+from layerswarm.wire.auth import AUTH_KEY, NONCE_KEY, AuthError, CallSigner, identity_string
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -58,12 +58,11 @@ def forward_request() -> pb.ForwardRequest:
 
 
 @pytest.mark.parametrize("node_with", [TOKEN], indirect=True)
-async def test_token_guards_the_block_service_but_not_health(node_with: Node) -> None:
+async def test_token_guards_forward_but_not_info_or_health(node_with: Node) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{node_with.port}") as channel:
         stub = pb_grpc.BlockNodeStub(channel)
         for call in (
             stub.Forward(forward_request()),
-            stub.Info(pb.InfoRequest()),
             stub.Forward(forward_request(), metadata=(("authorization", f"Bearer {TOKEN.token}"),)),
             stub.Forward(forward_request(), metadata=((AUTH_KEY, "v1.x.1.nonce-123.mac"),)),
         ):
@@ -75,13 +74,17 @@ async def test_token_guards_the_block_service_but_not_health(node_with: Node) ->
             [r async for r in stream]
         assert exc.value.code() is grpc.StatusCode.UNAUTHENTICATED
         signer = CallSigner(str(TOKEN.token))
-        assert signer.learn(exc.value.trailing_metadata())  # a refusal names the node's challenge
-        header, nonce = signer.sign("/layerswarm.v1.BlockNode/Info")
-        info = stub.Info(pb.InfoRequest(), metadata=(header,))
-        assert (await info).block_index == 0
-        assert signer.check_proof(await info.trailing_metadata(), nonce)  # the node proved the token too
-        header, _ = signer.sign("/layerswarm.v1.BlockNode/Forward")
-        reply = await stub.Forward(forward_request(), metadata=(header,))
+        with pytest.raises(AuthError):
+            signer.sign("/layerswarm.v1.BlockNode/Forward")  # nothing is signed before the node's proof
+        nonce = signer.new_nonce()
+        info = stub.Info(pb.InfoRequest(), metadata=((NONCE_KEY, nonce),))  # the handshake: open
+        reply = await info
+        identity = identity_string(
+            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
+        )
+        assert signer.accept_info(await info.trailing_metadata(), nonce, identity)  # the node proved the token
+        assert not CallSigner("another-token").accept_info(await info.trailing_metadata(), nonce, identity)
+        reply = await stub.Forward(forward_request(), metadata=(signer.sign("/layerswarm.v1.BlockNode/Forward"),))
         assert tuple(reply.activations.shape) == (1, 5, 32)
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -90,7 +93,12 @@ async def test_token_guards_the_block_service_but_not_health(node_with: Node) ->
 @pytest.mark.parametrize("node_with", [TOKEN], indirect=True)
 async def test_coordinator_with_the_wrong_token_lists_the_node_as_refused(node_with: Node, model_dir: Path) -> None:
     address = f"127.0.0.1:{node_with.port}"
-    for security, expected in ((SecuritySettings(token="nope"), "ignored"), (TOKEN, "healthy")):
+    cases = (
+        (SecuritySettings(token="nope"), "ignored", "no valid proof of our swarm token"),
+        (SecuritySettings(), "ignored", "requires a swarm token and we have none"),
+        (TOKEN, "healthy", "ok"),
+    )
+    for security, expected, reason in cases:
         coord = Coordinator(
             CoordinatorSettings(
                 model_dir=model_dir, peers=(address,), mdns=False, security=security, health_interval_s=0.2
@@ -99,8 +107,7 @@ async def test_coordinator_with_the_wrong_token_lists_the_node_as_refused(node_w
         await coord.start()
         try:
             await wait_until(lambda c=coord, e=expected: states(c).get(address) == e, what=expected)  # type: ignore[misc]
-            if expected == "ignored":
-                assert "swarm credentials" in coord.registry.nodes[address].reason
+            assert reason in coord.registry.nodes[address].reason
         finally:
             await coord.stop()
 

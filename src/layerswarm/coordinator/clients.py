@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from layerswarm.wire.auth import AuthError, CallSigner
+from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, identity_string, metadata_value
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -99,12 +99,11 @@ class NodeClient:
         if self.signer is None:
             return ()
         try:
-            header, _ = self.signer.sign(SERVICE + method)
+            return (self.signer.sign(SERVICE + method),)
         except AuthError as exc:  # never sign for an unproven node: the executor sees a failed hop
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAUTHENTICATED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=str(exc)
             ) from exc
-        return (header,)
 
     def _learn(self, exc: grpc.aio.AioRpcError) -> None:
         """A refusal carries the node's challenge: a new one means a new boot, which must prove itself."""
@@ -112,39 +111,23 @@ class NodeClient:
             self.signer.learn(exc.trailing_metadata())
 
     async def info(self, timeout: float) -> pb.NodeInfo:
-        """Who the node is. With a swarm token: the reply must carry the node's proof that it holds
-        the token too (raises NodeNotProven), and the first call only fetches the node's challenge."""
+        """Who the node is. With a swarm token the reply must carry the node's proof that it holds the
+        token (over our fresh nonce and the identity it reports), else NodeNotProven; nothing derived
+        from the token is sent before that proof."""
+        nonce = CallSigner.new_nonce()
+        call = self.block.Info(pb.InfoRequest(), timeout=timeout, metadata=((NONCE_KEY, nonce),))
+        reply = await call
+        trailing = await call.trailing_metadata()
         if self.signer is None:
-            return await self.block.Info(pb.InfoRequest(), timeout=timeout)
-        for _ in range(2):  # a second try only when the node has a new challenge (it restarted)
-            if self.signer.challenge is None:
-                await self._fetch_challenge(timeout)
-            header, nonce = self.signer.sign(SERVICE + "Info")
-            call = self.block.Info(pb.InfoRequest(), timeout=timeout, metadata=(header,))
-            try:
-                reply = await call
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is grpc.StatusCode.UNAUTHENTICATED and self.signer.learn(exc.trailing_metadata()):
-                    continue
-                raise
-            if not self.signer.check_proof(await call.trailing_metadata(), nonce):
-                raise NodeNotProven("its Info reply lacks a valid proof of the swarm token (impostor?)")
+            if metadata_value(trailing, CHALLENGE_KEY):
+                raise NodeNotProven("it requires a swarm token and we have none (--token-file)")
             return reply
-        raise NodeNotProven("its challenge keeps changing")
-
-    async def _fetch_challenge(self, timeout: float) -> None:
-        """An unsigned Info: a node of our swarm refuses it and names its challenge; nothing secret
-        is sent. A node that answers it accepts strangers, so it is not of our swarm."""
-        assert self.signer is not None
-        try:
-            await self.block.Info(pb.InfoRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNAUTHENTICATED:
-                raise
-            if not self.signer.learn(exc.trailing_metadata()):
-                raise NodeNotProven("it refuses calls but gives no challenge (not of our swarm)") from exc
-            return
-        raise NodeNotProven("it answers calls without swarm credentials (not of our swarm)")
+        identity = identity_string(
+            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
+        )
+        if not self.signer.accept_info(trailing, nonce, identity):
+            raise NodeNotProven("no valid proof of our swarm token in its Info reply (impostor, or another swarm)")
+        return reply
 
     @staticmethod
     async def _exchange(call: Any, request: pb.ForwardRequest) -> pb.ForwardResponse:

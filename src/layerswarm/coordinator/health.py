@@ -101,7 +101,7 @@ class HealthMonitor:
                 health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self.timeout_s
             )
         except NodeNotProven as exc:
-            self.registry.refuse(address, f"cannot prove it holds our swarm token: {exc}")
+            self.registry.refuse(address, f"swarm authentication: {exc}")
             return False
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNAUTHENTICATED:

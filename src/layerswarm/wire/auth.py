@@ -1,20 +1,25 @@
 """Swarm-token authentication in which the token never crosses the wire, in both directions.
 
 Both sides derive a key from the token, K = HMAC-SHA256(token, "layerswarm auth v1"), and use it only
-for MACs. Each node has a per-boot random challenge. A BlockNode call without valid credentials is
-answered UNAUTHENTICATED with the node's challenge and clock in the trailing metadata (nothing
-secret: anyone may ask). The caller then signs every call:
+for MACs. Each node has a per-boot random challenge.
+
+Info is the handshake and needs no credentials (it says nothing the mDNS advert does not): the
+caller sends a fresh nonce (`x-layerswarm-nonce`); the node answers with its challenge, its clock
+and a proof, `HMAC(K, "node|<challenge>|<nonce>|<identity>")`, over the caller's nonce and the
+identity it reports (family, model, block, weights hash, boot id), which only a holder of the token
+can compute. So the caller learns, in one round trip and before it has sent anything derived from
+the token, whether the node is one of ours.
+
+Only then does it sign calls to that node (Forward, ForwardStream):
 
     x-layerswarm-auth: v1.<challenge>.<ts_ms>.<nonce>.<mac>
     mac = HMAC(K, "call|<method>|<challenge>|<ts_ms>|<nonce>")
 
 The node checks that the challenge is its own (a MAC made for another node or another boot is
 useless here), the timestamp within its window (by the node's own clock: the caller adopts the
-node's clock from the challenge reply, so devices need no synchronised time), the nonce unseen (a
-bounded replay cache) and the MAC. Mutual: the node's Info reply carries
-`x-layerswarm-proof: HMAC(K, "node|<challenge>|<nonce>")` over the caller's fresh nonce, which only
-a holder of the token can compute. The coordinator signs Forward calls only for a node that has given
-that proof, so an impostor never receives anything but an Info MAC bound to its own challenge.
+node's clock from the Info reply, so devices need no synchronised time), the nonce unseen (a
+bounded replay cache) and the MAC. An impostor thus receives nothing but a random nonce, and a MAC
+sniffed on the LAN works once, on one node, for one method, within a minute: its real call.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 AUTH_KEY = "x-layerswarm-auth"
+NONCE_KEY = "x-layerswarm-nonce"
 CHALLENGE_KEY = "x-layerswarm-challenge"
 TIME_KEY = "x-layerswarm-time"
 PROOF_KEY = "x-layerswarm-proof"
@@ -47,8 +53,17 @@ def call_mac(key: bytes, method: str, challenge: str, ts_ms: int, nonce: str) ->
     return _mac(key, f"call|{method}|{challenge}|{ts_ms}|{nonce}")
 
 
-def node_proof(key: bytes, challenge: str, nonce: str) -> str:
-    return _mac(key, f"node|{challenge}|{nonce}")
+def node_proof(key: bytes, challenge: str, nonce: str, identity: str) -> str:
+    return _mac(key, f"node|{challenge}|{nonce}|{identity}")
+
+
+def identity_string(family_id: str, model_id: str, block: int, weights_sha256: str, boot_id: str) -> str:
+    """What a node's proof vouches for: a relay cannot alter these fields of its Info reply."""
+    return f"{family_id}|{model_id}|{block}|{weights_sha256}|{boot_id}"
+
+
+def valid_nonce(nonce: str | None) -> bool:
+    return nonce is not None and 16 <= len(nonce) <= 64 and nonce.isalnum()
 
 
 def _mac(key: bytes, message: str) -> str:
@@ -113,23 +128,27 @@ class NodeAuthenticator:
         _, challenge, ts, nonce, mac = parts
         if not hmac.compare_digest(challenge, self.challenge):
             raise AuthError("credentials made for another node or boot (stale challenge)")
-        if not 8 <= len(nonce) <= 64:
+        if not valid_nonce(nonce):
             raise AuthError("malformed nonce")
         if not hmac.compare_digest(mac, call_mac(self.key, method, challenge, int(ts), nonce)):
             raise AuthError("wrong MAC: not signed with our swarm token")
         self.replay.admit(nonce, int(ts), self.now_ms())  # only after the MAC: strangers fill no cache
         return nonce
 
-    def refusal_metadata(self) -> tuple[tuple[str, str], ...]:
+    def challenge_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((CHALLENGE_KEY, self.challenge), (TIME_KEY, str(self.now_ms())))
 
-    def proof(self, nonce: str) -> str:
-        return node_proof(self.key, self.challenge, nonce)
+    def info_metadata(self, nonce: str | None, identity: str) -> tuple[tuple[str, str], ...]:
+        """Trailing metadata of an Info reply: the challenge and clock, and the proof when asked."""
+        if not valid_nonce(nonce):
+            return self.challenge_metadata()
+        assert nonce is not None
+        return (*self.challenge_metadata(), (PROOF_KEY, node_proof(self.key, self.challenge, nonce, identity)))
 
 
 class CallSigner:
-    """The coordinator's side, one per node: learns the node's challenge, signs calls, and signs
-    anything but Info only once the node has proved it holds the token."""
+    """The coordinator's side, one per node: checks the node's proof in its Info reply, then signs
+    calls to it; refuses to sign anything for a node (or a new boot of it) that has not proved itself."""
 
     def __init__(self, token: str, clock: Callable[[], float] = time.time) -> None:
         self.key = derive_key(token)
@@ -138,36 +157,43 @@ class CallSigner:
         self.proven_challenge: str | None = None
         self.offset_ms = 0  # the node's clock minus ours
 
+    @staticmethod
+    def new_nonce() -> str:
+        return secrets.token_hex(12)
+
     def learn(self, trailing: Iterable[tuple[str, str | bytes]] | None) -> bool:
-        """Take the challenge (and clock) from a refusal; True when it is new to us."""
+        """Take the node's challenge (and clock) from a reply or refusal; True when it changed (a new
+        boot: it must prove itself again)."""
         challenge = metadata_value(trailing, CHALLENGE_KEY)
         node_ms = metadata_value(trailing, TIME_KEY)
         if not challenge or len(challenge) > 64:
             return False
         if node_ms and node_ms.isdigit():
             self.offset_ms = int(node_ms) - int(self.clock() * 1000)
-        new = challenge != self.challenge
+        changed = challenge != self.challenge
         self.challenge = challenge
-        return new
+        return changed
+
+    def accept_info(self, trailing: Iterable[tuple[str, str | bytes]] | None, nonce: str, identity: str) -> bool:
+        """Whether an Info reply proves the node holds our token (for this nonce and identity)."""
+        trailing = list(trailing or ())
+        self.learn(trailing)
+        given = metadata_value(trailing, PROOF_KEY) or ""
+        ok = self.challenge is not None and hmac.compare_digest(
+            given, node_proof(self.key, self.challenge, nonce, identity)
+        )
+        self.proven_challenge = self.challenge if ok else None
+        return ok
 
     @property
     def proven(self) -> bool:
         return self.challenge is not None and self.challenge == self.proven_challenge
 
-    def sign(self, method: str) -> tuple[tuple[str, str], str]:
-        """Credentials for one call to `method` (full gRPC name) and the nonce they carry."""
-        if self.challenge is None:
-            raise AuthError("no challenge from this node yet")
-        if not method.endswith("/Info") and not self.proven:
+    def sign(self, method: str) -> tuple[str, str]:
+        """The credentials header for one call to `method` (full gRPC name)."""
+        if not self.proven or self.challenge is None:
             raise AuthError("node has not proved it holds the swarm token")
         ts = int(self.clock() * 1000) + self.offset_ms
-        nonce = secrets.token_hex(12)
+        nonce = self.new_nonce()
         mac = call_mac(self.key, method, self.challenge, ts, nonce)
-        return (AUTH_KEY, f"{VERSION}.{self.challenge}.{ts}.{nonce}.{mac}"), nonce
-
-    def check_proof(self, trailing: Iterable[tuple[str, str | bytes]] | None, nonce: str) -> bool:
-        given = metadata_value(trailing, PROOF_KEY) or ""
-        assert self.challenge is not None
-        ok = hmac.compare_digest(given, node_proof(self.key, self.challenge, nonce))
-        self.proven_challenge = self.challenge if ok else None
-        return ok
+        return AUTH_KEY, f"{VERSION}.{self.challenge}.{ts}.{nonce}.{mac}"

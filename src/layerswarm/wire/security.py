@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from .auth import AUTH_KEY, PROOF_KEY, AuthError, NodeAuthenticator, metadata_value
+from .auth import AUTH_KEY, NONCE_KEY, AuthError, NodeAuthenticator, identity_string, metadata_value
 
 log = logging.getLogger(__name__)
 NODE_TLS_NAME = "layerswarm-node"
@@ -68,8 +68,9 @@ class SecuritySettings:
 
 
 class SwarmAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
-    """Answers UNAUTHENTICATED (with the node's challenge) to BlockNode calls that are not signed with
-    the swarm key (see wire/auth.py); adds the node's proof to Info replies. Health stays open."""
+    """Answers UNAUTHENTICATED (with the node's challenge) to Forward calls that are not signed with
+    the swarm key, and adds the challenge and the node's proof to Info replies (wire/auth.py).
+    Info and the health service need no credentials."""
 
     def __init__(self, auth: NodeAuthenticator) -> None:
         self.auth = auth
@@ -80,17 +81,16 @@ class SwarmAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  #
         method = handler_call_details.method
         if not method.startswith(PROTECTED_PREFIX):
             return await continuation(handler_call_details)
-        header = metadata_value(handler_call_details.invocation_metadata, AUTH_KEY)
+        metadata = handler_call_details.invocation_metadata
+        if method == PROTECTED_PREFIX + "Info":
+            handler = await continuation(handler_call_details)
+            return _with_proof(handler, self.auth, metadata_value(metadata, NONCE_KEY))
         try:
-            nonce = self.auth.verify(method, header)
+            self.auth.verify(method, metadata_value(metadata, AUTH_KEY))
         except AuthError as exc:
-            if header:  # a bare call is how callers fetch the challenge: not worth a log line
-                log.info("refused %s: %s", method, exc)
-            return _deny(method, str(exc), self.auth.refusal_metadata())
-        handler = await continuation(handler_call_details)
-        if method.endswith("/Info") and handler is not None and handler.unary_unary is not None:
-            return _with_trailing(handler, ((PROOF_KEY, self.auth.proof(nonce)),))
-        return handler
+            log.info("refused %s: %s", method, exc)
+            return _deny(method, str(exc), self.auth.challenge_metadata())
+        return await continuation(handler_call_details)
 
 
 def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> Any:
@@ -111,12 +111,16 @@ def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> An
     return grpc.unary_unary_rpc_method_handler(deny_unary)
 
 
-def _with_trailing(handler: Any, trailing: tuple[tuple[str, str], ...]) -> Any:
+def _with_proof(handler: Any, auth: NodeAuthenticator, nonce: str | None) -> Any:
     inner = handler.unary_unary
 
     async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        context.set_trailing_metadata(trailing)
-        return await inner(request, context)
+        reply = await inner(request, context)
+        identity = identity_string(
+            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
+        )
+        context.set_trailing_metadata(auth.info_metadata(nonce, identity))
+        return reply
 
     return grpc.unary_unary_rpc_method_handler(
         behaviour, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
