@@ -1,0 +1,437 @@
+"""Attacks on membership and authentication, tried as a stranger on the LAN would.
+
+The mDNS attacks run only inside a private network namespace (scripts/test), with real zeroconf in
+the test as the attacker: forged goodbyes (a static peer included), forged re-adverts under another
+family, an advert flood. The others need no multicast: token theft and replay, an impostor node
+without the token, and a node certificate used as a client. Each asserts what the defence keeps
+true, so it fails when the defence is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from zeroconf import DNSOutgoing, IPVersion, ServiceInfo, const
+from zeroconf.asyncio import AsyncZeroconf
+
+from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.registry import NodeEvent
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
+from layerswarm.models.checkpoint import read_manifest
+from layerswarm.node.server import Node
+from layerswarm.node.settings import NodeSettings
+from layerswarm.wire import codec
+from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, PROOF_KEY, TIME_KEY, CallSigner, identity_string
+from layerswarm.wire.discovery import PROTOCOL_VERSION, SERVICE_TYPE, Advert, instance_name
+from layerswarm.wire.security import SecuritySettings
+from layerswarm.wire.v1 import block_pb2 as pb
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+from .swarm import states, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "swarm-token-of-the-real-swarm"
+needs_mdns = pytest.mark.skipif(
+    not (in_private_netns() and loopback_multicast_ready()),
+    reason="mDNS attacks run only inside a private network namespace with loopback multicast: use scripts/test",
+)
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+
+async def start_node(model_dir: Path, block: int, advertise: bool = True, token: str | None = None) -> Node:
+    security = SecuritySettings(token=token)
+    node = Node(NodeSettings(model_dir=model_dir, block=block, advertise=advertise, grace_s=0.1, security=security))
+    await node.start()
+    return node
+
+
+def address(node: Node) -> str:
+    return f"127.0.0.1:{node.port}"
+
+
+def coordinator(
+    model_dir: Path, peers: tuple[str, ...] = (), mdns: bool = True, token: str | None = None
+) -> Coordinator:
+    settings = CoordinatorSettings(
+        model_dir=model_dir,
+        peers=peers,
+        mdns=mdns,
+        health_interval_s=0.2,
+        health_timeout_s=0.3,
+        hop_timeout_s=1.0,
+        security=SecuritySettings(token=token),
+    )
+    return Coordinator(settings)
+
+
+def record_events(coord: Coordinator) -> list[NodeEvent]:
+    """Every state change from now on (the registry's own log feed)."""
+    events: list[NodeEvent] = []
+    previous = coord.registry.on_change
+
+    def sink(event: NodeEvent) -> None:
+        events.append(event)
+        if previous is not None:
+            previous(event)
+
+    coord.registry.on_change = sink
+    return events
+
+
+async def classify_ok(coord: Coordinator) -> None:
+    result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+    assert [h.outcome for h in result.path.hops] == ["ok"] * len(result.path.hops) and result.path.hops
+
+
+class MdnsAttacker:
+    """Raw mDNS answers from a real zeroconf socket: adverts and goodbyes (TTL 0) for any name and
+    address, as anyone on the LAN can send them (no probing, no ownership)."""
+
+    def __init__(self) -> None:
+        self.azc = AsyncZeroconf(ip_version=IPVersion.V4Only)
+
+    @staticmethod
+    def info(name: str, host: str, port: int, family: str, block: int = 0) -> ServiceInfo:
+        advert = Advert(family, "mdl-forged", block, "layershuffle", PROTOCOL_VERSION, "f" * 32, "0" * 16)
+        return ServiceInfo(
+            SERVICE_TYPE,
+            f"{name}.{SERVICE_TYPE}" if not name.endswith(SERVICE_TYPE) else name,
+            addresses=[socket.inet_aton(host)],
+            port=port,
+            properties=advert.to_txt(),
+            server=f"{name.split('.', maxsplit=1)[0]}.local.",
+        )
+
+    def send(self, infos: list[ServiceInfo], ttl: int | None, per_packet: int = 8) -> None:
+        for start in range(0, len(infos), per_packet):
+            out = DNSOutgoing(const._FLAGS_QR_RESPONSE | const._FLAGS_AA)
+            for info in infos[start : start + per_packet]:
+                records = [info.dns_pointer(ttl), info.dns_service(ttl), info.dns_text(ttl)]
+                for record in [*records, *info.dns_addresses(ttl, IPVersion.V4Only)]:
+                    out.add_answer_at_time(record, 0)
+            self.azc.zeroconf.async_send(out)
+
+    async def close(self) -> None:
+        await self.azc.async_close()
+
+
+@pytest.fixture
+async def attacker() -> AsyncIterator[MdnsAttacker]:
+    atk = MdnsAttacker()
+    yield atk
+    await atk.close()
+
+
+async def hold_for(seconds: float, check: Any) -> None:
+    """Assert `check()` at every sample for `seconds` (an attack must not win even briefly)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        check()
+        await asyncio.sleep(0.05)
+
+
+# --- mDNS attacks --------------------------------------------------------------------------------------
+
+
+@needs_mdns
+async def test_forged_goodbyes_remove_no_node(family_dirs: list[Path], attacker: MdnsAttacker) -> None:
+    family = read_manifest(family_dirs[0]).family_id
+    nodes = [await start_node(family_dirs[0], 0), await start_node(family_dirs[1], 1)]
+    static = await start_node(family_dirs[0], 2, advertise=False)
+    coord = coordinator(family_dirs[0], peers=(address(static),))
+    await coord.start()
+    addrs = [address(n) for n in (*nodes, static)]
+    try:
+        await wait_until(lambda: [states(coord).get(a) for a in addrs] == ["healthy"] * 3, what="three healthy")
+        events = record_events(coord)
+        forged = [
+            attacker.info(f"forged-{i}", "127.0.0.1", int(a.rpartition(":")[2]), family) for i, a in enumerate(addrs)
+        ]
+        attacker.send(forged, ttl=120)  # first make the coordinator hear of each node under a forged name
+        await wait_until(
+            lambda: all(any(h.startswith("mdns:forged") for h in coord.registry.nodes[a].hints) for a in addrs),
+            what="forged adverts heard",
+        )
+        real_names = [
+            attacker.info(instance_name(n.manifest.model_id, n.settings.block, n.boot_id), "127.0.0.1", n.port, family)
+            for n in nodes
+        ]
+        attacker.send(forged + real_names, ttl=0)  # goodbyes: forged names, and the real nodes' own names
+        await wait_until(
+            lambda: all(not any(h.startswith("mdns:") for h in coord.registry.nodes[a].hints) for a in addrs),
+            what="every goodbye processed",
+        )
+
+        def all_healthy() -> None:
+            assert [states(coord).get(a) for a in addrs] == ["healthy"] * 3
+
+        await hold_for(1.5, all_healthy)  # several health rounds: verified, still answering, kept
+        assert not [e for e in events if e.address in addrs], "a forged goodbye changed a node's state"
+        assert coord.registry.nodes[address(static)].hints == {"static": None}
+        await classify_ok(coord)
+    finally:
+        await coord.stop()
+        for n in (*nodes, static):
+            await n.stop()
+
+
+@needs_mdns
+async def test_forged_adverts_of_another_family_flip_no_node(family_dirs: list[Path], attacker: MdnsAttacker) -> None:
+    nodes = [await start_node(family_dirs[0], b) for b in range(3)]
+    coord = coordinator(family_dirs[0])
+    await coord.start()
+    addrs = [address(n) for n in nodes]
+    try:
+        await wait_until(lambda: [states(coord).get(a) for a in addrs] == ["healthy"] * 3, what="three healthy")
+        events = record_events(coord)
+        forged = [attacker.info(f"evil-{i}", "127.0.0.1", n.port, "fam-evil") for i, n in enumerate(nodes)]
+        stranger = attacker.info("evil-new", "127.0.0.1", 9, "fam-evil")  # an address nobody vouched for
+        for _ in range(3):  # re-adverts, over and over
+            attacker.send([*forged, stranger], ttl=120)
+            await asyncio.sleep(0.2)
+        await wait_until(
+            lambda: all("fam-evil" in coord.registry.nodes[a].hints.values() for a in addrs),
+            what="forged adverts heard",
+        )
+
+        def all_healthy() -> None:
+            assert [states(coord).get(a) for a in addrs] == ["healthy"] * 3
+
+        await hold_for(1.0, all_healthy)
+        assert not [e for e in events if e.address in addrs], "a forged advert changed a node's state"
+        assert "not contacted" in coord.registry.nodes["127.0.0.1:9"].reason  # strangers are left alone
+        await classify_ok(coord)
+    finally:
+        await coord.stop()
+        for n in nodes:
+            await n.stop()
+
+
+@needs_mdns
+async def test_advert_flood_is_bounded_and_starves_nothing(family_dirs: list[Path], attacker: MdnsAttacker) -> None:
+    family = read_manifest(family_dirs[0]).family_id
+    nodes = [await start_node(family_dirs[0], b) for b in range(2)]
+    coord = coordinator(family_dirs[0])
+    await coord.start()
+    addrs = [address(n) for n in nodes]
+    reg = coord.registry
+    try:
+        await wait_until(lambda: [states(coord).get(a) for a in addrs] == ["healthy"] * 2, what="two healthy")
+        events = record_events(coord)
+        elsewhere = [attacker.info(f"flood-{i}", f"10.77.{i // 200}.{i % 200 + 1}", 5000, family) for i in range(400)]
+        one_host = [attacker.info(f"flood-lo-{i}", "127.0.0.1", 20000 + i, family) for i in range(200)]
+        sizes: list[int] = []
+        for start in range(0, 600, 100):  # the flood, in bursts
+            attacker.send((elsewhere + one_host)[start : start + 100], ttl=120)
+            for _ in range(5):
+                sizes.append(len(reg.nodes))
+                await asyncio.sleep(0.1)
+        await hold_for(2.0, lambda: sizes.append(len(reg.nodes)))
+        assert max(sizes) <= len(addrs) + reg.max_unproven, f"registry grew to {max(sizes)}"
+        per_host = sum(1 for r in reg.nodes.values() if r.host == "127.0.0.1" and not r.proven)
+        assert per_host <= reg.max_unproven_per_host
+        assert coord.discovery is not None and coord.discovery.dropped > 0  # the bounds did bite
+        assert len(coord.discovery._addresses) <= 1024 and len(coord.discovery._queue) <= 256
+        assert not [e for e in events if e.address in addrs], "the flood disturbed a real node"
+        await classify_ok(coord)
+        late = await start_node(family_dirs[1], 2)  # a real node joining after the flood still gets in
+        try:
+            await wait_until(lambda: states(coord).get(address(late)) == "healthy", what="late node admitted")
+        finally:
+            await late.stop()
+    finally:
+        await coord.stop()
+        for n in nodes:
+            await n.stop()
+
+
+# --- token theft, replay, impostors -------------------------------------------------------------------
+
+
+class RecordingImpostor(pb_grpc.BlockNodeServicer):
+    """A fake node without the token: it poses as the real node (its identity, its challenge, even a
+    proof the real node gave for another nonce) and records everything the coordinator sends it."""
+
+    def __init__(self, real: pb.NodeInfo, real_trailing: tuple[tuple[str, str], ...]) -> None:
+        self.real, self.real_trailing = real, real_trailing
+        self.received: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+
+    def _record(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        metadata = tuple((k, v if isinstance(v, str) else v.decode()) for k, v in context.invocation_metadata() or ())
+        self.received.append((method, metadata))
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.NodeInfo:
+        self._record("Info", context)
+        context.set_trailing_metadata(self.real_trailing)
+        return self.real
+
+    async def Forward(self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext) -> pb.ForwardResponse:
+        self._record("Forward", context)
+        return pb.ForwardResponse(request_id=request.request_id, activations=request.activations)
+
+    async def ForwardStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._record("ForwardStream", context)
+        async for request in request_iterator:
+            yield pb.ForwardResponse(request_id=request.request_id, activations=request.activations)
+
+
+def forward_request() -> pb.ForwardRequest:
+    return pb.ForwardRequest(activations=codec.encode(torch.randn(1, 5, 32)), position=0)
+
+
+async def real_info(node: Node) -> tuple[pb.NodeInfo, tuple[tuple[str, str], ...]]:
+    async with grpc.aio.insecure_channel(address(node)) as channel:
+        call = pb_grpc.BlockNodeStub(channel).Info(pb.InfoRequest(), metadata=((NONCE_KEY, "a" * 24),))
+        info = await call
+        trailing = tuple((k, str(v)) for k, v in await call.trailing_metadata())
+    return info, trailing
+
+
+async def refused(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> bool:
+    stub = pb_grpc.BlockNodeStub(channel)
+    outcomes = []
+    for call in (
+        stub.Forward(forward_request(), metadata=metadata),
+        _drain(stub.ForwardStream(iter([forward_request()]), metadata=metadata)),
+    ):
+        try:
+            await call
+            outcomes.append(False)
+        except grpc.aio.AioRpcError as exc:
+            outcomes.append(exc.code() is grpc.StatusCode.UNAUTHENTICATED)
+    return all(outcomes)
+
+
+async def _drain(stream: Any) -> list[Any]:
+    return [r async for r in stream]
+
+
+async def test_token_theft_and_impostor_without_the_token(model_dir: Path) -> None:
+    real = await start_node(model_dir, 0, advertise=False, token=TOKEN)
+    info, trailing = await real_info(real)
+    assert dict(trailing)[PROOF_KEY]  # a proof exists, made for another nonce: the impostor replays it
+    impostor = RecordingImpostor(info, trailing)
+    server = grpc.aio.server()
+    pb_grpc.add_BlockNodeServicer_to_server(impostor, server)  # type: ignore[no-untyped-call]
+    fake_port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fake = f"127.0.0.1:{fake_port}"
+    coord = coordinator(model_dir, peers=(fake, address(real)), mdns=False, token=TOKEN)
+    await coord.start()
+    try:
+        await wait_until(lambda: states(coord) == {fake: "ignored", address(real): "healthy"}, what="impostor refused")
+        assert "no valid proof of our swarm token" in coord.registry.nodes[fake].reason
+        await classify_ok(coord)
+        await asyncio.sleep(0.5)  # a few more health rounds: the impostor still gets nothing usable
+        assert impostor.received and {m for m, _ in impostor.received} == {"Info"}  # never sent work
+        sent = " ".join(f"{k}={v}" for _, md in impostor.received for k, v in md)
+        assert TOKEN not in sent and "authorization" not in sent and "x-layerswarm-auth" not in sent
+        async with grpc.aio.insecure_channel(address(real)) as channel:
+            for _, metadata in impostor.received:  # replay everything it captured against the real node
+                assert await refused(channel, metadata)
+    finally:
+        await coord.stop()
+        await server.stop(0)
+        await real.stop()
+
+
+async def test_sniffed_credentials_cannot_be_replayed(model_dir: Path) -> None:
+    a = await start_node(model_dir, 0, advertise=False, token=TOKEN)
+    b = await start_node(model_dir, 0, advertise=False, token=TOKEN)
+    try:
+        signer = CallSigner(TOKEN)
+        async with grpc.aio.insecure_channel(address(a)) as ca, grpc.aio.insecure_channel(address(b)) as cb:
+            nonce = signer.new_nonce()
+            call = pb_grpc.BlockNodeStub(ca).Info(pb.InfoRequest(), metadata=((NONCE_KEY, nonce),))
+            reply = await call
+            identity = identity_string(
+                reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
+            )
+            assert signer.accept_info(await call.trailing_metadata(), nonce, identity)
+            header = signer.sign("/layerswarm.v1.BlockNode/Forward")
+            await pb_grpc.BlockNodeStub(ca).Forward(forward_request(), metadata=(header,))  # the genuine call
+            with pytest.raises(grpc.aio.AioRpcError) as again:  # the same credentials, sniffed and replayed
+                await pb_grpc.BlockNodeStub(ca).Forward(forward_request(), metadata=(header,))
+            assert again.value.code() is grpc.StatusCode.UNAUTHENTICATED and "replayed" in str(again.value.details())
+            assert await refused(cb, (header,))  # ... or sent to another node
+            stream_header = signer.sign("/layerswarm.v1.BlockNode/Forward")  # signed for Forward only
+            with pytest.raises(grpc.aio.AioRpcError) as other_method:
+                await _drain(
+                    pb_grpc.BlockNodeStub(ca).ForwardStream(iter([forward_request()]), metadata=(stream_header,))
+                )
+            assert other_method.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            metadata = dict(await call.trailing_metadata())
+            assert set(metadata) >= {CHALLENGE_KEY, TIME_KEY, PROOF_KEY}
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+# --- mTLS roles ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    out = tmp_path_factory.mktemp("certs")
+    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out), "pi1"], check=True, capture_output=True)
+    yield out
+
+
+def tls(certs: Path, who: str) -> SecuritySettings:
+    return SecuritySettings.from_files(None, certs / f"{who}.pem", certs / f"{who}.key", certs / "ca.pem")
+
+
+async def test_node_certificate_cannot_drive_nodes(certs: Path, model_dir: Path) -> None:
+    node = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.1, security=tls(certs, "node")))
+    await node.start()
+    try:
+        for who, admitted in (("coordinator", "healthy"), ("node", "pending"), ("node-pi1", "pending")):
+            coord = Coordinator(
+                CoordinatorSettings(model_dir=model_dir, peers=(address(node),), mdns=False, security=tls(certs, who))
+            )
+            await coord.start()
+            try:
+                await wait_until(
+                    lambda c=coord: address(node) in c.registry.nodes and c.registry.nodes[address(node)].checked,
+                    what="checked",
+                )  # type: ignore[misc]
+                if admitted == "pending":
+                    await asyncio.sleep(0.5)
+                assert states(coord)[address(node)] == admitted, who
+            finally:
+                await coord.stop()
+    finally:
+        await node.stop()
+
+
+async def test_coordinator_certificate_cannot_pose_as_a_node(certs: Path, model_dir: Path) -> None:
+    impostor = Node(
+        NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.1, security=tls(certs, "coordinator"))
+    )
+    await impostor.start()
+    coord = Coordinator(
+        CoordinatorSettings(
+            model_dir=model_dir, peers=(address(impostor),), mdns=False, security=tls(certs, "coordinator")
+        )
+    )
+    await coord.start()
+    try:
+        await asyncio.sleep(0.8)
+        assert states(coord)[address(impostor)] == "pending"  # TLS refuses a server without serverAuth
+        assert "UNAVAILABLE" in coord.registry.nodes[address(impostor)].reason
+    finally:
+        await coord.stop()
+        await impostor.stop()
