@@ -244,7 +244,7 @@ async def test_advert_flood_is_bounded_and_starves_nothing(family_dirs: list[Pat
         per_host = sum(1 for r in reg.nodes.values() if r.host == "127.0.0.1" and not r.proven)
         assert per_host <= reg.max_unproven_per_host
         assert coord.discovery is not None and coord.discovery.dropped > 0  # the bounds did bite
-        assert len(coord.discovery._addresses) <= 1024 and len(coord.discovery._queue) <= 256
+        assert len(coord.discovery._addresses) <= 1024 and len(coord.discovery._queue) <= 128
         assert not [e for e in events if e.address in addrs], "the flood disturbed a real node"
         await classify_ok(coord)
         late = await start_node(family_dirs[1], 2)  # a real node joining after the flood still gets in

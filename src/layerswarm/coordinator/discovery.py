@@ -26,10 +26,10 @@ from .periodic import Periodic
 from .registry import MDNS, Registry
 
 log = logging.getLogger(__name__)
-MAX_QUEUED_NAMES = 256  # adverts waiting to be resolved; past this the oldest waiting one is dropped
+MAX_QUEUED_NAMES = 128  # adverts waiting to be resolved; past this the oldest waiting one is dropped
 MAX_KNOWN_NAMES = 1024  # instance names mapped to addresses
-RESOLVE_RATE_PER_S = 20.0
-RESOLVE_BURST = 64
+RESOLVE_RATE_PER_S = 50.0
+RESOLVE_BURST = 100
 MAX_CONCURRENT_RESOLVES = 8
 
 

@@ -55,6 +55,11 @@ class Advertiser:
         self._announcing = await self._zc.async_register_service(self.info)
         log.info("advertised %s on %s", self.info.name, self.info.parsed_addresses())
 
+    async def announced(self) -> None:
+        """Wait until the probe and announce broadcasts are done (browsers have heard of us)."""
+        if isinstance(self._announcing, asyncio.Future):
+            await asyncio.shield(self._announcing)
+
     async def stop(self) -> None:
         """Send the goodbye (TTL 0) so browsers drop the node at once, then close the sockets."""
         if self._zc is None:
