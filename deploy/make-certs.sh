@@ -5,10 +5,13 @@
 #                            a node's key cannot act as a client, so a compromised node cannot drive others
 #   node-DEVICE.pem / .key   optional per-device node certificates (same role and name, own key)
 #   coordinator.pem / .key   clientAuth ONLY: it drives nodes and can never pose as one
+#   probe.pem / probe.key    clientAuth ONLY, for health probes on node devices: nodes let it reach
+#                            the health service, never BlockNode (only `layerswarm-coordinator` may)
 #
 #   deploy/make-certs.sh certs/ [DEVICE ...]     # then:
 #   layerswarm node ... --tls-cert certs/node.pem --tls-key certs/node.key --tls-ca certs/ca.pem
 #   layerswarm coordinator ... --tls-cert certs/coordinator.pem --tls-key certs/coordinator.key --tls-ca certs/ca.pem
+#   layerswarm probe grpc 127.0.0.1:50051 --tls-cert certs/probe.pem --tls-key certs/probe.key --tls-ca certs/ca.pem
 #   head -c 32 /dev/urandom | base64 > certs/token   # optional shared token: --token-file certs/token
 #
 # Rotation: run it again on the same folder: the CA is kept, every leaf certificate and key is
@@ -42,5 +45,6 @@ for device in "$@"; do
   issue "node-$device" "layerswarm-node-$device" "$node_ext"
 done
 issue coordinator layerswarm-coordinator "extendedKeyUsage=clientAuth"
+issue probe layerswarm-probe "extendedKeyUsage=clientAuth"
 chmod 644 ca.pem
-echo "wrote $(pwd): ca.pem, coordinator.{pem,key}, node.{pem,key}; per-device node certificates: ${*:-none}"
+echo "wrote $(pwd): ca.pem, coordinator.{pem,key}, node.{pem,key}, probe.{pem,key}; per-device node certificates: ${*:-none}"

@@ -22,6 +22,7 @@ import torch
 from zeroconf import DNSOutgoing, IPVersion, ServiceInfo, const
 from zeroconf.asyncio import AsyncZeroconf
 
+from layerswarm.cli.probe import probe_grpc
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.registry import NodeEvent
@@ -398,21 +399,28 @@ async def test_node_certificate_cannot_drive_nodes(certs: Path, model_dir: Path)
     node = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.1, security=tls(certs, "node")))
     await node.start()
     try:
-        for who, admitted in (("coordinator", "healthy"), ("node", "pending"), ("node-pi1", "pending")):
+        for who, admitted, why in (
+            ("coordinator", "healthy", "ok"),
+            ("node", "pending", "UNAVAILABLE"),  # TLS: a serverAuth-only certificate is no client
+            ("node-pi1", "pending", "UNAVAILABLE"),
+            ("probe", "pending", "PERMISSION_DENIED"),  # a client, but only for the health service
+        ):
             coord = Coordinator(
                 CoordinatorSettings(model_dir=model_dir, peers=(address(node),), mdns=False, security=tls(certs, who))
             )
             await coord.start()
             try:
-                await wait_until(
-                    lambda c=coord: address(node) in c.registry.nodes and c.registry.nodes[address(node)].checked,
-                    what="checked",
-                )  # type: ignore[misc]
+                await wait_until(lambda c=coord: c.registry.nodes[address(node)].checked, what="checked")  # type: ignore[misc]
                 if admitted == "pending":
                     await asyncio.sleep(0.5)
                 assert states(coord)[address(node)] == admitted, who
+                assert why in coord.registry.nodes[address(node)].reason, who
             finally:
                 await coord.stop()
+        healthy, message = await asyncio.to_thread(probe_grpc, address(node), 2.0, tls(certs, "probe"))
+        assert healthy, message  # probes on a node device need neither the node's nor the coordinator's key
+        healthy, message = await asyncio.to_thread(probe_grpc, address(node), 2.0, tls(certs, "node"))
+        assert not healthy, message
     finally:
         await node.stop()
 

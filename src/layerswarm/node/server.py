@@ -19,7 +19,7 @@ from prometheus_client import start_http_server
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.wire.auth import NodeAuthenticator
 from layerswarm.wire.discovery import PROTOCOL_VERSION, Advert
-from layerswarm.wire.security import SwarmAuthInterceptor
+from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertiser, routable_addresses
@@ -62,9 +62,11 @@ class Node:
         self.health = HealthServicer()
         token = settings.security.token
         self.auth = NodeAuthenticator(token) if token else None
+        interceptors: list[Any] = [CoordinatorRoleInterceptor()] if settings.security.tls else []
+        if self.auth is not None:
+            interceptors.append(SwarmAuthInterceptor(self.auth))
         self.server = grpc.aio.server(
-            options=grpc_options(settings.max_message_bytes),
-            interceptors=[SwarmAuthInterceptor(self.auth)] if self.auth else None,
+            options=grpc_options(settings.max_message_bytes), interceptors=interceptors or None
         )
         self.port = 0
         self.advertiser: Advertiser | None = None

@@ -24,6 +24,7 @@ from .auth import AUTH_KEY, NONCE_KEY, AuthError, NodeAuthenticator, identity_st
 
 log = logging.getLogger(__name__)
 NODE_TLS_NAME = "layerswarm-node"
+COORDINATOR_TLS_NAME = "layerswarm-coordinator"  # the only client certificate that may call BlockNode
 PROTECTED_PREFIX = "/layerswarm.v1.BlockNode/"
 
 
@@ -91,6 +92,50 @@ class SwarmAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  #
             log.info("refused %s: %s", method, exc)
             return _deny(method, str(exc), self.auth.challenge_metadata())
         return await continuation(handler_call_details)
+
+
+class CoordinatorRoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
+    """With TLS: BlockNode calls only from the coordinator's certificate (its common name); other
+    client certificates of the swarm (a probe's) reach the health service only."""
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(PROTECTED_PREFIX):
+            return handler
+        return _require_coordinator(handler)
+
+
+def _is_coordinator(context: grpc.aio.ServicerContext) -> bool:
+    names = context.auth_context().get("x509_common_name", [])
+    return any(n == COORDINATOR_TLS_NAME.encode() for n in names)
+
+
+async def _refuse_role(context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only the coordinator's certificate may call BlockNode")
+
+
+def _require_coordinator(handler: Any) -> Any:
+    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.stream_stream is not None:
+        inner_stream = handler.stream_stream
+
+        async def stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            if not _is_coordinator(context):
+                await _refuse_role(context)
+            async for reply in inner_stream(requests, context):
+                yield reply
+
+        return grpc.stream_stream_rpc_method_handler(stream, **codec)
+    inner = handler.unary_unary
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not _is_coordinator(context):
+            await _refuse_role(context)
+        return await inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(unary, **codec)
 
 
 def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> Any:
