@@ -189,7 +189,10 @@ async def test_classify_right_after_start_waits_for_discovery(family_dirs: list[
     for n in nodes:  # the nodes were there before the coordinator (re)started: on the LAN already
         assert n.advertiser is not None
         await n.advertiser.announced()
-    coord = Coordinator(CoordinatorSettings(model_dir=family_dirs[0], health_interval_s=0.2, min_blocks=3))
+    settings = CoordinatorSettings(
+        model_dir=family_dirs[0], health_interval_s=0.2, min_blocks=3, mdns_settle_s=3.0, startup_wait_s=8.0
+    )  # generous: this tests the waiting, on 2 busy cores
+    coord = Coordinator(settings)
     try:
         await coord.start()
         result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))

@@ -28,7 +28,7 @@ from .registry import FamilySpec, NodeEvent, NodeState, Registry
 from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
-MDNS_SETTLE_S = 1.0  # after the browser starts: time for nodes' answers to our first query
+MDNS_QUIET_S = 0.3  # the first round waits until no advert came for this long
 NEW_STATES = (NodeState.HEALTHY, NodeState.PENDING)
 
 
@@ -129,14 +129,17 @@ class Coordinator:
         self._first_round_task = asyncio.create_task(self._finish_first_round(started), name="first-round")
 
     async def _finish_first_round(self, started: float) -> None:
-        """mDNS answers come in over the first ~second; wait for them and one check of each node,
-        bounded by `startup_wait_s` (or less, once every block of the family is reachable)."""
+        """mDNS answers come in over the first second or so: wait for them to go quiet and for one
+        check of each node, bounded by `startup_wait_s` (sooner once every block is reachable)."""
         deadline = started + self.settings.startup_wait_s
-        settle_until = started + (MDNS_SETTLE_S if self.discovery is not None else 0.0)
+        settle_until = started + (self.settings.mdns_settle_s if self.discovery is not None else 0.0)
         while time.monotonic() < deadline:
+            now = time.monotonic()
             all_checked = all(r.checked for r in self.registry.nodes.values())
-            full = all_checked and self.registry.reachable_depth() >= self.config.depth
-            if full or (all_checked and time.monotonic() >= settle_until):
+            quiet = self.discovery is None or now - self.discovery.last_heard >= MDNS_QUIET_S
+            if all_checked and self.registry.reachable_depth() >= self.config.depth:
+                break
+            if all_checked and quiet and now >= settle_until:
                 break
             await asyncio.sleep(0.05)
         self._first_round.set()
@@ -169,11 +172,11 @@ class Coordinator:
         await self._memory.stop()
         if self.settings.state_file is not None:
             await self._memory.run_once()
-        await self.monitor.stop()
-        if self.discovery is not None:
+        if self.discovery is not None:  # discovery first: it asks the monitor for checks
             await self.discovery.stop()
         if self.dns is not None:
             await self.dns.stop()
+        await self.monitor.stop()
         await self.pool.close()
         self._compute.shutdown(wait=False, cancel_futures=True)
 

@@ -79,6 +79,7 @@ class MdnsDiscovery:
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_RESOLVES)
         self._tasks: set[asyncio.Task[None]] = set()
         self.dropped = 0  # adverts dropped from a full queue or refused by the registry's bounds
+        self.last_heard = time.monotonic()  # of the last advert or goodbye (startup waits for quiet)
 
     async def start(self) -> None:
         kwargs = {"interfaces": self.interfaces} if self.interfaces else {}
@@ -106,6 +107,7 @@ class MdnsDiscovery:
             log.error("mDNS discovery task failed", exc_info=task.exception())
 
     def _on_change(self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
+        self.last_heard = time.monotonic()
         if state_change is ServiceStateChange.Removed:
             self._queue.pop(name, None)
             address = self._addresses.pop(name, None)

@@ -240,8 +240,9 @@ class Registry:
 
     def admit(self, address: str, identity: NodeIdentity) -> NodeRecord:
         """Record what a node proved it is (authenticated Info), and decide whether it is one of ours."""
-        record = self.nodes.get(address) or self.add_candidate(address, "static")
-        assert record is not None  # static hints are never refused
+        record = self.nodes.get(address)
+        if record is None:  # not heard of (or evicted meanwhile): a record with no hint of its own
+            record = self.nodes[address] = NodeRecord(address=address, source="admitted", state_since=self.clock())
         if record.identity is not None and record.identity.boot_id != identity.boot_id:
             record.ewma_ms, record.consecutive_failures = None, 0  # a new incarnation starts fresh
             record.recent_ms.clear()

@@ -38,3 +38,4 @@ class CoordinatorSettings:
     security: SecuritySettings = field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
     state_file: Path | None = None  # last known peers (hints for a restart); None: not remembered
     startup_wait_s: float = 5.0  # longest wait for the first discovery round before answering anyway
+    mdns_settle_s: float = 1.5  # the first round lasts at least this long with mDNS (answers to our query)
