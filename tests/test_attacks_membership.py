@@ -10,7 +10,6 @@ true, so it fails when the defence is removed.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,21 +18,20 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from zeroconf import DNSOutgoing, IPVersion, ServiceInfo, const
-from zeroconf.asyncio import AsyncZeroconf
 
 from layerswarm.cli.probe import probe_grpc
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.registry import NodeEvent
 from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.forge import MdnsAttacker, RecordingImpostor
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
 from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, PROOF_KEY, TIME_KEY, CallSigner, identity_string
-from layerswarm.wire.discovery import PROTOCOL_VERSION, SERVICE_TYPE, Advert, instance_name
+from layerswarm.wire.discovery import instance_name
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -94,38 +92,6 @@ def record_events(coord: Coordinator) -> list[NodeEvent]:
 async def classify_ok(coord: Coordinator) -> None:
     result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
     assert [h.outcome for h in result.path.hops] == ["ok"] * len(result.path.hops) and result.path.hops
-
-
-class MdnsAttacker:
-    """Raw mDNS answers from a real zeroconf socket: adverts and goodbyes (TTL 0) for any name and
-    address, as anyone on the LAN can send them (no probing, no ownership)."""
-
-    def __init__(self) -> None:
-        self.azc = AsyncZeroconf(ip_version=IPVersion.V4Only)
-
-    @staticmethod
-    def info(name: str, host: str, port: int, family: str, block: int = 0) -> ServiceInfo:
-        advert = Advert(family, "mdl-forged", block, "layershuffle", PROTOCOL_VERSION, "f" * 32, "0" * 16)
-        return ServiceInfo(
-            SERVICE_TYPE,
-            f"{name}.{SERVICE_TYPE}" if not name.endswith(SERVICE_TYPE) else name,
-            addresses=[socket.inet_aton(host)],
-            port=port,
-            properties=advert.to_txt(),
-            server=f"{name.split('.', maxsplit=1)[0]}.local.",
-        )
-
-    def send(self, infos: list[ServiceInfo], ttl: int | None, per_packet: int = 8) -> None:
-        for start in range(0, len(infos), per_packet):
-            out = DNSOutgoing(const._FLAGS_QR_RESPONSE | const._FLAGS_AA)
-            for info in infos[start : start + per_packet]:
-                records = [info.dns_pointer(ttl), info.dns_service(ttl), info.dns_text(ttl)]
-                for record in [*records, *info.dns_addresses(ttl, IPVersion.V4Only)]:
-                    out.add_answer_at_time(record, 0)
-            self.azc.zeroconf.async_send(out)
-
-    async def close(self) -> None:
-        await self.azc.async_close()
 
 
 @pytest.fixture
@@ -260,33 +226,6 @@ async def test_advert_flood_is_bounded_and_starves_nothing(family_dirs: list[Pat
 
 
 # --- token theft, replay, impostors -------------------------------------------------------------------
-
-
-class RecordingImpostor(pb_grpc.BlockNodeServicer):
-    """A fake node without the token: it poses as the real node (its identity, its challenge, even a
-    proof the real node gave for another nonce) and records everything the coordinator sends it."""
-
-    def __init__(self, real: pb.NodeInfo, real_trailing: tuple[tuple[str, str], ...]) -> None:
-        self.real, self.real_trailing = real, real_trailing
-        self.received: list[tuple[str, tuple[tuple[str, str], ...]]] = []
-
-    def _record(self, method: str, context: grpc.aio.ServicerContext) -> None:
-        metadata = tuple((k, v if isinstance(v, str) else v.decode()) for k, v in context.invocation_metadata() or ())
-        self.received.append((method, metadata))
-
-    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.NodeInfo:
-        self._record("Info", context)
-        context.set_trailing_metadata(self.real_trailing)
-        return self.real
-
-    async def Forward(self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext) -> pb.ForwardResponse:
-        self._record("Forward", context)
-        return pb.ForwardResponse(request_id=request.request_id, activations=request.activations)
-
-    async def ForwardStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        self._record("ForwardStream", context)
-        async for request in request_iterator:
-            yield pb.ForwardResponse(request_id=request.request_id, activations=request.activations)
 
 
 def forward_request() -> pb.ForwardRequest:
