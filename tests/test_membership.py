@@ -216,3 +216,15 @@ async def test_node_state_changes_are_logged(model_dir: Path, caplog: pytest.Log
         await coord.stop()
     assert f"node {address}: pending -> healthy (ok)" in caplog.text
     assert any(r.levelno == logging.WARNING and "-> ejected (" in r.message for r in caplog.records)
+
+
+async def test_an_unwritable_state_file_warns_once(
+    model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    coord = Coordinator(CoordinatorSettings(model_dir=model_dir, mdns=False, state_file=tmp_path / "a-file" / "p.json"))
+    coord.registry.admit("10.0.0.1:1", ident(0, family=coord.registry.family.family_id, depth=3, tokens=5, dim=32))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            await coord._memory.run_once()
+    assert caplog.text.count("cannot write peer state file") == 1 and coord._memory.errors == 0

@@ -23,8 +23,8 @@ def add_security_args(p: argparse.ArgumentParser, token: bool = True) -> None:
         p.add_argument(
             "--token-file",
             type=Path,
-            help="file holding the shared swarm token (nodes refuse "
-            "BlockNode calls without it; keep it out of the command line)",
+            help="file holding the shared swarm token; it is never sent: calls are signed with MACs derived "
+            "from it and nodes prove they hold it too (docs/trust.md); keep it out of the command line",
         )
     p.add_argument(
         "--tls-cert",

@@ -153,9 +153,15 @@ class Coordinator:
     async def _remember_peers(self) -> None:
         assert self.settings.state_file is not None
         peers = {r.address for r in self.registry.nodes.values() if r.proven and r.state is not NodeState.IGNORED}
-        if peers != self._saved_peers:
+        if peers == self._saved_peers:
+            return
+        self._saved_peers = peers  # tried once per change: an unwritable state dir warns, never spams
+        try:
             await asyncio.to_thread(save_peers, self.settings.state_file, self.registry.family.family_id, list(peers))
-            self._saved_peers = peers
+        except OSError as exc:
+            log.warning(
+                "cannot write peer state file %s: %s (restarts will not remember peers)", self.settings.state_file, exc
+            )
 
     async def wait_first_round(self, timeout_s: float) -> None:
         """Wait (bounded) until the first discovery round is done: answering before it would be a 503
