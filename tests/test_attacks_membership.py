@@ -382,3 +382,24 @@ async def test_coordinator_certificate_cannot_pose_as_a_node(certs: Path, model_
     finally:
         await coord.stop()
         await impostor.stop()
+
+
+async def test_rotation_keeps_the_ca_and_old_and_new_leaves_work_together(tmp_path: Path, model_dir: Path) -> None:
+    make = ["bash", str(ROOT / "deploy" / "make-certs.sh"), str(tmp_path)]
+    subprocess.run(make, check=True, capture_output=True)
+    ca, old_node = (tmp_path / "ca.pem").read_bytes(), tls(tmp_path, "node")
+    subprocess.run(make, check=True, capture_output=True)  # rotate: leaves replaced, CA kept
+    assert (tmp_path / "ca.pem").read_bytes() == ca and tls(tmp_path, "node").tls_cert != old_node.tls_cert
+    node = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.1, security=old_node))
+    await node.start()  # a node not yet restarted, with its old leaf
+    coord = Coordinator(
+        CoordinatorSettings(
+            model_dir=model_dir, peers=(address(node),), mdns=False, security=tls(tmp_path, "coordinator")
+        )
+    )
+    await coord.start()
+    try:
+        await wait_until(lambda: states(coord)[address(node)] == "healthy", what="old leaf admitted by new leaf")
+    finally:
+        await coord.stop()
+        await node.stop()
