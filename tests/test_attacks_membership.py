@@ -61,14 +61,14 @@ def address(node: Node) -> str:
 
 
 def coordinator(
-    model_dir: Path, peers: tuple[str, ...] = (), mdns: bool = True, token: str | None = None
+    model_dir: Path, peers: tuple[str, ...] = (), mdns: bool = True, token: str | None = None, timeout_s: float = 0.3
 ) -> Coordinator:
     settings = CoordinatorSettings(
         model_dir=model_dir,
         peers=peers,
         mdns=mdns,
         health_interval_s=0.2,
-        health_timeout_s=0.3,
+        health_timeout_s=timeout_s,
         hop_timeout_s=1.0,
         security=SecuritySettings(token=token),
     )
@@ -191,7 +191,7 @@ async def test_forged_adverts_of_another_family_flip_no_node(family_dirs: list[P
 async def test_advert_flood_is_bounded_and_starves_nothing(family_dirs: list[Path], attacker: MdnsAttacker) -> None:
     family = read_manifest(family_dirs[0]).family_id
     nodes = [await start_node(family_dirs[0], b) for b in range(2)]
-    coord = coordinator(family_dirs[0])
+    coord = coordinator(family_dirs[0], timeout_s=1.0)  # a starved CPU must not pass for the flood's effect
     await coord.start()
     addrs = [address(n) for n in nodes]
     reg = coord.registry
@@ -216,7 +216,7 @@ async def test_advert_flood_is_bounded_and_starves_nothing(family_dirs: list[Pat
         await classify_ok(coord)
         late = await start_node(family_dirs[1], 2)  # a real node joining after the flood still gets in
         try:
-            await wait_until(lambda: states(coord).get(address(late)) == "healthy", what="late node admitted")
+            await wait_until(lambda: states(coord).get(address(late)) == "healthy", 30, "late node admitted")
         finally:
             await late.stop()
     finally:
