@@ -123,7 +123,8 @@ def test_fastest_ranks_by_latency_and_load() -> None:
     reg.record_success("10.0.0.1:1", 5.0)
     plan = plan_path(Policy.FASTEST, reg.routable_by_block(), 4, random.Random(0))
     assert plan.steps[0].candidates[0].address == "10.0.0.1:1"
-    reg.nodes["10.0.0.1:1"].in_flight = 10
+    for _ in range(10):
+        reg.nodes["10.0.0.1:1"].begin_call()
     plan = plan_path(Policy.FASTEST, reg.routable_by_block(), 4, random.Random(0))
     assert plan.steps[0].candidates[0].address == "10.0.0.0:1"
 

@@ -152,7 +152,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             max_blocks=params.max_blocks,
             exit_confidence=params.exit_confidence,
         )
-        coordinator.in_flight += 1
+        coordinator.begin_request()
         try:
             with coordinator.metrics.latency.time():
                 result = await coordinator.classify(images, opts)
@@ -160,7 +160,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             coordinator.metrics.requests.labels("503").inc()
             raise ApiError(503, "insufficient_depth", str(exc)) from exc
         finally:
-            coordinator.in_flight -= 1
+            coordinator.end_request()
         coordinator.metrics.requests.labels("200").inc()
         return _response(result, cfg.class_names, params.top_k)
 

@@ -1,4 +1,4 @@
-"""`layerswarm train`, `family` and `eval`: the model side of the command line."""
+"""What `layerswarm train`, `family` and `eval` do (their flags live in layerswarm/cli/)."""
 
 from __future__ import annotations
 
@@ -10,46 +10,16 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .checkpoint import ModelDirError, read_manifest, save_model
-from .config import VARIANTS
 from .data import load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
 from .train import Trainer, TrainRecipe, build_model
 
 log = logging.getLogger(__name__)
-
-
-def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH")
-    p.add_argument(
-        "--variant", choices=VARIANTS, default="layershuffle", help="training approach (default: %(default)s)"
-    )
-    p.add_argument("--out", required=True, type=Path, help="model directory to write")
-    p.add_argument(
-        "--init",
-        help="start from a model directory (fine-tune: same family) or hf:PATH (a local "
-        "Hugging Face ViT with config.json + model.safetensors); default: from scratch",
-    )
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0, help="training seed (order of batches, block orders, init)")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine-decayed after warm-up")
-    p.add_argument("--warmup-steps", type=int, default=100)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--no-augment", action="store_true", help="turn off flips and small shifts")
-    p.add_argument("--depth", type=int, default=6, help="blocks (from scratch only)")
-    p.add_argument("--dim", type=int, default=64, help="embedding size D (from scratch only)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (from scratch only)")
-    p.add_argument("--patch-size", type=int, default=8, help="patch side P (from scratch only)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -120,19 +90,6 @@ def _quick_metrics(model: Any, data: Any, orders: int = 5) -> dict[str, float]:
     return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
 
 
-def add_family_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base", required=True, type=Path, help="model directory every member is fine-tuned from")
-    p.add_argument("--members", type=int, default=4, help="how many members (default: %(default)s)")
-    p.add_argument("--out", required=True, type=Path, help="folder for the members (OUT/<prefix>-<i>)")
-    p.add_argument("--prefix", default="member", help="member directory prefix (default: %(default)s)")
-    p.add_argument("--variant", choices=VARIANTS, default="layershuffle")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--first-seed", type=int, default=1, help="member i trains with seed FIRST_SEED + i")
-    p.add_argument("--jobs", type=int, default=2, help="members trained in parallel, one thread each")
-    p.add_argument("--data", help="data spec (default: the base model's)")
-
-
 def family_main(args: argparse.Namespace) -> int:
     base = read_manifest(args.base)
     data = args.data or base.dataset.get("spec")
@@ -193,16 +150,6 @@ def _run_parallel(cmds: list[list[str]], jobs: int) -> int:
             running.remove(proc)
             failed += proc.returncode != 0
     return failed
-
-
-def add_eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model_dirs", nargs="+", type=Path, help="model directories (a family's members, baselines...)")
-    p.add_argument("--json", type=Path, required=True, help="write the report here")
-    p.add_argument("--plots", type=Path, help="write figures (PNG) into this folder")
-    p.add_argument("--data", help="data spec (default: the first model's)")
-    p.add_argument("--orders", type=int, default=10, help="random orders per arbitrary-order figure (>= 10)")
-    p.add_argument("--merges", type=int, default=20, help="random merged models per family (>= 20)")
-    p.add_argument("--seed", type=int, default=0)
 
 
 def eval_main(args: argparse.Namespace) -> int:
