@@ -185,3 +185,36 @@ def test_log_format_json_writes_one_object_per_line(capsys: pytest.CaptureFixtur
     record = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert record["message"] == "node 10.0.0.1:50051 ejected" and record["level"] == "INFO"
     assert record["logger"] == "layerswarm.test" and record["time"]
+
+
+@pytest.mark.parametrize(("status", "exit_status"), [(200, 0), (204, 0), (503, 1), (404, 1)])
+def test_probe_http_exit_status_follows_the_answer(status: int, exit_status: int) -> None:
+    """`layerswarm probe http URL` (the coordinator's container HEALTHCHECK) against a real HTTP server."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
+    try:
+        result = run_cli("probe", "http", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == exit_status and result.stdout.strip() == f"{url}: HTTP {status}"
+
+
+def test_probe_http_with_nothing_listening_is_unhealthy() -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    result = run_cli("probe", "http", f"http://127.0.0.1:{port}/readyz", "--timeout", "1")
+    assert result.returncode == 1 and result.stdout.startswith(f"http://127.0.0.1:{port}/readyz: ")
