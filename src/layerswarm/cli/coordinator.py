@@ -71,6 +71,7 @@ def register(sub: Subparsers) -> None:
         choices=CHOICES["transport"],
     )
     f.add("--max-upload-bytes", "max_upload_bytes", "largest image accepted", type=int)
+    f.add("--max-concurrent-requests", "max_concurrent_requests", "past this many in flight: 429 busy", type=int)
     add_security_flags(f)
 
 
