@@ -64,8 +64,14 @@ def run(args: argparse.Namespace) -> int:
     mdns = network_with_mdns(args.network, args.argv)
     if not isinstance(mdns, bool):
         return mdns  # the exit status: re-executed in a private namespace, or refused
+    from layerswarm.harness.procs import ProcessError
+
     opts = UpOptions(args.nodes, args.requests, args.kill, mdns, args.family_dir, args.seed)
-    summary = run_up(opts)
+    try:
+        summary = run_up(opts)
+    except (ProcessError, TimeoutError) as exc:  # a swarm that did not come up: say which part, not where
+        print(f"layerswarm up: error: {exc}", file=sys.stderr)
+        return 1
     print(to_json(summary) if args.json else render(summary))
     return 0 if summary["succeeded"] == summary["requests"] else 1
 
