@@ -10,12 +10,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
 from layerswarm.cli import build_parser
+from layerswarm.cli.base import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -27,7 +29,11 @@ K8S = [
 
 
 def parse(argv: list[str]) -> Any:
-    return build_parser().parse_args(argv)
+    """The command and, for node and coordinator, their loaded settings (as the process would see them)."""
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "settings_flags"):
+        return args
+    return SimpleNamespace(command=args.command, **dict(load_settings(args)))
 
 
 def compose_services() -> dict[str, dict[str, Any]]:
@@ -55,12 +61,12 @@ def test_compose_swarm_is_consistent() -> None:
     for name, args in nodes.items():
         assert name == f"node-b{args.block}-m{str(args.model_dir)[-1]}"  # names say what they serve
         assert args.model_dir.is_dir(), args.model_dir  # zoo: paths resolve to shipped weights
-        assert args.host == "0.0.0.0" and args.port == 50051 and not args.no_advertise
+        assert args.host == "0.0.0.0" and args.port == 50051 and args.advertise
         blocks_by_model.setdefault(args.model_dir.name, set()).add(args.block)
     assert len(blocks_by_model) >= 2  # more than one model: substitution can be shown
     depth = len(list(coordinator.model_dir.glob("block_*.safetensors")))
     assert set().union(*blocks_by_model.values()) == set(range(depth))
-    assert {p.name for p in coordinator.family_dir} <= set(blocks_by_model)
+    assert {p.name for p in coordinator.family_dirs} <= set(blocks_by_model)
     dockerfile = ROOT / services["coordinator"]["build"]["dockerfile"]
     assert dockerfile.is_file()
     prometheus = services["prometheus"]
@@ -84,11 +90,11 @@ def test_kubernetes_manifests_are_consistent() -> None:
         ports = {p["containerPort"] for p in container["ports"]}
         if args.command == "node":
             blocks.add(args.block)
-            assert args.no_advertise and args.port in ports and args.metrics_port in ports
+            assert not args.advertise and args.port in ports and args.metrics_port in ports
             assert container["readinessProbe"]["grpc"] == {"port": args.port, "service": "layerswarm.v1.BlockNode"}
             assert headless["spec"]["selector"].items() <= labels.items()
         else:
-            assert args.no_mdns and args.peer_dns == ["layerswarm-nodes:50051"] and args.http_port in ports
+            assert not args.mdns and args.peer_dns == ("layerswarm-nodes:50051",) and args.http_port in ports
             assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert blocks == set(range(8))
     kustomization = yaml.safe_load((ROOT / "deploy" / "k8s" / "kustomization.yaml").read_text())
@@ -178,8 +184,8 @@ def test_compose_topology_serves() -> None:
 
     import httpx
 
-    from layerswarm.cli.up import png_bytes
     from layerswarm.harness.netlab import NetLab
+    from layerswarm.harness.samples import png_bytes
     from layerswarm.models.data import load_dataset
 
     from . import compose_lab as compose

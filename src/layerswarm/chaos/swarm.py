@@ -6,12 +6,11 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerswarm.harness.netlab import Host, NetLab
-from layerswarm.harness.procs import Proc, launch, stop_all, wait_ready
+from layerswarm.harness.procs import Proc, launch, layerswarm_cmd, node_cmd, stop_all, wait_for_ready_line
 
 NODE_PORT = 50051
 HTTP_PORT = 8080
@@ -32,21 +31,10 @@ class ChaosNode:
         return f"{self.host.address}:{NODE_PORT}"
 
     def command(self) -> list[str]:
-        args = [
-            "node",
-            "--model-dir",
-            str(self.model_dir),
-            "--block",
-            str(self.block),
-            "--host",
-            self.host.address,
-            "--port",
-            str(NODE_PORT),
-            "--grace",
-            "0.5",
-            *self.extra,
-        ]
-        return self.host.command([sys.executable, "-m", "layerswarm", *args])
+        cmd = node_cmd(
+            self.model_dir, self.block, "--grace", "0.5", *self.extra, host=self.host.address, port=NODE_PORT
+        )
+        return self.host.command(cmd)
 
 
 @dataclass
@@ -68,11 +56,11 @@ class ChaosSwarm:
             node.proc = launch(node.name, node.command())
         for node in nodes:
             assert node.proc is not None
-            wait_ready(node.proc, timeout)
+            wait_for_ready_line(node.proc, timeout)
 
     def start_coordinator(self, timeout: float = 60.0) -> None:
-        argv = self.coordinator_host.command([sys.executable, "-m", "layerswarm", *self.coordinator_args])
-        self.coordinator = wait_ready(launch("coordinator", argv), timeout)
+        argv = self.coordinator_host.command(layerswarm_cmd(*self.coordinator_args))
+        self.coordinator = wait_for_ready_line(launch("coordinator", argv), timeout)
 
     def stop(self) -> None:
         procs = [n.proc for n in self.nodes if n.proc is not None]

@@ -6,13 +6,41 @@ layerswarm probe http http://127.0.0.1:8080/readyz   # exit 0 on HTTP 2xx
 
 from __future__ import annotations
 
+import argparse
+
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from layerswarm.wire.discovery import HEALTH_SERVICE
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 
-HEALTH_SERVICE = "layerswarm.v1.BlockNode"
+from .base import Subparsers, add_command
+from .security import add_probe_security_args, probe_security
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "probe",
+        run,
+        help="health check a node (gRPC) or coordinator (HTTP); exit 0 if healthy",
+        description="For container HEALTHCHECKs and systemd: grpc HOST:PORT asks the standard grpc.health.v1 "
+        "service; http URL expects a 2xx.",
+    )
+    p.add_argument("kind", choices=["grpc", "http"], help="what to ask")
+    p.add_argument("target", help="HOST:PORT (grpc) or URL (http)")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer")
+    add_probe_security_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.kind == "grpc":
+        healthy, message = probe_grpc(args.target, args.timeout, probe_security(args))
+    else:
+        healthy, message = probe_http(args.target, args.timeout)
+    print(message)
+    return 0 if healthy else 1
 
 
 def probe_grpc(address: str, timeout: float, security: SecuritySettings | None = None) -> tuple[bool, str]:

@@ -96,10 +96,20 @@ class Coordinator:
         self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
         self.spec = codec.TensorSpec((None, self.config.num_tokens, self.config.dim), max_batch=settings.max_batch)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
-        self.in_flight = 0
-        torch.set_num_threads(settings.threads)
+        self._requests_open = 0  # changed only by begin_request / end_request
         for peer in settings.peers:
             self.registry.add_candidate(peer, "static")
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not answered yet (the HTTP layer answers 429 past the limit)."""
+        return self._requests_open
+
+    def begin_request(self) -> None:
+        self._requests_open += 1
+
+    def end_request(self) -> None:
+        self._requests_open -= 1
 
     @property
     def shuffle_robust(self) -> bool:

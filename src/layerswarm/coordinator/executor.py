@@ -110,6 +110,7 @@ class _RequestState:
     used: set[int] = field(default_factory=set)  # block indices that ran
     failed: set[str] = field(default_factory=set)  # nodes that failed: not tried again for this request
     planned_later: set[int] = field(default_factory=set)  # block indices still ahead in the plan
+    path_length: int = 0  # blocks in the planned path (sent to nodes: informational)
 
 
 class PathExecutor:
@@ -119,7 +120,7 @@ class PathExecutor:
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         hops: list[Hop] = []
-        state = _RequestState(opts, rng)
+        state = _RequestState(opts, rng, path_length=len(plan.steps))
         for step_index, step in enumerate(plan.steps):
             position = sum(1 for h in hops if h.block is not None)
             hop = Hop(position=position, planned_block=step.block)
@@ -195,7 +196,7 @@ class PathExecutor:
         """One call; a failure goes into the trace and the registry, and gives None."""
         started = time.monotonic()
         try:
-            out = await self._call(record, x, hop.position, state.opts)
+            out = await self._call(record, x, hop.position, state)
         except HopFailed as exc:
             state.failed.add(record.address)
             ident = record.identity
@@ -221,12 +222,14 @@ class PathExecutor:
                 if record.routable and record.address not in tried:
                     yield record
 
-    async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, opts: ExecOptions) -> torch.Tensor:
+    async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, state: _RequestState) -> torch.Tensor:
+        opts = state.opts
         timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
+        activations = codec.encode(x, opts.wire_dtype)
         request = pb.ForwardRequest(
-            request_id=opts.request_id, activations=codec.encode(x, opts.wire_dtype), position=position, path_length=0
+            request_id=opts.request_id, activations=activations, position=position, path_length=state.path_length
         )
-        record.in_flight += 1
+        record.begin_call()
         try:
             reply = await self.pool.get(record.address).forward(request, timeout)
         except grpc.aio.AioRpcError as exc:
@@ -234,7 +237,7 @@ class PathExecutor:
         except asyncio.TimeoutError as exc:
             raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
         finally:
-            record.in_flight -= 1
+            record.end_call()
         try:
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:

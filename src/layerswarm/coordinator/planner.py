@@ -1,4 +1,5 @@
-"""Plans a path through the swarm for one request: pure logic over a registry snapshot.
+"""Plans a path through the swarm for one request: pure logic over the registry's live node records
+(read, never changed, here: the executor then calls the chosen records and the registry updates them).
 
 A path is an ordered list of steps; each step names one block index (used at most once per path) and
 the nodes that can serve it, best first. Nodes of any model of the family serve a block index, so a
@@ -10,6 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from enum import Enum
+
+from layerswarm.models.paths import spread_evenly
 
 from .registry import NodeRecord
 
@@ -48,7 +51,7 @@ def plan_path(
         blocks = rng.sample(present, limit)
     else:
         # Pruned sequential paths keep blocks spread over the depth, in order (as in the paper).
-        blocks = _spread(present, limit)
+        blocks = spread_evenly(present, limit)
     steps = [Step(block=b, candidates=rank_candidates(policy, by_block[b], rng, preferred_model)) for b in blocks]
     return Plan(steps=steps, unreachable=unreachable)
 
@@ -79,12 +82,3 @@ def substitutes(
     ]
     rng.shuffle(spare)
     return spare
-
-
-def _spread(blocks: list[int], k: int) -> list[int]:
-    if k >= len(blocks):
-        return list(blocks)
-    if k <= 0:
-        return []
-    picks = sorted({round(i * (len(blocks) - 1) / max(1, k - 1)) for i in range(k)}) if k > 1 else [0]
-    return [blocks[i] for i in picks]

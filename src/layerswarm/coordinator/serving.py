@@ -46,7 +46,7 @@ async def classify_batch(
         coordinator.metrics.requests.labels("429").inc()
         activity.record_failure(api, batch, 429, "busy")
         raise Busy(f"{coordinator.in_flight} requests in flight; retry shortly")
-    coordinator.in_flight += 1
+    coordinator.begin_request()
     try:
         with coordinator.metrics.latency.time():
             result = await coordinator.classify(images, opts)
@@ -55,7 +55,7 @@ async def classify_batch(
         activity.record_failure(api, batch, 503, "insufficient_depth")
         raise TooThin(str(exc)) from exc
     finally:
-        coordinator.in_flight -= 1
+        coordinator.end_request()
     coordinator.metrics.requests.labels("200").inc()
     names = coordinator.config.class_names or tuple(str(i) for i in range(int(result.probs.shape[-1])))
     predictions = predicted_labels(result, names)

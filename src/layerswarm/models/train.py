@@ -23,7 +23,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .checkpoint import Lineage, Manifest, load_model, read_manifest
-from .config import ViTConfig
+from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, Images, iterate_batches
 from .train_report import describe_epoch, peak_memory_mb
 from .vit import Block, ViT
@@ -54,7 +54,7 @@ class TrainRecipe:
 def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
     """The block order for one training batch."""
     depth = len(model.blocks)
-    if variant.startswith("layershuffle"):
+    if is_shuffle_robust(variant):
         return torch.randperm(depth, generator=gen).tolist()
     if variant == "layerdrop":
         keep = torch.rand(depth, generator=gen) >= model.cfg.layerdrop

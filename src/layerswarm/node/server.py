@@ -11,14 +11,13 @@ import uuid
 from typing import Any
 
 import grpc
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
 
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.wire.auth import NodeAuthenticator
-from layerswarm.wire.discovery import PROTOCOL_VERSION, Advert
+from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
 from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -29,7 +28,6 @@ from .service import BlockService
 from .settings import NodeSettings
 
 log = logging.getLogger(__name__)
-HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -48,7 +46,6 @@ class Node:
         self.settings = settings
         self.boot_id = uuid.uuid4().hex
         self.manifest = read_manifest(settings.model_dir)
-        torch.set_num_threads(settings.threads)
         device = pick_device(settings.device)
         self.runtime = BlockRuntime(
             str(settings.model_dir),

@@ -1,0 +1,100 @@
+"""`layerswarm coordinator`: discover the family's nodes, route requests, serve HTTP."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layerswarm.coordinator.settings import CHOICES, CoordinatorSettings
+
+from .base import SettingsFlags, Subparsers, add_command, ensure_port_free, load_settings
+from .security import add_security_flags
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "coordinator",
+        run,
+        help="discover nodes, route requests, serve HTTP",
+        description="Own stem and head, discover the family's nodes (mDNS and static peers), and serve "
+        "POST /v1/classify.",
+    )
+    f = SettingsFlags(p, CoordinatorSettings)
+    f.add("--model-dir", "model_dir", "model directory: stem, head and family (or zoo:FAMILY/MEMBER)")
+    f.add(
+        "--family-dir",
+        "family_dirs",
+        "another member's model directory, whose manifest vouches for its nodes' weights (repeatable)",
+        action="append",
+    )
+    f.add("--peer", "peers", "static node (repeatable)", action="append", metavar="HOST:PORT")
+    f.add(
+        "--peer-dns",
+        "peer_dns",
+        "resolve NAME periodically, every address a node (a Kubernetes headless service; repeatable)",
+        action="append",
+        metavar="NAME:PORT",
+    )
+    f.add("--no-mdns", "mdns", "static peers only (no multicast)", action="store_false")
+    f.add("--mdns-interface", "mdns_interfaces", "IP of an interface for mDNS (repeatable; none: all)", action="append")
+    f.add("--http-host", "http_host", "HTTP bind address")
+    f.add("--http-port", "http_port", "HTTP port (0: any free port)", type=int)
+    f.add(
+        "--policy",
+        "default_policy",
+        "default path policy (auto: shuffle for shuffle-robust families)",
+        choices=CHOICES["default_policy"],
+    )
+    f.add("--min-blocks", "min_blocks", "fail (503) below this depth", type=int)
+    f.add("--hop-timeout", "hop_timeout_s", "seconds per hop before substituting", type=float)
+    f.add("--request-timeout", "request_timeout_s", "seconds per request, all hops", type=float)
+    f.add("--health-interval", "health_interval_s", "seconds between health checks", type=float)
+    f.add(
+        "--hedge-quantile",
+        "hedge_quantile",
+        "hedge a hop slower than this quantile of its node's recent latencies: send it to another node too, "
+        "first answer wins (0: off)",
+        type=float,
+    )
+    f.add("--hedge-min-ms", "hedge_min_ms", "never hedge sooner than this", type=float)
+    f.add(
+        "--wire-dtype",
+        "wire_dtype",
+        "activations on the wire (fp16: half the bytes, no accuracy lost on the shipped family; fp32 for "
+        "bit-exact outputs)",
+        choices=CHOICES["wire_dtype"],
+    )
+    f.add(
+        "--transport",
+        "transport",
+        "stream: reused bidirectional streams; unary: one call per hop",
+        choices=CHOICES["transport"],
+    )
+    f.add("--max-upload-bytes", "max_upload_bytes", "largest image accepted", type=int)
+    f.add("--max-concurrent-requests", "max_concurrent_requests", "past this many in flight: 429 busy", type=int)
+    f.add(
+        "--state-file",
+        "state_file",
+        "where to remember the last known peers, looked at first after a restart (hints only; none given: "
+        "$XDG_STATE_HOME/layerswarm/coordinator-HTTP_PORT.json, none with --http-port 0)",
+        type=Path,
+    )
+    p.add_argument("--no-state-file", action="store_true", help="do not remember peers across restarts")
+    add_security_flags(f)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from layerswarm.coordinator.peer_memory import default_state_file
+    from layerswarm.coordinator.server import run as serve
+
+    settings: CoordinatorSettings = load_settings(args)
+    if args.no_state_file:
+        settings = settings.model_copy(update={"state_file": None})
+    elif settings.state_file is None:
+        settings = settings.model_copy(update={"state_file": default_state_file(settings.http_port)})
+    ensure_port_free(settings.http_host, settings.http_port, "--http-port")
+    torch.set_num_threads(settings.threads)  # once per process, at start-up
+    return serve(settings)

@@ -1,0 +1,36 @@
+"""`layerswarm eval`: the paper's experiments (orders, pruning, merging, ensembles) on model directories."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .base import Subparsers, add_command, int_at_least
+from .train import add_image_args, data_spec
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "eval",
+        run,
+        help="the paper's experiments: orders, pruning, merging, ensembles",
+        description="Sequential and arbitrary-order accuracy, pruning, merged models and ensembles, as JSON "
+        "(and plots).",
+    )
+    p.add_argument("model_dirs", nargs="+", type=Path, help="model directories (a family's members, baselines...)")
+    p.add_argument("--json", type=Path, help="also write the report as JSON here (the table goes to stdout)")
+    p.add_argument("--plots", type=Path, help="write figures (PNG) into this folder")
+    p.add_argument("--data", type=data_spec, help="data spec (none: the first model's)")
+    p.add_argument(
+        "--orders", type=int_at_least(10), default=10, help="random orders per arbitrary-order figure (>= 10)"
+    )
+    p.add_argument("--merges", type=int_at_least(20), default=20, help="random merged models per family (>= 20)")
+    add_image_args(p, train=False)
+    p.add_argument("--seed", type=int, default=0, help="seed of orders and merges")
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerswarm.models.commands import eval_main
+
+    return eval_main(args)
