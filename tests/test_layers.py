@@ -19,7 +19,8 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"models", *BOTTOM},
     "node": {"node", "models", *BOTTOM},
     "coordinator": {"coordinator", "models", *BOTTOM},
-    "harness": {"harness", "models", *BOTTOM},
+    "harness": {"harness", "node", "models", *BOTTOM},  # faults.py wraps a real node
+    "client": {"client", *BOTTOM},
     "chaos": {"chaos", "harness", "node", "coordinator", "models", *BOTTOM},
     "bench": {"bench", "harness", "node", "coordinator", "models", *BOTTOM},
     "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "models", *BOTTOM},

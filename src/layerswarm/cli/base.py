@@ -53,9 +53,9 @@ def int_at_least(low: int) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is below the minimum of {low}")
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value
 
     return parse

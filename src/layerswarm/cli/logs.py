@@ -26,4 +26,7 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    # No force=True: a handler already on the root logger (a test's log capture, an embedding program's
+    # own set-up) stays; basicConfig adds ours only where there is none.
+    logging.basicConfig(level=level, handlers=[handler])
+    logging.getLogger().setLevel(level)
