@@ -83,8 +83,16 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         (["coordinator", "--model-dir", SHIPPED, "--hedge-quantile", "1.5"], {}, "--hedge-quantile"),
         (["train", "--data", "shapes:0:0", "--out", "x"], {}, "argument --data: "),
         (["train", "--data", "shapes:abc", "--out", "x"], {}, "argument --data: "),
-        (["train", "--data", "shapes", "--out", "x", "--batch-size", "0"], {}, "argument --batch-size: must be at least 1, got 0"),
-        (["train", "--data", "shapes", "--out", "x", "--epochs", "0"], {}, "argument --epochs: must be at least 1, got 0"),
+        (
+            ["train", "--data", "shapes", "--out", "x", "--batch-size", "0"],
+            {},
+            "argument --batch-size: must be at least 1, got 0",
+        ),
+        (
+            ["train", "--data", "shapes", "--out", "x", "--epochs", "0"],
+            {},
+            "argument --epochs: must be at least 1, got 0",
+        ),
         (["eval", "x", "--json", "r.json", "--orders", "2"], {}, "argument --orders: must be at least 10, got 2"),
         (["samples", "out", "--family", "zoo:nope"], {}, "--family zoo:nope: no such shipped model"),
     ],
