@@ -243,6 +243,13 @@ def _coordinator(args: argparse.Namespace) -> int:
             wire_dtype=args.wire_dtype,
             transport=args.transport,
             max_upload_bytes=args.max_upload_bytes,
+            max_image_pixels=args.max_image_pixels,
+            max_concurrent_requests=args.max_concurrent_requests,
+            max_body_reads=args.max_body_reads,
+            max_connections=args.max_connections,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            api_keys=args.api_key_file,
             security=security_from_args(args),
             state_file=state_file,
         )

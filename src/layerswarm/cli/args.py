@@ -135,7 +135,77 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         "$XDG_STATE_HOME/layerswarm/coordinator-HTTP_PORT.json, none with --http-port 0)",
     )
     p.add_argument("--no-state-file", action="store_true", help="do not remember peers across restarts")
+    add_http_limit_args(p)
     add_security_args(p)
+
+
+def add_http_limit_args(p: argparse.ArgumentParser) -> None:
+    """The HTTP front door: what each limit stops is in the README (Trust > HTTP front door)."""
+    p.add_argument(
+        "--max-image-pixels",
+        type=positive_int,
+        default=4096 * 1024,
+        help="largest image (width x height, read from its header before decoding; with resize too) "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-concurrent-requests",
+        type=positive_int,
+        default=64,
+        help="classifications in flight; past this 429, before any body is read (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-body-reads", type=positive_int, default=16, help="request bodies read at once (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=512,
+        help="open HTTP connections; past this a new one is answered 503 and closed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=positive_float,
+        default=10.0,
+        help="seconds for a client to send its request line and headers (default: %(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=30.0,
+        help="seconds for a client to send a whole request body (default: %(default)s)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        type=api_keys,
+        default=(),
+        help="file of API keys, one a line (several: rotation); /v1/* then needs "
+        "`Authorization: Bearer KEY` or `X-API-Key: KEY` (/healthz, /readyz, /metrics stay open)",
+    )
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return number
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds")
+    return number
+
+
+def api_keys(value: str) -> tuple[str, ...]:
+    """argparse type: the keys in an API key file."""
+    from layerswarm.coordinator.auth import read_api_keys
+
+    try:
+        return read_api_keys(Path(value))
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_up_args(p: argparse.ArgumentParser) -> None:

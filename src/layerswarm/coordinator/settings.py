@@ -33,7 +33,14 @@ class CoordinatorSettings:
     transport: str = "stream"  # stream: reused ForwardStream calls; unary: one Forward call per hop
     max_batch: int = 64
     max_upload_bytes: int = 4 * 1024 * 1024
-    max_concurrent_requests: int = 64
+    max_concurrent_requests: int = 64  # past this: 429, answered before any body is read
+    # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
+    max_image_pixels: int = 4096 * 1024  # checked from the image header, before decoding (resize too)
+    header_timeout_s: float = 10.0  # request line and headers must arrive within this
+    body_timeout_s: float = 30.0  # the whole body must arrive within this
+    max_connections: int = 512  # open HTTP connections; past this new ones get 503 and are closed
+    max_body_reads: int = 16  # bodies read at once (each holds up to max_upload_bytes in memory)
+    api_keys: tuple[str, ...] = ()  # when set, inference endpoints need one (Authorization: Bearer KEY)
     threads: int = 1
     security: SecuritySettings = field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
     state_file: Path | None = None  # last known peers (hints for a restart); None: not remembered
