@@ -15,11 +15,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import ApiKeys
 from .metrics import CoordinatorMetrics
+from .protocol import TIMED_OUT
 
 log = logging.getLogger(__name__)
 
 # Open without a key: probes and metrics (orchestrators and scrapers hold no key) and the API schema.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+REFUSED = "layerswarm.refused"  # scope key: answered by the front door itself, before routing
 CLIENT_CLOSED = 499  # nginx's code for "the client went away before the answer": counted, never sent
 
 
@@ -39,21 +41,23 @@ class FrontDoor:
         exchange = _Exchange(scope, receive, send)
         try:
             if self.keys.enabled and scope["path"] not in self.open_paths and not self.keys.allows(exchange.headers):
+                scope[REFUSED] = True
                 await exchange.answer(401, "unauthorized", "send an API key: Authorization: Bearer KEY", bearer=True)
             else:
                 await self.app(scope, exchange.receive, exchange.send)
         except ClientDisconnect:
-            log.info("client %s went away during %s %s", _client(scope), scope["method"], scope["path"])
-            exchange.status = exchange.status or CLIENT_CLOSED
+            if TIMED_OUT in scope:  # the protocol answered 408 and closed (and logged why)
+                exchange.status = exchange.status or 408
+            else:
+                log.info("client %s went away during %s %s", _client(scope), scope["method"], scope["path"])
+                exchange.status = exchange.status or CLIENT_CLOSED
         except Exception as exc:
             # A bug must not reach the client as a traceback or a dropped connection: log it, answer JSON.
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             if not exchange.status:
                 await exchange.answer(500, "internal", f"{type(exc).__name__}: {exc}")
         finally:
-            route = scope.get("route")
-            endpoint = getattr(route, "path", None) or "unmatched"  # route templates only: bounded labels
-            self.metrics.requests.labels(endpoint, str(exchange.status or CLIENT_CLOSED)).inc()
+            self.metrics.requests.labels(_endpoint(scope), str(exchange.status or CLIENT_CLOSED)).inc()
 
 
 class _Exchange:
@@ -89,6 +93,14 @@ class _Exchange:
             headers.append((b"www-authenticate", b"Bearer"))
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body})
+
+
+def _endpoint(scope: Scope) -> str:
+    """The route's path template (bounded label values). A request refused here, before routing (401),
+    has none: "unrouted"; a path no route serves (404): "unmatched"."""
+    if "route" in scope:
+        return getattr(scope["route"], "path", None) or "unmatched"
+    return "unrouted" if scope.get(REFUSED) else "unmatched"
 
 
 def _client(scope: Scope) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+from prometheus_client import Gauge
 
 from .http_errors import ApiError
 
@@ -38,9 +39,10 @@ class ImageHeader:
 
 
 class Decoder:
-    def __init__(self, image_size: int, max_pixels: int) -> None:
+    def __init__(self, image_size: int, max_pixels: int, decoding: Gauge) -> None:
         self.image_size = image_size
         self.max_pixels = max_pixels
+        self._decoding = decoding  # by lane: a scrape during a decode shows it (the loop is free meanwhile)
         self._small = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode-small")
         self._large = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode-large")
         self._large_waiting = 0
@@ -66,20 +68,25 @@ class Decoder:
                 f"image is {header.width}x{header.height}, the model takes {size}x{size} (or pass resize=true)",
             )
         if header.pixels <= SMALL_IMAGE_PIXELS:
-            array = await loop.run_in_executor(self._small, decode, data, size, self.max_pixels)
+            array = await self._decode(self._small, "small", data)
         else:
-            array = await self._decode_large(data)
+            if self._large_waiting >= MAX_LARGE_WAITING:
+                raise ApiError(429, "busy", f"{self._large_waiting} large images are being decoded; retry")
+            self._large_waiting += 1
+            try:
+                array = await self._decode(self._large, "large", data)
+            finally:
+                self._large_waiting -= 1
         return torch.from_numpy(np.ascontiguousarray(array))[None]
 
-    async def _decode_large(self, data: bytes) -> np.ndarray:
-        if self._large_waiting >= MAX_LARGE_WAITING:
-            raise ApiError(429, "busy", f"{self._large_waiting} large images are being decoded; retry")
-        self._large_waiting += 1
+    async def _decode(self, lane: ThreadPoolExecutor, name: str, data: bytes) -> np.ndarray:
+        gauge = self._decoding.labels(name)
+        gauge.inc()
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._large, decode, data, self.image_size, self.max_pixels)
+            return await loop.run_in_executor(lane, decode, data, self.image_size, self.max_pixels)
         finally:
-            self._large_waiting -= 1
+            gauge.dec()
 
     def close(self) -> None:
         self._small.shutdown(wait=False, cancel_futures=True)

@@ -34,7 +34,8 @@ class CoordinatorMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "layerswarm_requests",
-            "HTTP requests by route and status (every answer; 499: the client went away first)",
+            "HTTP requests by route and status, every answer "
+            '(499: the client went away first; endpoint "unrouted": refused before routing, 401)',
             ["endpoint", "status"],
             registry=self.registry,
         )
@@ -46,6 +47,9 @@ class CoordinatorMetrics:
         )
         self.in_flight = Gauge("layerswarm_http_in_flight", "Admitted inference requests", registry=self.registry)
         self.body_reads = Gauge("layerswarm_http_body_reads", "Request bodies being read", registry=self.registry)
+        self.decoding = Gauge(
+            "layerswarm_http_decoding", "Images being decoded, by worker lane", ["lane"], registry=self.registry
+        )
         self.latency = Histogram(
             "layerswarm_request_seconds",
             "End-to-end classification latency",

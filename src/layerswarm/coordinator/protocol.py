@@ -28,7 +28,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
 
-HEAD, BODY = "head", "body"
+HEAD, BODY = "header", "body"
+TIMED_OUT = "layerswarm.timed_out"  # scope key: set when this protocol answered 408 for a request the app holds
 
 
 def guarded_protocol(
@@ -113,6 +114,7 @@ class GuardedH11Protocol(H11Protocol):
             if cycle.response_started:
                 self.transport.close()
                 return
+            cycle.scope[TIMED_OUT] = phase  # type: ignore[literal-required]  # so the app counts a 408
             cycle.disconnected = True  # as connection_lost would: the app's answer is dropped, its receive ends
             cycle.message_event.set()
         self._close(408, "request_timeout", f"{what} not received within {self.timeouts[phase]:g} s")
