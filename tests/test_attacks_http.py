@@ -32,7 +32,7 @@ from .swarm import start_nodes
 
 pytestmark = pytest.mark.slow
 
-UPLOAD_LIMIT = 200_000
+UPLOAD_LIMIT = 2_000_000  # over the 1 MB at which Starlette would spool a file part to disk
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 2.0
 MAX_IN_FLIGHT = 4

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import resource
+import socket
 
 import uvicorn
 
@@ -20,6 +21,7 @@ SPARE_FILES = 256  # descriptors beyond the HTTP connections: gRPC channels to n
 
 
 async def serve(settings: CoordinatorSettings) -> None:
+    listener = _listen(settings.http_host, settings.http_port)  # first: a taken port is a one-line error
     coordinator = Coordinator(settings)
     await coordinator.start()
     app = create_app(coordinator)
@@ -42,7 +44,7 @@ async def serve(settings: CoordinatorSettings) -> None:
     )
     server = uvicorn.Server(config)
     app.state.server = server  # open event streams end when it exits (else shutdown waits for them)
-    task = asyncio.create_task(server.serve())  # uvicorn handles SIGINT/SIGTERM itself
+    task = asyncio.create_task(server.serve(sockets=[listener]))  # uvicorn handles SIGINT/SIGTERM itself
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
@@ -64,6 +66,18 @@ async def serve(settings: CoordinatorSettings) -> None:
     finally:
         app.state.decoder.close()
         await coordinator.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound here rather than by uvicorn, which exits with a traceback when it cannot."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"--http-host/--http-port: cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
 
 
 def _ensure_file_limit(needed: int) -> None:
