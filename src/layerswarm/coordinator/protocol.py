@@ -29,6 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = logging.getLogger(__name__)
 
 HEAD, BODY = "header", "body"
+LINGER_S = 2.0  # after an early answer, how long the rest of a body is read and discarded
 TIMED_OUT = "layerswarm.timed_out"  # scope key: set when this protocol answered 408 for a request the app holds
 
 
@@ -57,9 +58,9 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:
-            log.warning(
+            log.info(
                 "refusing a connection from %s: %d open (limit %d)",
                 self._peer(),
                 len(self.connections) - 1,
@@ -71,6 +72,8 @@ class GuardedH11Protocol(H11Protocol):
         self._follow_state()
 
     def data_received(self, data: bytes) -> None:
+        if isinstance(self.transport, _LingeringTransport) and self.transport.lingering:
+            return  # the rest of a body already answered: discarded
         super().data_received(data)
         self._follow_state()
 
@@ -130,5 +133,38 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.write(head + body)
         self.transport.close()
 
+    @property
+    def body_pending(self) -> bool:
+        return self.conn.their_state is h11.SEND_BODY
+
     def _peer(self) -> str:
         return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+
+
+class _LingeringTransport:
+    """The connection's transport, closed gently when the client is still sending a body we answered
+    early (401, 408, 413, 429): closing a socket with unread data makes the kernel reset it and drop
+    the answer not yet sent, so the client would never see why. Instead: send the answer, shut down
+    our side, read and discard what still comes for LINGER_S, then close (as nginx's lingering_close)."""
+
+    def __init__(self, transport: asyncio.BaseTransport, protocol: GuardedH11Protocol) -> None:
+        self._transport: Any = transport
+        self._protocol = protocol
+        self.lingering = False
+
+    def close(self) -> None:
+        if self.lingering or self._transport.is_closing():
+            return
+        if not self._protocol.body_pending or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        self.lingering = True
+        self._transport.write_eof()  # after the queued answer
+        self._transport.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_S, self._transport.close)
+
+    def is_closing(self) -> bool:
+        return self.lingering or bool(self._transport.is_closing())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
