@@ -96,6 +96,7 @@ class Coordinator:
         self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
         self.spec = codec.TensorSpec((None, self.config.num_tokens, self.config.dim), max_batch=settings.max_batch)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
+        self.in_flight = 0
         torch.set_num_threads(settings.threads)
         for peer in settings.peers:
             self.registry.add_candidate(peer, "static")
