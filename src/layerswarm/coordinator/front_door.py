@@ -20,7 +20,18 @@ from .protocol import TIMED_OUT
 log = logging.getLogger(__name__)
 
 # Open without a key: probes and metrics (orchestrators and scrapers hold no key) and the API schema.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+OPEN_PATHS = frozenset(
+    {
+        "/healthz",
+        "/readyz",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/metrics",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+    }
+)
 REFUSED = "layerswarm.refused"  # scope key: answered by the front door itself, before routing
 CLIENT_CLOSED = 499  # nginx's code for "the client went away before the answer": counted, never sent
 
