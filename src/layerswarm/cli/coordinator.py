@@ -81,7 +81,39 @@ def register(sub: Subparsers) -> None:
         type=Path,
     )
     p.add_argument("--no-state-file", action="store_true", help="do not remember peers across restarts")
+    add_http_limit_flags(f)
     add_security_flags(f)
+
+
+def add_http_limit_flags(f: SettingsFlags) -> None:
+    """The HTTP front door: what each limit stops is in the README (Trust > HTTP front door)."""
+    f.add(
+        "--max-image-pixels",
+        "max_image_pixels",
+        "largest image (width x height, read from its header before decoding; with resize too)",
+        type=int,
+    )
+    f.add("--max-body-reads", "max_body_reads", "request bodies read at once", type=int)
+    f.add("--max-connections", "max_connections", "open HTTP connections; past this a new one gets 503", type=int)
+    f.add("--header-timeout", "header_timeout_s", "seconds for a client's request line and headers", type=float)
+    f.add("--body-timeout", "body_timeout_s", "seconds for a client to send a whole request body", type=float)
+    f.add(
+        "--api-key-file",
+        "api_keys",
+        "file of API keys, one a line (several: rotation); /v1/* then needs `Authorization: Bearer KEY` or "
+        "`X-API-Key: KEY` (/healthz, /readyz, /metrics stay open)",
+        type=api_keys,
+    )
+
+
+def api_keys(value: str) -> tuple[str, ...]:
+    """argparse type: the keys in an API key file."""
+    from layerswarm.coordinator.auth import read_api_keys
+
+    try:
+        return read_api_keys(Path(value))
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def run(args: argparse.Namespace) -> int:

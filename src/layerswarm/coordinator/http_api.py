@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
@@ -27,10 +27,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from layerswarm import __version__
 
 from .activity import Activity
+from .auth import ApiKeys
+from .bodies import read_form, read_json_object
 from .core import Classification, ClassifyOptions, Coordinator
 from .executor import PathResult
+from .front_door import FrontDoor
+from .http_errors import ApiError, describe, error_response
 from .images import ImageError, decode_batch
+from .imaging import Decoder
 from .kserve import mount_kserve
+from .limits import Gate
 from .page import mount_page
 from .planner import Policy
 from .serving import Busy, TooThin, classify_batch
@@ -104,14 +110,8 @@ class ClassifyResponse(BaseModel):
     trace: dict[str, Any] = Field(description="per hop: node, model, block, position, latency, substitutions")
 
 
-class ApiError(HTTPException):
-    def __init__(self, status: int, error: str, detail: Any) -> None:
-        super().__init__(status_code=status, detail=detail)
-        self.error = error
-
-
-def _error(status: int, error: str, detail: Any) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": error, "detail": detail})
+_error = error_response
+_describe = describe
 
 
 CLASSIFY_BODY = {
@@ -180,15 +180,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "invalid_request", _describe(exc.errors()))
 
-    @app.middleware("http")
-    async def _unexpected(request: Request, call_next: Any) -> Response:
-        """A bug must not reach the client as a traceback or a dropped connection: log it, answer JSON.
-        (Starlette's own catch-all re-raises after answering, which resets keep-alive connections.)"""
-        try:
-            return await call_next(request)
-        except Exception as exc:
-            log.exception("unexpected error on %s", request.url.path)
-            return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+    # Outermost: API keys, every status counted, quiet disconnects, bugs answered as JSON 500.
+    app.add_middleware(FrontDoor, keys=ApiKeys(settings.api_keys), metrics=coordinator.metrics)
+    gate = Gate(settings.max_concurrent_requests, settings.max_body_reads, coordinator.metrics)
+    decoder = Decoder(cfg.image_size, settings.max_image_pixels, coordinator.metrics.decoding)
+    app.state.gate, app.state.decoder = gate, decoder  # server.py closes the decoder's threads
 
     @app.post(
         "/v1/classify",
@@ -198,9 +194,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     )
     async def classify(request: Request) -> ClassifyResponse:
         """Classify one image: upload it as multipart `file`, or POST JSON with `image_base64`."""
-        image_bytes, params = await _read_request(request, settings.max_upload_bytes)
-        images = _to_batch(image_bytes, cfg.image_size, params.resize)
-        result = await _classify(images, params, [params.label])
+        content_type = _content_type(request)
+        async with gate.admit():  # 429 from the headers alone, before any body is read
+            image_bytes, params = await _read_request(gate, request, content_type, settings.max_upload_bytes)
+            images = await decoder.to_batch(image_bytes, params.resize)  # pixel budget, then a worker
+            result = await _classify(images, params, [params.label])
         return _response(result, cfg.class_names, params.top_k)
 
     @app.post(
@@ -212,9 +210,10 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def classify_many(request: Request) -> BatchResponse:
         """Classify several images as one batch (one path through the swarm, one call per hop): upload
         several multipart `file` parts (optional `label` fields, one per file), or POST JSON with `images`."""
-        blobs, truths, params = await _read_batch(request, settings.max_upload_bytes, settings.max_batch)
-        images = await asyncio.to_thread(_decode, blobs, cfg.image_size, params.resize)
-        result = await _classify(images, params, truths)
+        async with gate.admit():  # 429 from the headers alone, before any body is read
+            blobs, truths, params = await _read_batch(request, settings.max_upload_bytes, settings.max_batch)
+            images = await asyncio.to_thread(_decode, blobs, cfg.image_size, params.resize)
+            result = await _classify(images, params, truths)
         return _batch_response(result, cfg.class_names, params.top_k)
 
     async def _classify(images: torch.Tensor, params: ClassifyParams, truths: Sequence[str | None]) -> Classification:
@@ -272,45 +271,45 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     return app
 
 
-async def _read_request(request: Request, limit: int) -> tuple[bytes, ClassifyParams]:
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit + 64 * 1024):
-        raise ApiError(413, "too_large", f"request body over the {limit}-byte upload limit")
+JSON, MULTIPART = "application/json", "multipart/form-data"
+FORM_OVERHEAD_BYTES = 64 * 1024  # multipart boundaries, part headers and option fields around the image
+
+
+def _content_type(request: Request) -> str:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/json":
-        body = await _read_limited(request, limit * 4 // 3 + 64 * 1024)
+    if content_type not in (JSON, MULTIPART):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            "send multipart/form-data with a `file` part, or application/json with `image_base64`",
+        )
+    return content_type
+
+
+async def _read_request(gate: Gate, request: Request, content_type: str, limit: int) -> tuple[bytes, ClassifyParams]:
+    """The image and options; the body streamed under its limit (413), strict JSON (400), in memory."""
+    if content_type == JSON:
+        data = await read_json_object(gate, request, limit * 4 // 3 + FORM_OVERHEAD_BYTES)
         try:
-            data = json.loads(body)
             params = ClassifyJson.model_validate(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, "invalid_json", f"body is not JSON: {exc}") from exc
         except ValidationError as exc:
             raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
         try:
             image = base64.b64decode(params.image_base64, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise ApiError(400, "invalid_base64", f"image_base64 is not valid base64: {exc}") from exc
-        return image, ClassifyParams.model_validate(params.model_dump(exclude={"image_base64"}))
-    if content_type == "multipart/form-data":
-        form = await request.form(max_files=1, max_fields=16, max_part_size=limit)
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise ApiError(422, "invalid_request", "multipart body needs a `file` part with the image")
-        image = await upload.read(limit + 1)
         if len(image) > limit:
             raise ApiError(413, "too_large", f"image over the {limit}-byte upload limit")
-        fields = {k: v for k, v in form.items() if k != "file"}
-        if any(not isinstance(v, str) for v in fields.values()):
-            raise ApiError(422, "invalid_request", "only one file part (`file`) is accepted")
-        try:
-            return image, ClassifyParams.model_validate({k: v for k, v in fields.items() if v != ""})
-        except ValidationError as exc:
-            raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
-    raise ApiError(
-        415,
-        "unsupported_media_type",
-        "send multipart/form-data with a `file` part, or application/json with `image_base64`",
-    )
+        return image, ClassifyParams.model_validate(params.model_dump(exclude={"image_base64"}))
+    files, fields = await read_form(gate, request, limit + FORM_OVERHEAD_BYTES)
+    if set(files) != {"file"}:
+        raise ApiError(422, "invalid_request", "multipart body needs one file part, named `file`, with the image")
+    if len(files["file"]) > limit:
+        raise ApiError(413, "too_large", f"image over the {limit}-byte upload limit")
+    try:
+        return files["file"], ClassifyParams.model_validate({k: v for k, v in fields.items() if v != ""})
+    except ValidationError as exc:
+        raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
 
 
 _Batch = tuple[list[bytes], list[str | None], ClassifyParams]  # images, their true labels if given, options
@@ -443,7 +442,3 @@ def _batch_response(result: Classification, class_names: tuple[str, ...], top_k:
         elapsed_ms=round(result.elapsed_ms, 3),
         trace=_trace(result.path),
     )
-
-
-def _describe(errors: Any) -> list[dict[str, Any]]:
-    return [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")} for e in errors]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -33,7 +33,22 @@ class CoordinatorMetrics:
     def __init__(self, swarm: Registry) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "layerswarm_requests", "Classification requests by HTTP status", ["status"], registry=self.registry
+            "layerswarm_requests",
+            "HTTP requests by route and status, every answer "
+            '(499: the client went away first; endpoint "unrouted": refused before routing, 401)',
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.connections_closed = Counter(
+            "layerswarm_http_connections_closed",
+            "HTTP connections the coordinator closed: header_timeout, body_timeout, too_many_connections",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge("layerswarm_http_in_flight", "Admitted inference requests", registry=self.registry)
+        self.body_reads = Gauge("layerswarm_http_body_reads", "Request bodies being read", registry=self.registry)
+        self.decoding = Gauge(
+            "layerswarm_http_decoding", "Images being decoded, by worker lane", ["lane"], registry=self.registry
         )
         self.latency = Histogram(
             "layerswarm_request_seconds",

@@ -43,7 +43,6 @@ async def classify_batch(
     settings = coordinator.settings
     batch = int(images.shape[0])
     if coordinator.in_flight >= settings.max_concurrent_requests:
-        coordinator.metrics.requests.labels("429").inc()
         activity.record_failure(api, batch, 429, "busy")
         raise Busy(f"{coordinator.in_flight} requests in flight; retry shortly")
     coordinator.begin_request()
@@ -51,12 +50,10 @@ async def classify_batch(
         with coordinator.metrics.latency.time():
             result = await coordinator.classify(images, opts)
     except DepthError as exc:
-        coordinator.metrics.requests.labels("503").inc()
         activity.record_failure(api, batch, 503, "insufficient_depth")
         raise TooThin(str(exc)) from exc
     finally:
         coordinator.end_request()
-    coordinator.metrics.requests.labels("200").inc()
     names = coordinator.config.class_names or tuple(str(i) for i in range(int(result.probs.shape[-1])))
     predictions = predicted_labels(result, names)
     activity.record_success(api, result, predictions, [_class_name(t, names) for t in truths] or [None] * batch)

@@ -49,7 +49,14 @@ class CoordinatorSettings(ProcessSettings):
     transport: str = "stream"  # stream: reused ForwardStream calls; unary: one Forward call per hop
     max_batch: int = 64
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
-    max_concurrent_requests: int = Field(default=64, ge=1)
+    max_concurrent_requests: int = Field(default=64, ge=1)  # past this: 429, answered before any body is read
+    # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
+    max_image_pixels: int = Field(default=4096 * 1024, ge=1)  # from the image header, before decoding (resize too)
+    header_timeout_s: float = Field(default=10.0, gt=0)  # request line and headers must arrive within this
+    body_timeout_s: float = Field(default=30.0, gt=0)  # the whole body must arrive within this
+    max_connections: int = Field(default=512, ge=1)  # open HTTP connections; past this new ones get 503
+    max_body_reads: int = Field(default=16, ge=1)  # bodies read at once (each up to max_upload_bytes in memory)
+    api_keys: tuple[str, ...] = ()  # when set, inference endpoints need one (Authorization: Bearer KEY)
     threads: int = Field(default=1, ge=1)
     token_file: Path | None = None  # these four load `security` (keep secrets out of command lines)
     tls_cert: Path | None = None
