@@ -93,6 +93,9 @@ async def test_readyz_is_503_with_the_reason_below_the_minimum_depth(family_dirs
     ):
         transport = httpx.ASGITransport(app=create_app(coord))
         async with httpx.AsyncClient(transport=transport, base_url="http://coordinator") as client:
+            starting = await client.get("/readyz")  # nothing is ready before the first round is done
+            assert starting.status_code == 503
+            await coord.wait_first_round(10.0)
             reply = await client.get("/readyz")
             assert reply.status_code == 503
             assert reply.json() == {"status": "not_ready", "detail": "only 1 of 3 blocks reachable, minimum depth is 2"}
