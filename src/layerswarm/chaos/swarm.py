@@ -24,7 +24,7 @@ class ChaosNode:
     host: Host
     model_dir: Path
     block: int
-    extra: tuple[str, ...] = ()
+    faults: tuple[str, ...] = ()  # --fault-* arguments: run under harness/faults.py, not `layerswarm node`
     proc: Proc | None = None
 
     @property
@@ -44,8 +44,9 @@ class ChaosNode:
             str(NODE_PORT),
             "--grace",
             "0.5",
-            *self.extra,
         ]
+        if self.faults:  # the same node, built by the test-only fault wrapper
+            return self.host.command([sys.executable, "-m", "layerswarm.harness.faults", *args[1:], *self.faults])
         return self.host.command([sys.executable, "-m", "layerswarm", *args])
 
 
@@ -86,11 +87,12 @@ class ChaosSwarm:
         node.proc.signal(signal.SIGKILL)
         node.proc.popen.wait(5)
 
-    def restart(self, node: ChaosNode, extra: tuple[str, ...] = ()) -> None:
-        """Start the node again on the same host and port (a reboot, or a redeploy with other flags)."""
+    def restart(self, node: ChaosNode, faults: tuple[str, ...] = ()) -> None:
+        """Start the node again on the same host and port (a reboot, or a redeploy with a fault:
+        `faults` are harness/faults.py arguments, e.g. ("--fault-mode", "zeros"))."""
         if node.proc is not None and node.proc.alive:
             node.proc.stop(5)
-        node.extra = extra
+        node.faults = faults
         self.start_nodes([node])
 
     def freeze(self, node: ChaosNode, frozen: bool) -> None:

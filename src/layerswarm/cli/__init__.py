@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from layerswarm import __version__
 
@@ -17,6 +18,9 @@ from .args import (
     add_up_args,
     security_from_args,
 )
+
+if TYPE_CHECKING:
+    from layerswarm.node.settings import NodeSettings
 
 EXAMPLES = """\
 examples:
@@ -189,31 +193,39 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     return _up(args, argv)
 
 
-def _node(args: argparse.Namespace) -> int:
-    from layerswarm.node.server import run
+def _node_settings(args: argparse.Namespace) -> NodeSettings:
     from layerswarm.node.settings import NodeSettings
 
-    return run(
-        NodeSettings(
-            model_dir=args.model_dir,
-            block=args.block,
-            host=args.host,
-            port=args.port,
-            device=args.device,
-            threads=args.threads,
-            max_in_flight=args.max_in_flight,
-            max_batch=args.max_batch,
-            micro_batch=not args.no_micro_batch,
-            metrics_port=args.metrics_port,
-            advertise=not args.no_advertise,
-            advertise_address=args.advertise_address,
-            mdns_interfaces=tuple(args.mdns_interface),
-            grace_s=args.grace,
-            fault_delay_ms=args.fault_delay_ms,
-            fault_mode=args.fault_mode,
-            security=security_from_args(args),
-        )
+    return NodeSettings(
+        model_dir=args.model_dir,
+        block=args.block,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        threads=args.threads,
+        max_in_flight=args.max_in_flight,
+        max_batch=args.max_batch,
+        micro_batch=not args.no_micro_batch,
+        metrics_port=args.metrics_port,
+        advertise=not args.no_advertise,
+        advertise_address=args.advertise_address,
+        mdns_interfaces=tuple(args.mdns_interface),
+        grace_s=args.grace,
+        security=security_from_args(args),
     )
+
+
+def node_settings_from_argv(argv: list[str]) -> NodeSettings:
+    """`layerswarm node` arguments to settings, with the CLI's logging (for harness/faults.py)."""
+    args = build_parser().parse_args(["node", *argv])
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return _node_settings(args)
+
+
+def _node(args: argparse.Namespace) -> int:
+    from layerswarm.node.server import run
+
+    return run(_node_settings(args))
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -235,6 +247,9 @@ def _coordinator(args: argparse.Namespace) -> int:
             http_port=args.http_port,
             default_policy=args.policy,
             min_blocks=args.min_blocks,
+            strict=False if args.no_strict else None,
+            verify_rate=None if args.no_verify else args.verify_rate,
+            verify_probation=args.verify_probation,
             hop_timeout_s=args.hop_timeout,
             request_timeout_s=args.request_timeout,
             health_interval_s=args.health_interval,

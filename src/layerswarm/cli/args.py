@@ -64,8 +64,6 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mdns-interface", action="append", default=[], help="IP of an interface for mDNS (repeatable)")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM (default: %(default)s)")
     add_security_args(p)
-    p.add_argument("--fault-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # test-only
-    p.add_argument("--fault-mode", choices=["none", "nan", "shape", "dtype"], default="none", help=argparse.SUPPRESS)
 
 
 def add_coordinator_args(p: argparse.ArgumentParser) -> None:
@@ -100,7 +98,27 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "sequential", "shuffle", "fastest"],
         help="default path policy (auto: shuffle for shuffle-robust families)",
     )
-    p.add_argument("--min-blocks", type=int, default=1, help="fail (503) below this depth (default: %(default)s)")
+    p.add_argument(
+        "--min-blocks",
+        type=int,
+        help="fail (503) below this depth (default: the model's evaluated minimum useful depth, else 1)",
+    )
+    p.add_argument(
+        "--no-strict",
+        action="store_true",
+        help="with --family-dir, also admit model ids no manifest lists (default: strict, refuse them)",
+    )
+    p.add_argument(
+        "--verify-rate",
+        type=float,
+        default=0.05,
+        help="fraction of hops re-executed by the coordinator to catch lying nodes, after each new "
+        "node's probation hops (default: %(default)s)",
+    )
+    p.add_argument(
+        "--verify-probation", type=int, default=2, help="hops of each new node always re-executed (default: 2)"
+    )
+    p.add_argument("--no-verify", action="store_true", help="never re-execute or range-check replies")
     p.add_argument("--hop-timeout", type=float, default=2.0, help="seconds per hop before substituting")
     p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request, all hops")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")

@@ -26,6 +26,3 @@ class NodeSettings:
     mdns_interfaces: tuple[str, ...] = ()  # empty: all interfaces
     grace_s: float = 5.0  # drain time on SIGTERM
     security: SecuritySettings = field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
-    # Test-only fault injection (failure-injection suites): never set in production.
-    fault_delay_ms: float = 0.0
-    fault_mode: str = "none"  # none | nan | shape | dtype
