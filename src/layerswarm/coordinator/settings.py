@@ -26,7 +26,10 @@ class CoordinatorSettings:
     hedge_min_ms: float = 10.0
     hop_timeout_s: float = 2.0
     request_timeout_s: float = 10.0
-    min_blocks: int = 1
+    min_blocks: int | None = None  # None: the model's evaluated minimum depth (manifest policy), else 1
+    strict: bool | None = None  # admit only listed model ids and hashes; None: strict when family_dirs given
+    verify_rate: float | None = 0.05  # fraction of hops re-executed after probation; None: no verification
+    verify_probation: int = 2  # hops of each new node incarnation that are all re-executed
     default_policy: str = "auto"  # auto: shuffle for shuffle-robust families, else sequential
     # fp16 halves the bytes per hop; on the shipped family it loses no accuracy (bench: wire formats)
     wire_dtype: str = "fp16"
