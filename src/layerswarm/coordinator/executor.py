@@ -24,7 +24,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .clients import ClientPool
 from .planner import Plan, substitutes
 from .registry import NodeRecord, Registry
-from .verify import Lie, Verifier
+from .verify import Lie, Verifier, hard_range_problem
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +256,10 @@ class PathExecutor:
     ) -> None:
         """Blame the node whose reply is wrong, before its output reaches the next (honest) hop."""
         if self.verifier is None:
+            hard = hard_range_problem(out, position, opts.wire_dtype)
+            if hard is not None:
+                log.warning("quarantining %s: %s", record.address, hard)
+                raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
             return
         try:
             await self.verifier.check(record, x, out, position, opts.wire_dtype)

@@ -21,8 +21,9 @@ from .settings import NodeSettings
 log = logging.getLogger(__name__)
 
 
-# An input whose largest value is past this fraction of the reply dtype's limit leaves a block no room:
-# a residual block adds to its input, so an output overflow after such an input is the sender's fault.
+# An input whose largest value is past this fraction of the reply dtype's limit leaves a block no room
+# (a residual block adds to its input): it is refused as the sender's fault, before any compute. The
+# coordinator applies the same bound to every reply (coordinator/verify.py: hard_range_problem).
 INPUT_HEADROOM = 0.5
 
 
@@ -122,29 +123,19 @@ class BlockService(pb_grpc.BlockNodeServicer):
         finally:
             self.metrics.in_flight.dec()
         self.metrics.latency.observe(ms / 1e3)
-        self._check_output(x, out, reply_dtype)
+        self._check_output(out, reply_dtype)
         return pb.ForwardResponse(
             request_id=request.request_id, activations=codec.encode(out, reply_dtype), compute_ms=ms
         )
 
-    def _check_output(self, x: torch.Tensor, out: torch.Tensor, reply_dtype: torch.dtype) -> None:
+    def _check_output(self, out: torch.Tensor, reply_dtype: torch.dtype) -> None:
         """Never send what the next hop cannot use: non-finite values, or values the cast to the reply
-        dtype would turn into Inf. If the input was already near the limit, the sender is to blame
-        (INVALID_ARGUMENT names the input); otherwise this node is (INTERNAL)."""
+        dtype would turn into Inf. The input was in range (checked first): this node is at fault."""
         problem = output_problem(out, reply_dtype)
-        if problem is None:
-            return
-        self.metrics.refused_outputs.inc()
-        limit = torch.finfo(reply_dtype).max
-        x_max = float(x.abs().max()) if x.numel() else 0.0
-        if x_max > limit * INPUT_HEADROOM:
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"input activations out of range (max |x| {x_max:.4g}, more than {INPUT_HEADROOM:g} of the "
-                f"{_name(reply_dtype)} limit {limit:.6g}): this block's output would be {problem}",
-            )
-        log.warning("refusing to send block output: %s", problem)
-        raise RequestError(grpc.StatusCode.INTERNAL, f"block output {problem}: not sent")
+        if problem is not None:
+            self.metrics.refused_outputs.inc()
+            log.warning("refusing to send block output: %s", problem)
+            raise RequestError(grpc.StatusCode.INTERNAL, f"block output {problem}: not sent")
 
     def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype]:
         depth = self.runtime.manifest.config.depth
@@ -163,4 +154,12 @@ class BlockService(pb_grpc.BlockNodeServicer):
             )
         except codec.TensorError as exc:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
+        limit = torch.finfo(reply_dtype).max * INPUT_HEADROOM
+        peak = float(x.abs().max()) if x.numel() else 0.0
+        if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input activations out of range: max |x| {peak:.6g} > {limit:.6g} "
+                f"(half the {_name(reply_dtype)} limit); the previous hop's output is suspect",
+            )
         return x, reply_dtype
