@@ -76,7 +76,10 @@ def start_swarm(opts: UpOptions) -> tuple[list[Proc], Proc, list[Path]]:
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
-        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family)
+        # The demo kills every node of one block index to show a degraded answer, so it accepts one block
+        # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
+        degraded = ["--min-blocks", str(depth - 1)]
+        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
         coordinator = spawn("coordinator", cmd, opts.timeout_s)
     except Exception:
         stop_all(nodes)
