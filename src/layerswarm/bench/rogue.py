@@ -37,6 +37,7 @@ from .runner import environment
 log = logging.getLogger(__name__)
 ROGUE_BLOCKS = range(4)
 BATCH = 8
+FORGE_SCALE = 2.0  # noise of twice each tensor's std on every block: at 0.5 accuracy does not move
 
 
 async def scenario(
@@ -147,7 +148,7 @@ async def run(requests: int) -> dict[str, Any]:
     members = robust_members(family_root())
     report: dict[str, Any] = {"environment": environment(), "requests_per_scenario": requests, "scenarios": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        forged = forge_model_dir(members[0], Path(tmp) / "forged")
+        forged = forge_model_dir(members[0], Path(tmp) / "forged", scale=FORGE_SCALE)
         plan: list[tuple[str, str | None, float | None, Path | None, int]] = [
             ("honest, verification off", None, None, None, 0),
             ("honest, verification on", None, 0.05, None, 0),
@@ -157,6 +158,7 @@ async def run(requests: int) -> dict[str, Any]:
             plan.append((f"{mode}, verification off", mode, None, f, 0))
             plan.append((f"{mode}, verification on", mode, 0.05, f, 0))
         plan.append(("noise after 2 honest hops (past probation), verification on", "noise", 0.05, None, 2))
+        plan.append(("noise after 2 honest hops (past probation), verification rate 0.25", "noise", 0.25, None, 2))
         for name, kind, verify, f, after in plan:
             log.info("scenario: %s", name)
             report["scenarios"][name] = await scenario(members, kind, verify, requests, f, after)
