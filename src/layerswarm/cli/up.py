@@ -153,15 +153,22 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
 
 
 def choose_victims(nodes: list[Proc], count: int, rng: random.Random) -> list[Proc]:
-    """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random others."""
+    """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random
+    others, leaving every other index at least one node."""
     if count <= 0:
         return []
     by_block: dict[int, list[Proc]] = {}
     for proc in nodes:
         by_block.setdefault(int(proc.ready["block"]), []).append(proc)
     first = by_block[rng.choice(sorted(by_block))][:count]
-    rest = [p for p in nodes if p not in first]
-    return first + rng.sample(rest, max(0, min(len(rest), count - len(first))))
+    others: list[Proc] = []
+    for proc in rng.sample([p for p in nodes if p not in first], len(nodes) - len(first)):
+        if len(others) >= count - len(first):
+            break
+        block_left = [p for p in by_block[int(proc.ready["block"])] if p is not proc and p not in others]
+        if block_left:  # only one block index goes entirely: the demo's --min-blocks is depth - 1
+            others.append(proc)
+    return first + others
 
 
 def summarise(phases: list[Phase], nodes: list[Proc], killed: list[Proc], view: dict[str, Any]) -> dict[str, Any]:
