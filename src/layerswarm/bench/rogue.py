@@ -1,7 +1,7 @@
 """Rogue nodes on the shipped family: accuracy with liars present, with verification off and on; how many
 requests and seconds until each liar is quarantined; what verification costs.
 
-    python -m layerswarm.bench.rogue [--requests 40] [--json bench/results/rogue.json]
+    python -m layerswarm.bench.rogue [--requests 40] [--only NAME] [--json bench/results/rogue.json]
 
 Sixteen real gRPC nodes on loopback, in this process (members 0 and 1, every block); in a rogue
 scenario member 0's nodes for blocks 0-3 lie (harness/faults.py), or run genuine software on a forged
@@ -144,7 +144,7 @@ def _summary(
     return out
 
 
-async def run(requests: int) -> dict[str, Any]:
+async def run(requests: int, only: str | None = None) -> dict[str, Any]:
     members = robust_members(family_root())
     report: dict[str, Any] = {"environment": environment(), "requests_per_scenario": requests, "scenarios": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,6 +160,8 @@ async def run(requests: int) -> dict[str, Any]:
         plan.append(("noise after 2 honest hops (past probation), verification on", "noise", 0.05, None, 2))
         plan.append(("noise after 2 honest hops (past probation), verification rate 0.25", "noise", 0.25, None, 2))
         for name, kind, verify, f, after in plan:
+            if only is not None and only not in name:
+                continue
             log.info("scenario: %s", name)
             report["scenarios"][name] = await scenario(members, kind, verify, requests, f, after)
     return report
@@ -169,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m layerswarm.bench.rogue", description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=40, help="requests per scenario (8 images each)")
     p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument("--only", help="run only the scenarios whose name contains this (e.g. honest)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
-    report = asyncio.run(run(args.requests))
+    report = asyncio.run(run(args.requests, args.only))
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text + "\n")
