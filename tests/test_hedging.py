@@ -12,6 +12,7 @@ import torch
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
@@ -23,7 +24,9 @@ SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 
 @pytest.fixture
 async def slow_and_fast(family_dirs: list[Path]) -> AsyncIterator[tuple[Node, Node]]:
-    slow = Node(NodeSettings(model_dir=family_dirs[0], block=0, advertise=False, fault_delay_ms=800, grace_s=0.1))
+    slow = FaultyNode(
+        NodeSettings(model_dir=family_dirs[0], block=0, advertise=False, grace_s=0.1), FaultSpec(delay_ms=800)
+    )
     fast = Node(NodeSettings(model_dir=family_dirs[1], block=0, advertise=False, grace_s=0.1))
     for n in (slow, fast):
         await n.start()
@@ -82,7 +85,7 @@ async def test_without_hedging_the_slow_node_answers(family_dirs: list[Path], sl
 async def test_malformed_replies_quarantine_the_node_and_the_hop_is_substituted(
     family_dirs: list[Path], mode: str
 ) -> None:
-    liar = Node(NodeSettings(model_dir=family_dirs[0], block=0, advertise=False, fault_mode=mode, grace_s=0.1))
+    liar = FaultyNode(NodeSettings(model_dir=family_dirs[0], block=0, advertise=False, grace_s=0.1), FaultSpec(mode))
     honest = Node(NodeSettings(model_dir=family_dirs[1], block=0, advertise=False, grace_s=0.1))
     for n in (liar, honest):
         await n.start()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import block_file, load_block, read_manifest
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
@@ -80,10 +81,8 @@ async def test_bad_requests_get_invalid_argument(stub: pb_grpc.BlockNodeStub, ma
 
 
 async def test_overload_gets_resource_exhausted(model_dir: Path) -> None:
-    settings = NodeSettings(
-        model_dir=model_dir, block=0, advertise=False, max_in_flight=1, fault_delay_ms=300, grace_s=0.1
-    )
-    n = Node(settings)
+    settings = NodeSettings(model_dir=model_dir, block=0, advertise=False, max_in_flight=1, grace_s=0.1)
+    n = FaultyNode(settings, FaultSpec(delay_ms=300))
     await n.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{n.port}") as channel:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -69,7 +70,9 @@ async def test_a_failed_micro_batch_reaches_every_waiting_request(model_dir: Pat
 @pytest.mark.slow
 def test_sigterm_lets_in_flight_requests_finish(model_dir: Path) -> None:
     """A request that is computing when SIGTERM arrives is answered; then the process exits 0."""
-    proc = spawn("draining-node", node_cmd(model_dir, 0, "--no-advertise", "--grace", "5", "--fault-delay-ms", "3000"))
+    node = node_cmd(model_dir, 0, "--no-advertise", "--grace", "5")[4:]  # `layerswarm node`'s own arguments
+    faulty = [sys.executable, "-m", "layerswarm.harness.faults", *node, "--fault-delay-ms", "3000"]  # a slow node
+    proc = spawn("draining-node", faulty)
     try:
 
         async def call_then_terminate() -> pb.ForwardResponse:

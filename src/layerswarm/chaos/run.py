@@ -33,7 +33,9 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
     members = robust_members(family_root())
     depth = read_manifest(members[0]).config.depth
     tools = chaos_swarm.fault_tools()
-    swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS)))
+    # Every member is listed (strict admission): joiners run members[-1].
+    listed = tuple(f"--family-dir={m}" for m in members[2:])
+    swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed))
     try:
         swarm.start_nodes(swarm.nodes)
         swarm.start_coordinator()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ class ChaosNode:
     host: Host
     model_dir: Path
     block: int
-    extra: tuple[str, ...] = ()
+    faults: tuple[str, ...] = ()  # --fault-* arguments: run under harness/faults.py, not `layerswarm node`
     proc: Proc | None = None
 
     @property
@@ -31,9 +32,9 @@ class ChaosNode:
         return f"{self.host.address}:{NODE_PORT}"
 
     def command(self) -> list[str]:
-        cmd = node_cmd(
-            self.model_dir, self.block, "--grace", "0.5", *self.extra, host=self.host.address, port=NODE_PORT
-        )
+        cmd = node_cmd(self.model_dir, self.block, "--grace", "0.5", host=self.host.address, port=NODE_PORT)
+        if self.faults:  # the same node, built by the test-only fault wrapper
+            cmd = [sys.executable, "-m", "layerswarm.harness.faults", *cmd[4:], *self.faults]
         return self.host.command(cmd)
 
 
@@ -74,11 +75,12 @@ class ChaosSwarm:
         node.proc.signal(signal.SIGKILL)
         node.proc.popen.wait(5)
 
-    def restart(self, node: ChaosNode, extra: tuple[str, ...] = ()) -> None:
-        """Start the node again on the same host and port (a reboot, or a redeploy with other flags)."""
+    def restart(self, node: ChaosNode, faults: tuple[str, ...] = ()) -> None:
+        """Start the node again on the same host and port (a reboot, or a redeploy with a fault:
+        `faults` are harness/faults.py arguments, e.g. ("--fault-mode", "zeros"))."""
         if node.proc is not None and node.proc.alive:
             node.proc.stop(5)
-        node.extra = extra
+        node.faults = faults
         self.start_nodes([node])
 
     def freeze(self, node: ChaosNode, frozen: bool) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from layerswarm import __version__
 
@@ -79,3 +80,13 @@ def main(argv: list[str] | None = None) -> int:
 def _usage_error(command: str, message: str) -> int:
     print(f"layerswarm {command}: error: {message}", file=sys.stderr)
     return 2
+
+
+def node_settings_from_argv(argv: list[str]) -> Any:
+    """`layerswarm node` arguments to NodeSettings, with the CLI's logging (for harness/faults.py, the
+    test-only faulty node, which must parse exactly what the real node parses)."""
+    from .base import load_settings
+
+    args = build_parser().parse_args(["node", *argv])
+    logs.configure(args.log_level, args.log_format)
+    return load_settings(args)

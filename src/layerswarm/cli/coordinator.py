@@ -46,7 +46,26 @@ def register(sub: Subparsers) -> None:
         "default path policy (auto: shuffle for shuffle-robust families)",
         choices=CHOICES["default_policy"],
     )
-    f.add("--min-blocks", "min_blocks", "fail (503) below this depth", type=int)
+    f.add(
+        "--min-blocks",
+        "min_blocks",
+        "fail (503) below this depth (none: the model's evaluated minimum useful depth, else 1)",
+        type=int,
+    )
+    f.add(
+        "--no-strict",
+        "strict",
+        "with --family-dir, also admit model ids no manifest lists (none given: strict when --family-dir is)",
+        action="store_false",
+    )
+    f.add(
+        "--verify-rate",
+        "verify_rate",
+        "share of hops the coordinator re-executes to catch lying nodes, after each new node's probation",
+        type=float,
+    )
+    f.add("--verify-probation", "verify_probation", "hops of each new node always re-executed", type=int)
+    p.add_argument("--no-verify", action="store_true", help="never re-execute or range-check replies")
     f.add("--hop-timeout", "hop_timeout_s", "seconds per hop before substituting", type=float)
     f.add("--request-timeout", "request_timeout_s", "seconds per request, all hops", type=float)
     f.add("--health-interval", "health_interval_s", "seconds between health checks", type=float)
@@ -123,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     from layerswarm.coordinator.server import run as serve
 
     settings: CoordinatorSettings = load_settings(args)
+    if args.no_verify:
+        settings = settings.model_copy(update={"verify_rate": None})
     if args.no_state_file:
         settings = settings.model_copy(update={"state_file": None})
     elif settings.state_file is None:

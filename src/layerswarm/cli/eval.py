@@ -28,6 +28,17 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--merges", type=int_at_least(20), default=20, help="random merged models per family (>= 20)")
     add_image_args(p, train=False)
     p.add_argument("--seed", type=int, default=0, help="seed of orders and merges")
+    p.add_argument(
+        "--min-depth-margin",
+        type=float,
+        default=0.01,
+        help="minimum useful depth: fewest blocks within this accuracy of full depth (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-policy",
+        action="store_true",
+        help="do not write min depth and activation statistics into the model directories' manifests",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

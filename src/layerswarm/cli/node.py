@@ -40,8 +40,6 @@ def register(sub: Subparsers) -> None:
     f.add("--mdns-interface", "mdns_interfaces", "IP of an interface for mDNS (repeatable; none: all)", action="append")
     f.add("--grace", "grace_s", "seconds to drain on SIGTERM", type=float)
     add_security_flags(f)
-    p.add_argument("--fault-delay-ms", dest="fault_delay_ms", type=float, default=0.0, help=argparse.SUPPRESS)
-    p.add_argument("--fault-mode", choices=["none", "nan", "shape", "dtype"], default="none", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from layerswarm.node.server import run as serve
 
-    faults = {"fault_delay_ms": args.fault_delay_ms, "fault_mode": args.fault_mode}  # test-only, never configured
-    settings: NodeSettings = load_settings(args, **faults)
+    settings: NodeSettings = load_settings(args)
     ensure_port_free(settings.host, settings.port, "--port")
     ensure_port_free(settings.host, settings.metrics_port, "--metrics-port")
     torch.set_num_threads(settings.threads)  # once per process, at start-up

@@ -133,7 +133,10 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
-        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family)
+        # The demo kills every node of one block index to show a degraded answer, so it accepts one block
+        # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
+        degraded = ["--min-blocks", str(depth - 1)]
+        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
         progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
         coordinator = spawn("coordinator", cmd, opts.timeout_s)
     except Exception:
@@ -197,15 +200,22 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
 
 
 def choose_victims(nodes: list[Any], count: int, rng: random.Random) -> list[Any]:
-    """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random others."""
+    """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random
+    others, leaving every other index at least one node."""
     if count <= 0:
         return []
     by_block: dict[int, list[Any]] = {}
     for proc in nodes:
         by_block.setdefault(int(proc.ready["block"]), []).append(proc)
     first = by_block[rng.choice(sorted(by_block))][:count]
-    rest = [p for p in nodes if p not in first]
-    return first + rng.sample(rest, max(0, min(len(rest), count - len(first))))
+    others: list[Any] = []
+    for proc in rng.sample([p for p in nodes if p not in first], len(nodes) - len(first)):
+        if len(others) >= count - len(first):
+            break
+        block_left = [p for p in by_block[int(proc.ready["block"])] if p is not proc and p not in others]
+        if block_left:  # only one block index goes entirely: the demo's --min-blocks is depth - 1
+            others.append(proc)
+    return first + others
 
 
 def summarise(phases: list[Phase], nodes: list[Any], killed: list[Any], view: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from layerswarm.models.checkpoint import ModelDirError, read_manifest
+from layerswarm.models import policy
+from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
 from layerswarm.models.checkpoint import load_stem_head as load_parts
 from layerswarm.wire import codec
 
@@ -26,6 +27,7 @@ from .periodic import Periodic
 from .planner import Policy, plan_path
 from .registry import FamilySpec, NodeEvent, NodeState, Registry
 from .settings import CoordinatorSettings
+from .verify import Verifier, VerifySettings
 
 log = logging.getLogger(__name__)
 MDNS_QUIET_S = 0.3  # the first round waits until no advert came for this long
@@ -70,7 +72,26 @@ def family_spec(settings: CoordinatorSettings) -> FamilySpec:
         for i in range(manifest.config.depth):
             known[(manifest.model_id, i)] = manifest.block_sha256(i)
     cfg = own.config
-    return FamilySpec(own.family_id, cfg.depth, cfg.num_tokens, cfg.dim, known)
+    strict = bool(settings.family_dirs) if settings.strict is None else settings.strict
+    return FamilySpec(own.family_id, cfg.depth, cfg.num_tokens, cfg.dim, known, strict)
+
+
+def default_min_blocks(settings: CoordinatorSettings, manifest: Manifest) -> int:
+    """--min-blocks, else the minimum useful depth `layerswarm eval` measured, else 1 (with a warning)."""
+    if settings.min_blocks is not None:
+        return settings.min_blocks
+    evaluated = policy.min_blocks(manifest)
+    if evaluated is None:
+        log.warning("%s has no evaluated minimum depth (run layerswarm eval): min_blocks is 1", settings.model_dir)
+        return 1
+    return evaluated
+
+
+def make_verifier(settings: CoordinatorSettings) -> Verifier | None:
+    if settings.verify_rate is None:
+        return None
+    dirs = [settings.model_dir, *settings.family_dirs]
+    return Verifier(dirs, VerifySettings(rate=settings.verify_rate, probation_hops=settings.verify_probation))
 
 
 class Coordinator:
@@ -83,7 +104,9 @@ class Coordinator:
             family_spec(settings), settings.eject_after, settings.quarantine_s, on_change=log_node_event
         )
         self.pool = ClientPool(transport=settings.transport, security=settings.security)
-        self.executor = PathExecutor(self.registry, self.pool)
+        self.min_blocks = default_min_blocks(settings, self.manifest)
+        self.verifier = make_verifier(settings)
+        self.executor = PathExecutor(self.registry, self.pool, self.verifier)
         self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
         verify = self.monitor.verify_soon
         self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces, verify) if settings.mdns else None
@@ -195,12 +218,14 @@ class Coordinator:
         await self.monitor.stop()
         await self.pool.close()
         self._compute.shutdown(wait=False, cancel_futures=True)
+        if self.verifier is not None:
+            self.verifier.close()
 
     def ready(self) -> tuple[bool, str]:
         if not self._first_round.is_set():
             return False, "starting: the first discovery and health round is not complete"
         depth = self.registry.reachable_depth()
-        need = self.settings.min_blocks
+        need = self.min_blocks
         if depth >= need:
             return True, f"{depth} of {self.config.depth} blocks reachable (minimum {need})"
         return False, f"only {depth} of {self.config.depth} blocks reachable, minimum depth is {need}"
@@ -212,7 +237,7 @@ class Coordinator:
         policy = opts.policy or self.default_policy
         seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**31)
         rng = random.Random(seed)
-        min_blocks = opts.min_blocks if opts.min_blocks is not None else self.settings.min_blocks
+        min_blocks = opts.min_blocks if opts.min_blocks is not None else self.min_blocks
         x = await self._run_local(self.stem, images)
         plan = plan_path(
             policy,

@@ -24,6 +24,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .clients import ClientPool
 from .planner import Plan, substitutes
 from .registry import NodeRecord, Registry
+from .verify import Lie, Verifier, hard_range_problem
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,10 @@ def _hedge_delay(record: NodeRecord, opts: ExecOptions) -> float | None:
 
 
 class HopFailed(Exception):
-    def __init__(self, message: str, quarantine: bool = False) -> None:
+    def __init__(self, message: str, quarantine: bool = False, evidence: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.quarantine = quarantine
+        self.evidence = evidence  # set when verification caught a lie: kept until the node restarts
 
 
 @dataclass
@@ -114,9 +116,10 @@ class _RequestState:
 
 
 class PathExecutor:
-    def __init__(self, registry: Registry, pool: ClientPool) -> None:
+    def __init__(self, registry: Registry, pool: ClientPool, verifier: Verifier | None = None) -> None:
         self.registry = registry
         self.pool = pool
+        self.verifier = verifier  # None: replies are only checked for form (codec), not for truth
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         hops: list[Hop] = []
@@ -202,7 +205,7 @@ class PathExecutor:
             ident = record.identity
             hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
             if exc.quarantine:
-                self.registry.quarantine(record.address, str(exc))
+                self.registry.quarantine(record.address, str(exc), exc.evidence)
             else:
                 self.registry.record_failure(record.address, str(exc))
             return None
@@ -247,4 +250,21 @@ class PathExecutor:
         except codec.TensorError as exc:
             log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
             raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
-        return out.to(torch.float32)
+        out = out.to(torch.float32)
+        await self._verify(record, x, out, position, opts)
+        return out
+
+    async def _verify(
+        self, record: NodeRecord, x: torch.Tensor, out: torch.Tensor, position: int, opts: ExecOptions
+    ) -> None:
+        """Blame the node whose reply is wrong, before its output reaches the next (honest) hop."""
+        if self.verifier is None:
+            hard = hard_range_problem(out, position, opts.wire_dtype)
+            if hard is not None:
+                log.warning("quarantining %s: %s", record.address, hard)
+                raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
+            return
+        try:
+            await self.verifier.check(record, x, out, position, opts.wire_dtype)
+        except Lie as exc:
+            raise HopFailed(str(exc), quarantine=True, evidence=exc.evidence) from exc

@@ -60,6 +60,7 @@ class FamilySpec:
     tokens: int
     dim: int
     known_weights: dict[tuple[str, int], str] = field(default_factory=dict)  # (model, block) -> sha256
+    strict: bool = False  # admit only (model, block) pairs known_weights lists, with exactly that sha256
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class NodeRecord:
     failed: int = 0
     state_since: float = 0.0
     recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=64))  # bounded: for hedging
+    # Verification's findings (what was checked, against what, how far off); a node quarantined on
+    # evidence stays out until it restarts (new boot id: then it is on probation again).
+    evidence: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=5))
+    convicted: bool = False
 
     def latency_quantile(self, q: float, min_samples: int = 8) -> float | None:
         """The q-quantile of recent hop latencies (ms), or None while there are too few to judge."""
@@ -155,6 +160,7 @@ class NodeRecord:
             "failed": self.failed,
             "consecutive_failures": self.consecutive_failures,
             "hints": sorted(self.hints),
+            "evidence": list(self.evidence),
         }
 
 
@@ -254,6 +260,7 @@ class Registry:
         if record.identity is not None and record.identity.boot_id != identity.boot_id:
             record.ewma_ms, record.consecutive_failures = None, 0  # a new incarnation starts fresh
             record.recent_ms.clear()
+            record.convicted = False
             if record.state in (NodeState.EJECTED, NodeState.QUARANTINED):
                 self._set(record, NodeState.HEALTHY, "restarted (new boot id)")
         record.identity = identity
@@ -274,6 +281,8 @@ class Registry:
         if (ident.tokens, ident.dim) != (fam.tokens, fam.dim) or not 0 <= ident.block < fam.depth:
             return f"shape (T={ident.tokens}, D={ident.dim}, block {ident.block}) does not fit the family"
         expected = fam.known_weights.get((ident.model_id, ident.block))
+        if expected is None and fam.strict:
+            return f"model {ident.model_id} is listed by no known manifest (strict: --model-dir/--family-dir only)"
         if expected is not None and expected != ident.weights_sha256:
             return "weights sha256 differs from the family manifest"
         return None
@@ -311,10 +320,13 @@ class Registry:
         if record is not None:
             self._set(record, NodeState.IGNORED, reason)
 
-    def quarantine(self, address: str, reason: str) -> None:
+    def quarantine(self, address: str, reason: str, evidence: dict[str, Any] | None = None) -> None:
         record = self.nodes.get(address)
         if record is not None and record.state is not NodeState.IGNORED:
             record.failed += 1
+            if evidence is not None:
+                record.evidence.append(evidence)
+                record.convicted = True
             self._set(record, NodeState.QUARANTINED, reason)
 
     def health_ok(self, address: str) -> None:
@@ -324,7 +336,11 @@ class Registry:
         record.consecutive_failures = 0
         if record.state is NodeState.EJECTED:
             self._set(record, NodeState.HEALTHY, "recovered")
-        elif record.state is NodeState.QUARANTINED and self.clock() - record.state_since >= self.quarantine_s:
+        elif (
+            record.state is NodeState.QUARANTINED
+            and not record.convicted
+            and self.clock() - record.state_since >= self.quarantine_s
+        ):
             self._set(record, NodeState.HEALTHY, "quarantine over")
 
     def health_failed(self, address: str, reason: str) -> None:

@@ -42,7 +42,10 @@ class CoordinatorSettings(ProcessSettings):
     hedge_min_ms: float = 10.0
     hop_timeout_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=10.0, gt=0)
-    min_blocks: int = Field(default=1, ge=1)
+    min_blocks: int | None = Field(default=None, ge=1)  # None: the model's evaluated minimum depth, else 1
+    strict: bool | None = None  # admit only listed model ids and hashes; None: strict when family_dirs given
+    verify_rate: float | None = Field(default=0.05, ge=0, le=1)  # share of hops re-executed; None: no verification
+    verify_probation: int = Field(default=2, ge=0)  # hops of each new node incarnation that are all re-executed
     default_policy: str = "auto"  # auto: shuffle for shuffle-robust families, else sequential
     # fp16 halves the bytes per hop; on the shipped family it loses no accuracy (bench: wire formats)
     wire_dtype: str = "fp16"

@@ -78,6 +78,10 @@ class Manifest:
     recipe: dict[str, Any] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # Deployment policy measured on this model (min depth, activation statistics, exit thresholds):
+    # outside the hashed ids on purpose, so it can be (re)measured without renaming the model; read and
+    # write it with models/policy.py. A coordinator trusts only the policy in its own model dirs.
+    policy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def variant(self) -> str:
@@ -98,6 +102,7 @@ class Manifest:
             "recipe": self.recipe,
             "dataset": self.dataset,
             "metrics": self.metrics,
+            "policy": self.policy,
             "files": {name: {"sha256": sha} for name, sha in sorted(self.files.items())},
         }
 
@@ -135,9 +140,42 @@ def save_model(
         dataset=dataset or {},
         metrics=metrics or {},
     )
+    write_manifest(out, manifest)
+    return manifest
+
+
+def write_manifest(model_dir: str | os.PathLike[str], manifest: Manifest) -> None:
+    out = Path(model_dir)
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n")
     tmp.replace(out / MANIFEST)  # atomic: a reader never sees a half-written manifest
+
+
+def rehash_model_dir(model_dir: str | os.PathLike[str]) -> Manifest:
+    """Re-derive file hashes and ids after a directory's files changed (keeps lineage, recipe, metrics).
+    Anyone can do this to an edited copy: a self-consistent manifest proves nothing about its origin,
+    which is why strict coordinators admit only ids and hashes their own manifests list."""
+    path = Path(model_dir)
+    raw = json.loads((path / MANIFEST).read_text())
+    cfg = ViTConfig.from_dict(raw["config"])
+    files = {name: sha256_file(path / name) for name in raw["files"]}
+    model_id = derive_model_id(cfg, files)
+    lineage = Lineage(**raw["lineage"])
+    if lineage.source == "scratch":
+        lineage = Lineage(root=model_id, parent=None, source="scratch")
+    assert lineage.root is not None
+    manifest = Manifest(
+        cfg,
+        lineage,
+        files,
+        model_id,
+        derive_family_id(cfg, lineage.root),
+        raw.get("recipe", {}),
+        raw.get("dataset", {}),
+        raw.get("metrics", {}),
+        raw.get("policy", {}),
+    )
+    write_manifest(path, manifest)
     return manifest
 
 
@@ -163,6 +201,7 @@ def read_manifest(model_dir: str | os.PathLike[str]) -> Manifest:
             recipe=raw.get("recipe", {}),
             dataset=raw.get("dataset", {}),
             metrics=raw.get("metrics", {}),
+            policy=raw.get("policy", {}),
         )
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
         if isinstance(exc, ModelDirError):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -206,6 +207,8 @@ def eval_main(args: argparse.Namespace) -> int:
     plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
     report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
     report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
+    if not args.no_policy:
+        write_policies(args.model_dirs, report, data, args.min_depth_margin)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -218,6 +221,29 @@ def eval_main(args: argparse.Namespace) -> int:
             plot_merged(report, args.plots / "merged.png")
     print(render_table(report))
     return 0
+
+
+def write_policies(model_dirs: list[Path], report: dict[str, Any], data: Dataset, margin: float) -> None:
+    """Into each model dir: its minimum useful depth (its family's pruning curve when it has one, in
+    arbitrary order for shuffle-robust variants) and per-position activation statistics."""
+    from .checkpoint import load_model
+    from .data import iterate_batches
+    from .evaluate import activation_stats, min_useful_depth, odd_images
+    from .policy import ACTIVATION_STATS, MIN_BLOCKS, write_entry
+
+    test = torch.cat(list(iterate_batches(data.test_x, [torch.arange(min(len(data.test_y), 2048))])))
+    images = torch.cat([test, odd_images(test)])
+    for model_dir in model_dirs:
+        name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
+        row = report["models"][name]
+        group = report["groups"].get(f"{row['family_id']}/{row['variant']}")
+        order = "arbitrary" if row["variant"].startswith("layershuffle") else "sequential"
+        depth_policy = min_useful_depth((group or row)["pruned"], order, margin)
+        depth_policy["measured_on"] = "family" if group else "model"
+        write_entry(model_dir, MIN_BLOCKS, depth_policy)
+        model, _ = load_model(model_dir)
+        write_entry(model_dir, ACTIVATION_STATS, activation_stats(model, images))
+        log.info("%s: min_blocks %d", name, depth_policy["value"])
 
 
 def render_table(report: dict[str, Any]) -> str:

@@ -216,3 +216,60 @@ def check_targets(report: dict[str, Any], chance: float) -> dict[str, Any]:
 
 def _monotone(values: list[float], slack: float = 0.01) -> bool:
     return all(b >= a - slack for a, b in itertools.pairwise(values))
+
+
+def min_useful_depth(pruned: dict[str, dict[str, float]], order: str, margin: float = 0.01) -> dict[str, Any]:
+    """The fewest blocks whose accuracy (pruned curve, `order`: arbitrary or sequential) stays within
+    `margin` of the full-depth accuracy on the same curve: the coordinator's honest default min_blocks."""
+    curve = {int(k): v[order] for k, v in pruned.items()}
+    depth = max(curve)
+    full = curve[depth]
+    value = min(k for k, acc in curve.items() if acc >= full - margin)
+    return {
+        "value": value,
+        "margin": margin,
+        "order": order,
+        "accuracy_full": round(full, 4),
+        "accuracy_at_min": round(curve[value], 4),
+        "curve": {str(k): round(curve[k], 4) for k in sorted(curve)},
+    }
+
+
+@torch.inference_mode()
+def activation_stats(model: ViT, images: Tensor, orders: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Per position p, the range of activations after p+1 blocks (arbitrary orders for shuffle-robust
+    models, else in order): the largest |x| and the range of per-image RMS. A coordinator's cheap first
+    filter for lying nodes. `images` should include odd inputs (noise, flat images) so that a strange
+    upload does not look like a lie."""
+    rng = random.Random(seed)
+    depth = len(model.blocks)
+    robust = model.cfg.shuffle_robust
+    peaks = [0.0] * depth
+    rms_lo, rms_hi = [float("inf")] * depth, [0.0] * depth
+    for _ in range(orders if robust else 1):
+        order = rng.sample(range(depth), depth) if robust else list(range(depth))
+        x = model.stem(images)
+        for position, index in enumerate(order):
+            x = model.blocks[index](x, position)
+            rms = x.pow(2).mean(dim=(1, 2)).sqrt()
+            peaks[position] = max(peaks[position], float(x.abs().max()))
+            rms_lo[position] = min(rms_lo[position], float(rms.min()))
+            rms_hi[position] = max(rms_hi[position], float(rms.max()))
+    return {
+        "order": "arbitrary" if robust else "sequential",
+        "samples": int(images.shape[0]),
+        "orders": orders if robust else 1,
+        "positions": [
+            {"max_abs": round(p, 4), "rms_min": round(lo, 4), "rms_max": round(hi, 4)}
+            for p, lo, hi in zip(peaks, rms_lo, rms_hi, strict=True)
+        ],
+    }
+
+
+def odd_images(like: Tensor, count: int = 64, seed: int = 0) -> Tensor:
+    """Uniform noise and flat images in the data's value range: what a careless or hostile client uploads."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = float(like.min()), float(like.max())
+    noise = lo + (hi - lo) * torch.rand((count, *like.shape[1:]), generator=g)
+    flat = torch.linspace(lo, hi, 8).view(8, 1, 1, 1).expand(8, *like.shape[1:])
+    return torch.cat([noise, flat])

@@ -17,6 +17,11 @@ class NodeMetrics:
         self.errors = Counter(
             "layerswarm_node_errors", "Forward requests answered with an error", ["code"], registry=self.registry
         )
+        self.refused_outputs = Counter(
+            "layerswarm_node_refused_outputs",
+            "Block outputs not sent: non-finite, or out of range for the reply dtype",
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "layerswarm_node_forward_seconds",
             "Block compute time per request",

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,6 +26,9 @@ from .metrics import NodeMetrics
 from .runtime import BlockRuntime, pick_device
 from .service import BlockService
 from .settings import NodeSettings
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +50,7 @@ class Node:
         self.boot_id = uuid.uuid4().hex
         self.manifest = read_manifest(settings.model_dir)
         device = pick_device(settings.device)
-        self.runtime = BlockRuntime(
-            str(settings.model_dir),
-            settings.block,
-            self.manifest,
-            device,
-            micro_batch=settings.micro_batch,
-            max_batch=settings.max_batch,
-        )
+        self.runtime = self.make_runtime(device)
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
         self.health = HealthServicer()
         token = settings.security.token
@@ -69,9 +65,20 @@ class Node:
         self.advertiser: Advertiser | None = None
         self._metrics_server: tuple[Any, Any] | None = None
 
+    def make_runtime(self, device: torch.device) -> BlockRuntime:
+        s = self.settings
+        return BlockRuntime(
+            str(s.model_dir), s.block, self.manifest, device, micro_batch=s.micro_batch, max_batch=s.max_batch
+        )
+
+    def make_service(self) -> BlockService:
+        """The servicer. The test-only fault harness (harness/faults.py) overrides this and
+        make_runtime to build a lying node from the real parts; production code never does."""
+        return BlockService(self.runtime, self.settings, self.metrics, self.boot_id)
+
     async def start(self) -> None:
         s = self.settings
-        pb_grpc.add_BlockNodeServicer_to_server(BlockService(self.runtime, s, self.metrics, self.boot_id), self.server)  # type: ignore[no-untyped-call]
+        pb_grpc.add_BlockNodeServicer_to_server(self.make_service(), self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{s.host}:{s.port}"
         if s.security.tls:
@@ -125,8 +132,8 @@ class Node:
         )
 
 
-async def serve(settings: NodeSettings) -> None:
-    node = Node(settings)
+async def serve(settings: NodeSettings, node_type: type[Node] = Node) -> None:
+    node = node_type(settings)
     await node.start()
     print(node.ready_line(), flush=True)  # the CLI's own output: supervisors and tests wait for it
     stop = asyncio.Event()
@@ -138,7 +145,7 @@ async def serve(settings: NodeSettings) -> None:
     await node.stop()
 
 
-def run(settings: NodeSettings) -> int:
-    asyncio.run(serve(settings))
+def run(settings: NodeSettings, node_type: type[Node] = Node) -> int:
+    asyncio.run(serve(settings, node_type))
     sys.stdout.flush()
     return 0

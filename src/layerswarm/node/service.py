@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -21,6 +19,27 @@ from .runtime import BlockRuntime
 from .settings import NodeSettings
 
 log = logging.getLogger(__name__)
+
+
+# An input whose largest value is past this fraction of the reply dtype's limit leaves a block no room
+# (a residual block adds to its input): it is refused as the sender's fault, before any compute. The
+# coordinator applies the same bound to every reply (coordinator/verify.py: hard_range_problem).
+INPUT_HEADROOM = 0.5
+
+
+def output_problem(out: torch.Tensor, reply_dtype: torch.dtype) -> str | None:
+    """Why `out` must not be sent as `reply_dtype`, or None when it can be."""
+    if not bool(torch.isfinite(out).all()):
+        return "has NaN or Inf values"
+    limit = torch.finfo(reply_dtype).max
+    peak = float(out.abs().max()) if out.numel() else 0.0
+    if peak > limit:
+        return f"is out of range for {_name(reply_dtype)} (max |x| {peak:.4g} > {limit:.6g})"
+    return None
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class RequestError(Exception):
@@ -104,12 +123,19 @@ class BlockService(pb_grpc.BlockNodeServicer):
         finally:
             self.metrics.in_flight.dec()
         self.metrics.latency.observe(ms / 1e3)
-        out = await self._inject_faults(out)
-        if self.settings.fault_mode == "dtype":  # test-only: answer in a dtype nobody asked for
-            reply_dtype = torch.float32 if reply_dtype == torch.bfloat16 else torch.bfloat16
+        self._check_output(out, reply_dtype)
         return pb.ForwardResponse(
             request_id=request.request_id, activations=codec.encode(out, reply_dtype), compute_ms=ms
         )
+
+    def _check_output(self, out: torch.Tensor, reply_dtype: torch.dtype) -> None:
+        """Never send what the next hop cannot use: non-finite values, or values the cast to the reply
+        dtype would turn into Inf. The input was in range (checked first): this node is at fault."""
+        problem = output_problem(out, reply_dtype)
+        if problem is not None:
+            self.metrics.refused_outputs.inc()
+            log.warning("refusing to send block output: %s", problem)
+            raise RequestError(grpc.StatusCode.INTERNAL, f"block output {problem}: not sent")
 
     def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype]:
         depth = self.runtime.manifest.config.depth
@@ -128,17 +154,12 @@ class BlockService(pb_grpc.BlockNodeServicer):
             )
         except codec.TensorError as exc:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
+        limit = torch.finfo(reply_dtype).max * INPUT_HEADROOM
+        peak = float(x.abs().max()) if x.numel() else 0.0
+        if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input activations out of range: max |x| {peak:.6g} > {limit:.6g} "
+                f"(half the {_name(reply_dtype)} limit); the previous hop's output is suspect",
+            )
         return x, reply_dtype
-
-    async def _inject_faults(self, out: torch.Tensor) -> torch.Tensor:
-        """Test-only misbehaviour (--fault-*): a slow or lying node, for the failure-injection suites."""
-        s = self.settings
-        if s.fault_delay_ms > 0:
-            started = time.perf_counter()
-            await asyncio.sleep(s.fault_delay_ms / 1e3)
-            log.debug("fault: delayed %.1f ms", (time.perf_counter() - started) * 1e3)
-        if s.fault_mode == "nan":
-            return torch.full_like(out, float("nan"))
-        if s.fault_mode == "shape":
-            return out[:, :-1]
-        return out

@@ -41,9 +41,6 @@ class NodeSettings(ProcessSettings):
     tls_key: Path | None = None
     tls_ca: Path | None = None
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
-    # Test-only fault injection (failure-injection suites): never set in production.
-    fault_delay_ms: float = 0.0
-    fault_mode: str = "none"  # none | nan | shape | dtype
 
     _security = model_validator(mode="before")(security_from_files)
 

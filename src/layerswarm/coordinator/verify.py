@@ -1,0 +1,262 @@
+"""Output verification: catch nodes whose activations are well-formed but wrong, with evidence.
+
+Every reply passes two layers before it is used:
+
+1. A range filter (every hop, no compute): the reply's largest |x| and per-image RMS against the
+   activation statistics recorded at evaluation for that position (the `activation_stats` policy of
+   the coordinator's own model directories), with a wide margin; and a hard bound of half the wire
+   dtype's limit (a residual block adds to its input: past that, the next honest hop overflows). A
+   hard violation quarantines the node that sent it (not the next one). A soft violation (an odd
+   upload can look odd too) only forces layer 2 for this hop.
+2. Spot re-execution: every hop of a node on probation (its first `probation_hops` hops per boot id),
+   every flagged hop, and a `rate` fraction of the rest are recomputed by the coordinator with a
+   verified copy of the block the node claims to run (same model id and block index, sha256 checked,
+   loaded from --model-dir/--family-dir), from the same fp16-rounded input. Disagreement beyond the
+   wire dtype's rounding quarantines the node; the evidence goes to /v1/nodes. When the coordinator
+   holds no copy of that model (an unlisted model, non-strict mode), the reference is the family
+   envelope: the same block index of every member it holds; the reply must lie closer to one of them
+   than the members lie to each other (times `envelope_slack`).
+
+Cost: one block forward on the coordinator per verified hop (counted in `stats()`); nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from layerswarm.models import policy
+from layerswarm.models.checkpoint import Manifest, load_block, read_manifest
+from layerswarm.models.vit import Block
+
+from .registry import NodeRecord
+
+log = logging.getLogger(__name__)
+
+# Relative RMS error allowed between a node's reply and the coordinator's re-execution: a few times the
+# rounding of one cast to the wire dtype (the only difference between two honest computations).
+TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-4}
+STATS_MARGIN = 4.0  # the range filter's slack over what evaluation saw (soft violations only)
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    rate: float = 0.05  # fraction of hops re-executed after probation
+    probation_hops: int = 2  # every hop of a new node incarnation is checked until it has passed this many
+    envelope_slack: float = 1.5  # unlisted models: how much further than members lie from each other
+
+
+class Lie(Exception):
+    """A reply that failed verification; `evidence` says what was checked, against what, how far off."""
+
+    def __init__(self, message: str, evidence: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.evidence = evidence
+
+
+@dataclass
+class _Seen:
+    boot_id: str
+    first_hop: float
+    hops: int = 0
+    passed: int = 0
+
+
+@dataclass
+class VerifyStats:
+    hops: int = 0
+    reexecuted: int = 0
+    reexecute_ms: float = 0.0
+    flagged: int = 0
+    detections: list[dict[str, Any]] = field(default_factory=list)
+
+
+def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> dict[str, Any] | None:
+    """Values past half the wire dtype's limit: the next hop (a residual block adds to its input) would
+    overflow. Checked on every reply, verification on or off, so the sender is blamed, not the next hop."""
+    peak = float(out.abs().max()) if out.numel() else 0.0
+    limit = torch.finfo(wire).max / 2
+    if peak <= limit:
+        return None
+    return {
+        "check": "hard range",
+        "against": f"half the {str(wire).removeprefix('torch.')} limit ({limit:.6g}): the next hop would overflow",
+        "discrepancy": f"max |x| {peak:.6g}",
+        "position": position,
+    }
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """RMS of the difference over RMS of the reference (per whole batch)."""
+    return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-6))
+
+
+class Verifier:
+    def __init__(self, model_dirs: list[Path], settings: VerifySettings, seed: int | None = None) -> None:
+        self.settings = settings
+        self.manifests: dict[str, tuple[Path, Manifest]] = {}
+        for d in model_dirs:
+            m = read_manifest(d)
+            self.manifests[m.model_id] = (d, m)
+        self.ranges = _ranges([m for _, m in self.manifests.values()])
+        self._blocks: dict[tuple[str, int], Block] = {}
+        self._seen: dict[str, _Seen] = {}
+        self._rng = random.Random(seed)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+        self.counters = VerifyStats()
+
+    async def check(
+        self, record: NodeRecord, x: torch.Tensor, out: torch.Tensor, position: int, wire: torch.dtype
+    ) -> None:
+        """Raise Lie when `out` (the node's reply to `x` at `position`) is wrong; return when it passes."""
+        ident = record.identity
+        if ident is None:
+            return
+        seen = self._seen_for(record)
+        seen.hops += 1
+        self.counters.hops += 1
+        hard = hard_range_problem(out, position, wire)
+        if hard is not None:
+            raise self._convict(record, seen, hard)
+        soft = self._range_problem(out, position)
+        on_probation = seen.passed < self.settings.probation_hops
+        if soft is not None:
+            self.counters.flagged += 1
+        if soft is None and not on_probation and self._rng.random() >= self.settings.rate:
+            return
+        evidence = await self._reexecute(ident.model_id, ident.block, x, out, position, wire)
+        if evidence is not None:
+            if soft is not None:
+                evidence["range_filter"] = soft["discrepancy"]
+            raise self._convict(record, seen, evidence)
+        seen.passed += 1
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "rate": self.settings.rate,
+            "probation_hops": self.settings.probation_hops,
+            "hops_seen": c.hops,
+            "hops_reexecuted": c.reexecuted,
+            "hops_flagged_by_range": c.flagged,
+            "reexecute_ms_total": round(c.reexecute_ms, 3),
+            "detections": c.detections,
+        }
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- layer 1: ranges -------------------------------------------------------------------------------
+
+    def _range_problem(self, out: torch.Tensor, position: int) -> dict[str, Any] | None:
+        if position >= len(self.ranges):
+            return None
+        r = self.ranges[position]
+        peak = float(out.abs().max()) if out.numel() else 0.0
+        rms = out.float().pow(2).mean(dim=tuple(range(1, out.dim()))).sqrt()
+        lo, hi = float(rms.min()), float(rms.max())
+        if peak > r["max_abs"] * STATS_MARGIN or lo < r["rms_min"] / STATS_MARGIN or hi > r["rms_max"] * STATS_MARGIN:
+            return {
+                "check": "activation statistics",
+                "against": f"evaluation at position {position}: max |x| {r['max_abs']}, "
+                f"RMS {r['rms_min']}..{r['rms_max']} (x{STATS_MARGIN:g} margin)",
+                "discrepancy": f"max |x| {peak:.4g}, RMS {lo:.4g}..{hi:.4g}",
+                "position": position,
+            }
+        return None
+
+    # --- layer 2: re-execution -------------------------------------------------------------------------
+
+    async def _reexecute(
+        self, model_id: str, block: int, x: torch.Tensor, out: torch.Tensor, position: int, wire: torch.dtype
+    ) -> dict[str, Any] | None:
+        """None when `out` agrees with a reference; otherwise the evidence."""
+        known = model_id in self.manifests
+        if not known and len(self.manifests) < 2:
+            return None  # an unlisted model and no envelope to judge it by (one member held): unverifiable
+        x_wire = x.to(wire).float()  # exactly what the node received
+        started = time.perf_counter()
+        if known:
+            refs = await self._run([(model_id, block)], x_wire, position)
+        else:
+            refs = await self._run([(m, block) for m in self.manifests], x_wire, position)
+        self.counters.reexecuted += 1
+        self.counters.reexecute_ms += (time.perf_counter() - started) * 1e3
+        out_wire = out.to(wire).float()
+        if known:
+            err, tol = relative_error(out_wire, refs[0].to(wire).float()), TOLERANCE[wire]
+            against = f"the coordinator's verified copy of {model_id} block {block}"
+        else:
+            err = min(relative_error(out_wire, r) for r in refs)
+            spread = max((relative_error(a, b) for a in refs for b in refs if a is not b), default=0.0)
+            tol = max(spread * self.settings.envelope_slack, TOLERANCE[wire])
+            against = f"block {block} of the {len(refs)} family members the coordinator holds (unlisted model)"
+        if err <= tol:
+            return None
+        return {
+            "check": "re-execution",
+            "against": against,
+            "discrepancy": f"relative RMS error {err:.4g}",
+            "tolerance": round(tol, 6),
+            "position": position,
+        }
+
+    async def _run(self, keys: list[tuple[str, int]], x: torch.Tensor, position: int) -> list[torch.Tensor]:
+        def compute() -> list[torch.Tensor]:
+            with torch.inference_mode():
+                return [self._block(model_id, index)(x, position) for model_id, index in keys]
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, compute)
+
+    def _block(self, model_id: str, index: int) -> Block:
+        key = (model_id, index)
+        if key not in self._blocks:
+            model_dir, manifest = self.manifests[model_id]
+            self._blocks[key] = load_block(model_dir, index, manifest)  # sha256 checked on load
+        return self._blocks[key]
+
+    # --- bookkeeping -----------------------------------------------------------------------------------
+
+    def _seen_for(self, record: NodeRecord) -> _Seen:
+        assert record.identity is not None
+        seen = self._seen.get(record.address)
+        if seen is None or seen.boot_id != record.identity.boot_id:  # a new incarnation starts on probation
+            seen = _Seen(record.identity.boot_id, time.monotonic())
+            self._seen[record.address] = seen
+        return seen
+
+    def _convict(self, record: NodeRecord, seen: _Seen, evidence: dict[str, Any]) -> Lie:
+        evidence = {
+            **evidence,
+            "hops_before_detection": seen.hops,
+            "seconds_since_first_hop": round(time.monotonic() - seen.first_hop, 3),
+            "at": time.time(),
+        }
+        self.counters.detections.append({"address": record.address, **evidence})
+        del self.counters.detections[:-100]  # bounded
+        log.warning("quarantining %s on evidence: %s", record.address, evidence)
+        return Lie(f"verification failed: {evidence['check']} ({evidence['discrepancy']})", evidence)
+
+
+def _ranges(manifests: list[Manifest]) -> list[dict[str, float]]:
+    """The widest per-position range over the coordinator's own manifests ([] when none recorded)."""
+    found = [e["positions"] for m in manifests if (e := policy.entry(m, policy.ACTIVATION_STATS))]
+    if not found:
+        return []
+    depth = min(len(p) for p in found)
+    return [
+        {
+            "max_abs": max(p[i]["max_abs"] for p in found),
+            "rms_min": min(p[i]["rms_min"] for p in found),
+            "rms_max": max(p[i]["rms_max"] for p in found),
+        }
+        for i in range(depth)
+    ]

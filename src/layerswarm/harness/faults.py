@@ -1,0 +1,220 @@
+"""Test-only fault injection: a real node (real runtime, servicer, gRPC server) that is slow or lies.
+
+Production code never imports this module; the node has no fault flags. The failure-injection and
+attack suites start a faulty node with
+
+    python -m layerswarm.harness.faults <any `layerswarm node` arguments> \\
+        [--fault-mode MODE] [--fault-delay-ms N] [--fault-block K] [--fault-after N]
+
+It prints the same ready line as `layerswarm node` and advertises like one. In-process (tests):
+`FaultyNode(NodeSettings(...), FaultSpec(mode=..., delay_ms=...))`, then `await node.start()`.
+
+Modes (MODE):
+  none              honest; only --fault-delay-ms applies (a slow node: each reply held N ms, counted
+                    as in flight, so RESOURCE_EXHAUSTED still works)
+  Malformed replies (the coordinator's codec checks reject them):
+  nan               every value NaN
+  shape             one token short
+  dtype             a reply dtype nobody asked for
+  Rogue replies: finite, well-formed, wrong (what only verification can catch):
+  zeros             all zeros
+  noise             Gaussian noise with the real output's mean and std (passes a magnitude filter)
+  other-block       the output of block K (--fault-block, default: the next index) of the same model
+  overflow          finite values of +-65000 (near the fp16 limit: the next hop would overflow)
+  A broken device (the honest servicer's own output check must catch it):
+  runtime-overflow  the block computes values 1e6 times too large; the node answers INTERNAL
+--fault-after N: answer honestly for the first N requests, then misbehave (a node that passes a
+probation period and turns later).
+
+Forged weights: `forge_model_dir(src, dst, scale)` copies a member's model directory, perturbs every
+block's weights and re-hashes the manifest (new model id, same family id: a self-consistent forgery).
+Run the ordinary `layerswarm node` on it; strict coordinators refuse it, others must catch it by
+verification.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from layerswarm.models.checkpoint import (
+    MANIFEST,
+    block_file,
+    load_block,
+    read_manifest,
+    rehash_model_dir,
+)
+from layerswarm.node.runtime import BlockRuntime
+from layerswarm.node.server import Node
+from layerswarm.node.service import BlockService
+from layerswarm.node.settings import NodeSettings
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+
+MALFORMED_MODES = ("nan", "shape", "dtype")
+ROGUE_MODES = ("zeros", "noise", "other-block", "overflow")
+MODES = ("none", *MALFORMED_MODES, *ROGUE_MODES, "runtime-overflow")
+OVERFLOW_VALUE = 65000.0  # finite in fp16 (limit 65504); any residual block adds to it and overflows
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    mode: str = "none"
+    delay_ms: float = 0.0
+    other_block: int | None = None  # for other-block; None: the next block index
+    after: int = 0  # honest for this many requests first
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"--fault-mode {self.mode!r}: choose one of {', '.join(MODES)}")
+
+
+class FaultyRuntime(BlockRuntime):
+    """The real runtime; in runtime-overflow mode its outputs are scaled past fp16 (a broken device)."""
+
+    def __init__(self, *args: object, spec: FaultSpec, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fault = spec
+
+    def _compute(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
+        out, ms = super()._compute(x, position)
+        if self.fault.mode == "runtime-overflow" and self.served >= self.fault.after:
+            out = out * 1e6
+        return out, ms
+
+
+class FaultyService(BlockService):
+    """The real servicer, then the lie: tampering happens after the node's own output check, as a
+    modified node would do it."""
+
+    def __init__(self, *args: object, spec: FaultSpec, other: torch.nn.Module | None, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fault = spec
+        self.other = other
+        self.answered = 0
+
+    async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
+        reply = await super()._handle(request)
+        if self.fault.delay_ms > 0:
+            self.runtime.in_flight += 1  # still busy: later requests see the node as loaded
+            try:
+                await asyncio.sleep(self.fault.delay_ms / 1e3)
+            finally:
+                self.runtime.in_flight -= 1
+        self.answered += 1
+        if self.fault.mode in ("none", "runtime-overflow") or self.answered <= self.fault.after:
+            return reply
+        return self._lie(request, reply)
+
+    def _lie(self, request: pb.ForwardRequest, reply: pb.ForwardResponse) -> pb.ForwardResponse:
+        out = codec.decode(reply.activations)
+        dtype = out.dtype
+        mode = self.fault.mode
+        if mode == "nan":
+            return _with(reply, codec.encode(torch.full_like(out, float("nan")), dtype))
+        if mode == "shape":
+            return _with(reply, codec.encode(out[:, :-1], dtype))
+        if mode == "dtype":
+            return _with(reply, codec.encode(out, torch.float32 if dtype == torch.bfloat16 else torch.bfloat16))
+        real = out.float()
+        if mode == "zeros":
+            fake = torch.zeros_like(real)
+        elif mode == "noise":
+            fake = torch.randn_like(real) * real.std() + real.mean()
+        elif mode == "overflow":
+            fake = torch.where(real >= 0, OVERFLOW_VALUE, -OVERFLOW_VALUE)
+        else:  # other-block: a genuine block's output, just not the one this node claims to run
+            assert self.other is not None
+            x = codec.decode(request.activations).float()
+            with torch.inference_mode():
+                fake = self.other(x, request.position)
+        return _with(reply, codec.encode(fake, dtype))
+
+
+def _with(reply: pb.ForwardResponse, activations: pb.Tensor) -> pb.ForwardResponse:
+    return pb.ForwardResponse(request_id=reply.request_id, activations=activations, compute_ms=reply.compute_ms)
+
+
+class FaultyNode(Node):
+    """A node built from the real parts, with a lying runtime and servicer."""
+
+    def __init__(self, settings: NodeSettings, spec: FaultSpec) -> None:
+        self.fault = spec
+        super().__init__(settings)
+
+    def make_runtime(self, device: torch.device) -> BlockRuntime:
+        s = self.settings
+        return FaultyRuntime(
+            str(s.model_dir),
+            s.block,
+            self.manifest,
+            device,
+            micro_batch=s.micro_batch,
+            max_batch=s.max_batch,
+            spec=self.fault,
+        )
+
+    def make_service(self) -> BlockService:
+        other = None
+        if self.fault.mode == "other-block":
+            depth = self.manifest.config.depth
+            index = self.fault.other_block if self.fault.other_block is not None else (self.settings.block + 1) % depth
+            other = load_block(self.settings.model_dir, index, self.manifest)
+        return FaultyService(self.runtime, self.settings, self.metrics, self.boot_id, spec=self.fault, other=other)
+
+
+def forge_model_dir(src: Path, dst: Path, scale: float = 0.5, seed: int = 0) -> Path:
+    """An edited copy of a model directory that passes every local check: each block's weights get
+    Gaussian noise of `scale` times their own std, files and manifest are re-hashed (a new model id in
+    the same family: the lineage root is copied). Stem and head are untouched."""
+    shutil.copytree(src, dst)
+    manifest = read_manifest(dst)
+    generator = torch.Generator().manual_seed(seed)
+    for i in range(manifest.config.depth):
+        path = dst / block_file(i)
+        tensors = load_file(str(path))
+        edited = {}
+        for name, t in tensors.items():
+            std = float(t.float().std()) if t.numel() > 1 else 0.0
+            edited[name] = t + torch.randn(t.shape, generator=generator, dtype=t.dtype) * (std * scale)
+        save_file(edited, str(path), metadata={"format": "layerswarm.model"})
+    rehash_model_dir(dst)
+    assert (dst / MANIFEST).is_file()
+    return dst
+
+
+def _fault_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m layerswarm.harness.faults", add_help=False)
+    p.add_argument("--fault-mode", default="none", choices=MODES)
+    p.add_argument("--fault-delay-ms", type=float, default=0.0)
+    p.add_argument("--fault-block", type=int, default=None)
+    p.add_argument("--fault-after", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`layerswarm node` with a fault: the node's own argument parser and settings, our node class.
+    The CLI is imported here (the top of the stack): this entry point is a test tool, not a library."""
+    from layerswarm.cli import node_settings_from_argv
+    from layerswarm.node.server import run
+
+    fault_args, node_argv = _fault_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    spec = FaultSpec(fault_args.fault_mode, fault_args.fault_delay_ms, fault_args.fault_block, fault_args.fault_after)
+    settings = node_settings_from_argv(node_argv)
+
+    class _Node(FaultyNode):
+        def __init__(self, settings: NodeSettings) -> None:
+            super().__init__(settings, spec)
+
+    return run(settings, _Node)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
