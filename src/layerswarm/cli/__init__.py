@@ -235,6 +235,8 @@ def _coordinator(args: argparse.Namespace) -> int:
             http_port=args.http_port,
             default_policy=args.policy,
             min_blocks=args.min_blocks,
+            exit_rule=args.exit_rule,
+            exit_threshold=args.exit_threshold,
             hop_timeout_s=args.hop_timeout,
             request_timeout_s=args.request_timeout,
             health_interval_s=args.health_interval,

@@ -101,6 +101,14 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         help="default path policy (auto: shuffle for shuffle-robust families)",
     )
     p.add_argument("--min-blocks", type=int, default=1, help="fail (503) below this depth (default: %(default)s)")
+    p.add_argument(
+        "--exit-rule",
+        default="calibrated",
+        choices=["calibrated", "none", "confidence", "entropy", "patience"],
+        help="default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval --calibrate`, "
+        "none without one), none, or a rule (default: %(default)s)",
+    )
+    p.add_argument("--exit-threshold", type=float, help="threshold of --exit-rule (default: its calibrated one)")
     p.add_argument("--hop-timeout", type=float, default=2.0, help="seconds per hop before substituting")
     p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request, all hops")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")

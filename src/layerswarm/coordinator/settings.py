@@ -27,6 +27,9 @@ class CoordinatorSettings:
     hop_timeout_s: float = 2.0
     request_timeout_s: float = 10.0
     min_blocks: int = 1
+    # early exit by default: calibrated (the model dir's adaptive policy, if any), none, or a rule name
+    exit_rule: str = "calibrated"
+    exit_threshold: float | None = None  # with a rule name; None: that rule's calibrated threshold
     default_policy: str = "auto"  # auto: shuffle for shuffle-robust families, else sequential
     # fp16 halves the bytes per hop; on the shipped family it loses no accuracy (bench: wire formats)
     wire_dtype: str = "fp16"

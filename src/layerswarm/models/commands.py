@@ -91,6 +91,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
+    p.add_argument(
+        "--exit-loss",
+        type=float,
+        default=0.0,
+        help="weight of an early-exit loss: the shared head's cross-entropy after every truncation depth of "
+        "the batch's random order (LayerSkip-style; 0: off, the default)",
+    )
 
 
 def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
@@ -148,6 +155,7 @@ def train_main(args: argparse.Namespace) -> int:
         seed=args.seed,
         augment=not args.no_augment,
         threads=args.threads,
+        exit_loss=args.exit_loss,
     )
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
@@ -308,6 +316,20 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     )
     add_image_args(p, train=False)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also calibrate adaptive compute (exit rules, ensembles, repeated blocks) per model and write "
+        "each model's policy (DIR/adaptive.json, hashed in the manifest) for the coordinator",
+    )
+    p.add_argument("--calibrate-only", action="store_true", help="calibrate, skip the paper's experiments")
+    p.add_argument(
+        "--margin", type=float, default=1.0, help="points of accuracy an exit may lose vs the full path (default 1)"
+    )
+    p.add_argument("--exit-min-blocks", type=int, default=1, help="no exit before this depth (default: %(default)s)")
+    p.add_argument(
+        "--no-write-policy", action="store_true", help="calibrate, but leave the model directories as they are"
+    )
 
 
 def eval_main(args: argparse.Namespace) -> int:
@@ -325,21 +347,48 @@ def eval_main(args: argparse.Namespace) -> int:
         workers=args.workers,
         memory_limit_bytes=args.data_memory_mb << 20,
     )
-    plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
-    report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
-    report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
+    report: dict[str, Any] = {"dataset": data.describe(), "models": {}, "groups": {}}
+    if not args.calibrate_only:
+        plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
+        report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
+        report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
+    if args.calibrate or args.calibrate_only:
+        report["calibration"] = _calibrate(args, data)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.plots:
-        from .plots import plot_merged, plot_pruning
+        from .plots import plot_exits, plot_merged, plot_pruning
 
         args.plots.mkdir(parents=True, exist_ok=True)
-        plot_pruning(report, args.plots / "accuracy_vs_blocks.png")
+        if report["models"]:
+            plot_pruning(report, args.plots / "accuracy_vs_blocks.png")
         if report["groups"]:
             plot_merged(report, args.plots / "merged.png")
-    print(render_table(report))
+        if report.get("calibration"):
+            plot_exits(report, args.plots / "exits.png")
+    if report["models"]:
+        print(render_table(report))
+    if report.get("calibration"):
+        from .adaptive_eval import render_calibration
+
+        print(render_calibration(report["calibration"]))
     return 0
+
+
+def _calibrate(args: argparse.Namespace, data: Any) -> dict[str, Any]:
+    from .adaptive_eval import calibrate_model
+    from .calibrate import CalibrationPlan
+
+    if not 0.0 <= args.margin <= 100.0:
+        raise SystemExit("layerswarm eval: --margin must be between 0 and 100 points")
+    if args.exit_min_blocks < 1:
+        raise SystemExit("layerswarm eval: --exit-min-blocks must be at least 1")
+    plan = CalibrationPlan(margin=args.margin / 100.0, min_blocks=args.exit_min_blocks, seed=args.seed)
+    return {
+        str(d).rstrip("/").rsplit("/", 1)[-1]: calibrate_model(d, data, plan, write=not args.no_write_policy)
+        for d in args.model_dirs
+    }
 
 
 def render_table(report: dict[str, Any]) -> str:
