@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (CI runs this)")
     bench.add_argument("--json", type=Path, help="write the report as JSON here")
     bench.add_argument("--markdown", type=Path, help="write the tables as markdown here")
+    bench.add_argument("--only", choices=["adaptive"], help="run one suite alone (adaptive compute)")
     chaos = sub.add_parser(
         "chaos",
         help="failure injection: load plus faults on a one-host-per-node swarm, a report",
@@ -176,7 +177,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "bench":
         from layerswarm.bench.runner import main as bench_main
 
-        return bench_main(args.quick, args.json, args.markdown)
+        return bench_main(args.quick, args.json, args.markdown, args.only)
     if args.command == "probe":
         from .probe import probe_grpc, probe_http
 

@@ -56,6 +56,7 @@ class ClassifyOptions:
     deadline_ms: float | None = None  # anytime: answer with what ran once the next hop would be late
     ensemble: int = 1  # routes whose logits are averaged
     ensemble_mode: str = "adaptive"  # adaptive: another route only while unsure; parallel: all at once
+    ensemble_confidence: float | None = None  # adaptive: unsure below this; None: the calibrated value
     repeats: bool | None = None  # None: where calibration showed repeated blocks help
 
 
@@ -243,7 +244,8 @@ class Coordinator:
         async def route(index: int) -> Route:
             return await self._route(setup, index, exit_policy)
 
-        result = await run_ensemble(route, opts.ensemble, opts.ensemble_mode, self.adaptive.ensemble_confidence)
+        unsure_below = opts.ensemble_confidence or self.adaptive.ensemble_confidence
+        result = await run_ensemble(route, opts.ensemble, opts.ensemble_mode, unsure_below)
         first = result.routes[0].path
         exited = next((r for r in result.routes if r.path.exited_early), None)
         rule = exit_policy.rule.value if exited is not None and exit_policy is not None else None

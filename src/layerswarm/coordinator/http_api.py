@@ -70,6 +70,9 @@ class ClassifyParams(BaseModel):
     ensemble_mode: Literal["adaptive", "parallel"] = Field(
         "adaptive", description="adaptive: another route only while the answer is unsure; parallel: all at once"
     )
+    ensemble_confidence: float | None = Field(
+        None, gt=0.0, le=1.0, description="adaptive ensembles: add a route while below this; default: calibrated"
+    )
     repeats: bool | None = Field(
         None, description="run reachable blocks again when too few indices are reachable; default: as calibrated"
     )
@@ -255,6 +258,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             deadline_ms=params.deadline_ms,
             ensemble=params.ensemble,
             ensemble_mode=params.ensemble_mode,
+            ensemble_confidence=params.ensemble_confidence,
             repeats=params.repeats,
         )
         try:

@@ -39,7 +39,7 @@ class CalibrationPlan:
     min_blocks: int = 1  # exits are allowed from this depth on
     chunk: int = 50  # images that share one random order (so the orders number N / chunk)
     max_hops_ratio: float = 1.3  # adaptive ensemble: the most it may cost against a single path
-    repeat_trials: int = 5
+    repeat_trials: int = 4
     seed: int = 0
 
 

@@ -328,6 +328,13 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--exit-min-blocks", type=int, default=1, help="no exit before this depth (default: %(default)s)")
     p.add_argument(
+        "--test-noise",
+        type=float,
+        default=0.0,
+        help="add seeded Gaussian noise of this std to the test images: a harder held-back split (calibration "
+        "on it never writes a policy)",
+    )
+    p.add_argument(
         "--no-write-policy", action="store_true", help="calibrate, but leave the model directories as they are"
     )
 
@@ -347,6 +354,11 @@ def eval_main(args: argparse.Namespace) -> int:
         workers=args.workers,
         memory_limit_bytes=args.data_memory_mb << 20,
     )
+    if args.test_noise:
+        from .data import with_test_noise
+
+        data = with_test_noise(data, args.test_noise)
+        args.no_write_policy = True  # a policy is calibrated on the data the model serves
     report: dict[str, Any] = {"dataset": data.describe(), "models": {}, "groups": {}}
     if not args.calibrate_only:
         plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
