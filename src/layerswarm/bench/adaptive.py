@@ -54,6 +54,7 @@ async def _member(member: Path, images: int) -> dict[str, Any]:
         try:
             result: dict[str, Any] = {"policy": coord.adaptive.to_json()}
             result["live_curves"] = await _live_curves(coord, x, y)
+            result["live_vs_eval"] = _agreement(member, x, y, result["live_curves"])
             result["calibrated_vs_full"] = await _calibrated_vs_full(coord, x, y)
             threshold = _noisy_ensemble_threshold(member, noisy)
             nx, ny = noisy.test_x[half : half + images], noisy.test_y[half : half + images]
@@ -91,6 +92,28 @@ async def _live_curves(coord: Coordinator, x: torch.Tensor, y: torch.Tensor) -> 
         "full_accuracy": float((prefix[:, -1].argmax(-1) == y).float().mean()),
         "rules": {rule: sweep(prefix, y, ExitRule(rule), 1) for rule in RULES},
     }
+
+
+def _agreement(member: Path, x: torch.Tensor, y: torch.Tensor, live: dict[str, Any]) -> dict[str, Any]:
+    """Eval's curves on the same images (in-process, other random orders) against the live ones:
+    the largest gap per rule, next to two standard errors of an accuracy on this many images."""
+    model, manifest = load_model(member)
+    with torch.inference_mode():
+        prefix = prefix_logits(
+            list(model.blocks), model.head, model.stem(x), manifest.config.shuffle_robust, random.Random(1), CHUNK
+        )
+    p = live["full_accuracy"]
+    out: dict[str, Any] = {"accuracy_2se": round(2 * (p * (1 - p) / len(y)) ** 0.5, 4), "rules": {}}
+    for rule in RULES:
+        local = sweep(prefix, y, ExitRule(rule), 1)
+        pairs = list(zip(local, live["rules"][rule], strict=True))
+        out["rules"][rule] = {
+            "max_accuracy_gap": round(max(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),
+            "mean_accuracy_gap": round(statistics.fmean(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),
+            "max_blocks_gap": round(max(abs(a["mean_blocks"] - b["mean_blocks"]) for a, b in pairs), 3),
+            "eval_curve": local,
+        }
+    return out
 
 
 async def _timed(coord: Coordinator, image: torch.Tensor, opts: ClassifyOptions) -> tuple[Any, float]:

@@ -12,6 +12,7 @@ import torch
 from .adaptive_policy import write_policy
 from .calibrate import (
     CalibrationPlan,
+    accuracy_at_blocks,
     calibrate_ensemble,
     calibrate_exits,
     policy_record,
@@ -76,6 +77,16 @@ def render_calibration(calibration: dict[str, Any]) -> str:
                 f"| {name} | {rule} | {chosen['threshold']:g} | {held['accuracy']:.4f} | "
                 f"{held['mean_blocks']:.2f} | {exits['depth'] / held['mean_blocks']:.2f}x | {full:.4f} |"
             )
+    depths = (3.0, 4.0, 5.0, 6.0)
+    lines += [
+        "",
+        "| model: accuracy at equal mean blocks (confidence rule) | " + " | ".join(f"{d:g}" for d in depths) + " |",
+    ]
+    lines.append("| --- |" + " --- |" * len(depths))
+    for name, c in calibration.items():
+        curve = c["exits"]["rules"]["confidence"]["curve"]
+        at = [accuracy_at_blocks(curve, d) for d in depths]
+        lines.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in at) + " |")
     lines += ["", "| model | single path | adaptive ensemble (threshold, hops ratio) | two routes always |"]
     lines.append("| --- | --- | --- | --- |")
     for name, c in calibration.items():

@@ -17,6 +17,7 @@ judged on the images that chose it.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -196,6 +197,16 @@ def policy_record(exits: dict[str, Any], ensemble: dict[str, Any], repeat: dict[
         "ensemble_confidence": None if chosen is None else chosen["threshold"],
         "repeats": repeat["helps"],
     }
+
+
+def accuracy_at_blocks(curve: list[dict[str, float]], blocks: float) -> float | None:
+    """A sweep's accuracy at a given mean depth, linearly interpolated (None outside the curve):
+    how two models compare at equal mean compute."""
+    points = sorted((p["mean_blocks"], p["accuracy"]) for p in curve)
+    for (b0, a0), (b1, a1) in itertools.pairwise(points):
+        if b0 <= blocks <= b1:
+            return a0 if b1 == b0 else a0 + (a1 - a0) * (blocks - b0) / (b1 - b0)
+    return None
 
 
 def _acc(logits: Tensor, y: Tensor) -> float:
