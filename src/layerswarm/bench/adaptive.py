@@ -31,7 +31,7 @@ from .fixtures import addresses, median_ms, nodes
 from .shipped import layout
 from .vitb import coordinator
 
-NOISE = 0.35  # std of the noise of the harder split (the shipped family drops from ~99% to well below)
+NOISE = 0.25  # std of the noise of the harder split: layershuffle-0 drops from ~99% to 80-87% (400 images)
 CHUNK = 50  # images per recorded batch: one random order each, as eval's calibration uses
 
 

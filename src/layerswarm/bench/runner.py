@@ -34,7 +34,7 @@ def adaptive_members() -> list[Path]:
 
 
 def run_adaptive(quick: bool) -> dict[str, Any]:
-    return asyncio.run(adaptive.run(adaptive_members(), 100 if quick else 1000))
+    return asyncio.run(adaptive.run(adaptive_members(), 60 if quick else 300))
 
 
 def run(quick: bool, only: str | None = None) -> dict[str, Any]:
