@@ -156,7 +156,7 @@ def test_repeats_fill_a_thin_swarm_instead_of_failing(family_dirs: list[Path]) -
 
 def test_anytime_answers_before_a_late_hop(family_dirs: list[Path]) -> None:
     """Every hop takes >= 300 ms; a 700 ms budget fits one or two hops, never three: the answer comes
-    with what ran, marked."""
+    with what ran, marked. A request that fails this test (503, or all three hops) lost anytime."""
     nodes = start_nodes([(family_dirs[0], b) for b in range(3)], "--fault-delay-ms", "300")
     coord: Proc | None = None
     try:
@@ -167,12 +167,9 @@ def test_anytime_answers_before_a_late_hop(family_dirs: list[Path]) -> None:
                 body = classify(client, seed, deadline_ms=700, exit_rule="none")
                 assert body["anytime"] is True and body["trace"]["anytime"] is True  # type: ignore[index]
                 assert 1 <= body["depth"] < 3  # type: ignore[operator]
-            reply = client.post(
-                "/v1/classify",
-                files={"file": ("a.png", png(0), "image/png")},
-                data={"deadline_ms": "700", "min_blocks": "3", "exit_rule": "none"},
-            )
-            assert reply.status_code == 503  # below the minimum depth an anytime answer is not an answer
+            # below the minimum depth the budget does not cut: the answer comes late, at full depth, unmarked
+            late = classify(client, 0, deadline_ms=700, min_blocks=3, exit_rule="none")
+            assert late["depth"] == 3 and late["anytime"] is False and late["elapsed_ms"] > 700  # type: ignore[operator]
             assert "layerswarm_anytime_answers_total 3.0" in client.get("/metrics").text
     finally:
         stop_all([c for c in (coord,) if c is not None] + nodes)

@@ -78,42 +78,62 @@ async def _live_curves(coord: Coordinator, x: torch.Tensor, y: torch.Tensor) -> 
         return logits
 
     coord._head_logits = recording  # type: ignore[method-assign,assignment]
-    prefixes = []
+    prefixes, orders = [], []
     try:
         for i in range(0, len(y), CHUNK):
             recorded.clear()
             opts = ClassifyOptions(policy=Policy.SHUFFLE, seed=10_000 + i, exit_rule="patience", exit_threshold=1024)
-            await coord.classify(x[i : i + CHUNK], opts)
+            result = await coord.classify(x[i : i + CHUNK], opts)
             prefixes.append(torch.stack(recorded, 1))  # after hops 1..L-1, then the final head
+            orders.append([h.block for h in result.path.hops if h.block is not None])
     finally:
         coord._head_logits = head  # type: ignore[method-assign]
     prefix = torch.cat(prefixes)
     return {
         "full_accuracy": float((prefix[:, -1].argmax(-1) == y).float().mean()),
         "rules": {rule: sweep(prefix, y, ExitRule(rule), 1) for rule in RULES},
+        "orders": orders,
     }
 
 
 def _agreement(member: Path, x: torch.Tensor, y: torch.Tensor, live: dict[str, Any]) -> dict[str, Any]:
-    """Eval's curves on the same images (in-process, other random orders) against the live ones:
-    the largest gap per rule, next to two standard errors of an accuracy on this many images."""
+    """Eval's curves on the same images against the live ones, per rule: with the orders the live paths
+    took (what differs is the swarm itself: fp16 wire, gRPC, the executor), and with other random
+    orders as eval draws them (adds order-to-order variation: with 50 images per order, few orders)."""
     model, manifest = load_model(member)
     with torch.inference_mode():
-        prefix = prefix_logits(
-            list(model.blocks), model.head, model.stem(x), manifest.config.shuffle_robust, random.Random(1), CHUNK
+        stem = model.stem(x)
+        other = prefix_logits(
+            list(model.blocks), model.head, stem, manifest.config.shuffle_robust, random.Random(1), CHUNK
+        )
+        same = torch.cat(
+            [_prefix_in_order(model, stem[i * CHUNK : (i + 1) * CHUNK], o) for i, o in enumerate(live["orders"])]
         )
     p = live["full_accuracy"]
     out: dict[str, Any] = {"accuracy_2se": round(2 * (p * (1 - p) / len(y)) ** 0.5, 4), "rules": {}}
     for rule in RULES:
-        local = sweep(prefix, y, ExitRule(rule), 1)
-        pairs = list(zip(local, live["rules"][rule], strict=True))
         out["rules"][rule] = {
-            "max_accuracy_gap": round(max(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),
-            "mean_accuracy_gap": round(statistics.fmean(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),
-            "max_blocks_gap": round(max(abs(a["mean_blocks"] - b["mean_blocks"]) for a, b in pairs), 3),
-            "eval_curve": local,
+            name: _gaps(sweep(prefix, y, ExitRule(rule), 1), live["rules"][rule])
+            for name, prefix in (("same_orders", same), ("other_orders", other))
         }
     return out
+
+
+def _prefix_in_order(model: Any, h: torch.Tensor, order: list[int]) -> torch.Tensor:
+    steps = []
+    for position, index in enumerate(order):
+        h = model.blocks[index](h, position)
+        steps.append(model.head(h))
+    return torch.stack(steps, 1)
+
+
+def _gaps(local: list[dict[str, float]], live: list[dict[str, float]]) -> dict[str, float]:
+    pairs = list(zip(local, live, strict=True))
+    return {
+        "max_accuracy_gap": round(max(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),
+        "mean_accuracy_gap": round(statistics.fmean(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),
+        "max_blocks_gap": round(max(abs(a["mean_blocks"] - b["mean_blocks"]) for a, b in pairs), 3),
+    }
 
 
 async def _timed(coord: Coordinator, image: torch.Tensor, opts: ClassifyOptions) -> tuple[Any, float]:

@@ -82,6 +82,7 @@ class _RouteSetup:
     min_blocks: int
     deadline: float
     request_id: str
+    anytime_deadline: float | None  # the caller's budget: no hop starts past it once min depth ran
 
 
 def family_spec(settings: CoordinatorSettings) -> FamilySpec:
@@ -229,8 +230,6 @@ class Coordinator:
         await self.wait_first_round(self.settings.request_timeout_s / 2)
         exit_policy = request_policy(self.adaptive, opts.exit_rule, opts.exit_threshold, opts.exit_confidence)
         budget_s = self.settings.request_timeout_s
-        if opts.deadline_ms is not None:
-            budget_s = min(budget_s, opts.deadline_ms / 1e3)
         setup = _RouteSetup(
             x=await self._run_local(self.stem, images),
             policy=opts.policy or self.default_policy,
@@ -239,6 +238,7 @@ class Coordinator:
             min_blocks=opts.min_blocks if opts.min_blocks is not None else self.settings.min_blocks,
             deadline=started + budget_s,
             request_id=uuid.uuid4().hex[:16],
+            anytime_deadline=None if opts.deadline_ms is None else started + opts.deadline_ms / 1e3,
         )
 
         async def route(index: int) -> Route:
@@ -284,7 +284,7 @@ class Coordinator:
             spec=self.spec,
             request_id=f"{setup.request_id}-{index}" if index else setup.request_id,
             early_exit=early_exit,
-            anytime=setup.opts.deadline_ms is not None,
+            anytime_deadline=setup.anytime_deadline,
             hedge_quantile=self.settings.hedge_quantile,
             hedge_min_ms=self.settings.hedge_min_ms,
         )

@@ -82,7 +82,9 @@ class ExecOptions:
     spec: codec.TensorSpec
     request_id: str
     early_exit: Callable[[torch.Tensor], Awaitable[bool]] | None = None  # True: confident enough to stop
-    anytime: bool = False  # deadline is the caller's budget: answer with what ran rather than start a late hop
+    # the caller's budget (deadline_ms): once min depth ran, answer with what ran rather than start a hop
+    # that would end past it; below min depth it does not cut (the request `deadline` still does)
+    anytime_deadline: float | None = None
     anytime_reserve_ms: float = 5.0  # kept free for the head and the reply
     hedge_quantile: float | None = None  # hedge a hop slower than this quantile of the node's latency
     hedge_min_ms: float = 10.0  # ... but never sooner than this
@@ -101,18 +103,13 @@ def _hedge_delay(record: NodeRecord, opts: ExecOptions) -> float | None:
 
 
 def _next_hop_fits(candidates: list[NodeRecord], opts: ExecOptions) -> bool:
-    """Can the next hop finish before the deadline? Judged by its fastest candidate's recent latency;
-    a hop with no latency history yet is tried (its call is bounded by the deadline anyway)."""
-    known = [r.ewma_ms for r in candidates if r.routable and r.ewma_ms is not None]
-    if not known:
+    """Can the next hop finish within the caller's budget? Judged by its fastest candidate's recent
+    latency; a hop with no latency history yet is tried only while the budget lasts."""
+    if opts.anytime_deadline is None:
         return True
-    left_ms = (opts.deadline - time.monotonic()) * 1e3
-    return min(known) + opts.anytime_reserve_ms <= left_ms
-
-
-def _deadline_cut(hops: list[Hop], opts: ExecOptions) -> bool:
-    """Did the deadline end this path (it passed, or a hop gave up on it) rather than the plan?"""
-    return time.monotonic() >= opts.deadline or any(a.error == DEADLINE_REACHED for h in hops for a in h.attempts)
+    left_ms = (opts.anytime_deadline - time.monotonic()) * 1e3
+    known = [r.ewma_ms for r in candidates if r.routable and r.ewma_ms is not None]
+    return (min(known) if known else 0.0) + opts.anytime_reserve_ms <= left_ms
 
 
 class HopFailed(Exception):
@@ -147,7 +144,7 @@ class PathExecutor:
             if step.block in state.used and not step.repeat:  # a substitute already ran this block index
                 hop.outcome = "skipped"
                 continue
-            if opts.anytime and position >= opts.min_blocks and not _next_hop_fits(step.candidates, opts):
+            if position >= opts.min_blocks and not _next_hop_fits(step.candidates, opts):
                 hops.pop()
                 return PathResult(x, hops, plan.unreachable, anytime=True)
             state.planned_later = {s.block for s in plan.steps[step_index + 1 :]}
@@ -156,7 +153,7 @@ class PathExecutor:
                 x = out
                 if await self._exits(x, opts, position + 1, step_index + 1 < len(plan.steps)):
                     return PathResult(x, hops, plan.unreachable, exited_early=True)
-        path = PathResult(x, hops, plan.unreachable, anytime=opts.anytime and _deadline_cut(hops, opts))
+        path = PathResult(x, hops, plan.unreachable)
         if path.depth < opts.min_blocks:
             raise DepthError(
                 f"only {path.depth} blocks could run (minimum {opts.min_blocks}); "
