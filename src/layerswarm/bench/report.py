@@ -6,7 +6,12 @@ from typing import Any
 
 
 def render(r: dict[str, Any]) -> str:
-    sections = [_header(r), _vitb(r), _hop(r), _wire(r), _concurrency(r), _coordinator_cost(r), _footer(r)]
+    if "vitb_swarm_vs_monolith" not in r:  # --only adaptive
+        sections = [_header(r), render_adaptive(r["adaptive"])]
+    else:
+        sections = [_header(r), _vitb(r), _hop(r), _wire(r), _concurrency(r), _coordinator_cost(r), _footer(r)]
+        if "adaptive" in r:
+            sections.append(render_adaptive(r["adaptive"]))
     return "\n\n".join("\n".join(lines) for lines in sections)
 
 
@@ -88,3 +93,59 @@ def _footer(r: dict[str, Any]) -> list[str]:
         f"Topologies: star measured; relay {r['topologies']['relay'].split(':')[0]}.",
         f"`vitb_swarm_vs_monolith_ratio` = {r['vitb_swarm_vs_monolith_ratio']}",
     ]
+
+
+def render_adaptive(a: dict[str, Any]) -> list[str]:
+    out = [
+        f"**Adaptive compute through the swarm** (one node per block, batch 1, {a['images']} held-out images, "
+        "in-process coordinator, fp16 wire)",
+        "",
+        "| member | default exit | full: acc / blocks / p50 ms | calibrated: acc / blocks / p50 ms | blocks "
+        "reduction | points lost | mean latency ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, m in a["members"].items():
+        c, exit_ = m["calibrated_vs_full"], m["policy"]["exit"]
+        rule = f"{exit_['rule']} {exit_['threshold']:g}" if exit_ else "none"
+        f, k = c["full"], c["calibrated"]
+        out.append(
+            f"| {name} | {rule} | {f['accuracy']} / {f['mean_blocks']} / {f['latency_p50_ms']} | {k['accuracy']} / "
+            f"{k['mean_blocks']} / {k['latency_p50_ms']} | {c['blocks_reduction']}x | {c['points_lost']} | "
+            f"{c['latency_mean_ratio']} |"
+        )
+    out += [
+        "",
+        f"Adaptive ensembles (up to 2 routes) on the noisy split (noise std {a['noise']}), no early exit:",
+        "",
+        "| member | single: acc / blocks | adaptive: acc / blocks | threshold | second route | points gained | "
+        "hops ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, m in a["members"].items():
+        e = m["ensemble_noisy"]
+        out.append(
+            f"| {name} | {e['single']['accuracy']} / {e['single']['mean_blocks']} | {e['adaptive']['accuracy']} / "
+            f"{e['adaptive']['mean_blocks']} | {e['threshold']:g} | {e['second_route_share']} | "
+            f"{e['points_gained']} | {e['hops_ratio']} |"
+        )
+    out += ["", "Exit curves through the swarm against eval's on the same images (gaps over the threshold sweep):", ""]
+    out += ["| member | rule | orders | max accuracy gap | mean accuracy gap | max mean-blocks gap | 2 SE |"]
+    out += ["| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, m in a["members"].items():
+        agree = m["live_vs_eval"]
+        for rule, by_orders in agree["rules"].items():
+            for orders, g in by_orders.items():
+                out.append(
+                    f"| {name} | {rule} | {orders.replace('_', ' ')} | {g['max_accuracy_gap']} | "
+                    f"{g['mean_accuracy_gap']} | {g['max_blocks_gap']} | {agree['accuracy_2se']} |"
+                )
+    out += ["", "Anytime answers (deadline = half the full path's p50 latency):", ""]
+    out += ["| member | deadline ms | min blocks | answered | accuracy | mean blocks | blocks | p50 / max ms |"]
+    out += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, m in a["members"].items():
+        t = m["anytime"]
+        out.append(
+            f"| {name} | {t['deadline_ms']} | {t['min_blocks']} | {t['answered']}/{t['requests']} | {t['accuracy']} | "
+            f"{t['mean_blocks']} | {t['blocks_histogram']} | {t['latency_p50_ms']} / {t['latency_max_ms']} |"
+        )
+    return out

@@ -20,9 +20,10 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="fewer repetitions (CI runs this)")
     p.add_argument("--json", type=Path, help="write the report as JSON here")
     p.add_argument("--markdown", type=Path, help="write the tables as markdown here")
+    p.add_argument("--only", choices=["adaptive"], help="run one suite alone (adaptive compute)")
 
 
 def run(args: argparse.Namespace) -> int:
     from layerswarm.bench.runner import main as bench_main
 
-    return bench_main(args.quick, args.json, args.markdown)
+    return bench_main(args.quick, args.json, args.markdown, args.only)

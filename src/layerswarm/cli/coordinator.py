@@ -64,6 +64,14 @@ def register(sub: Subparsers) -> None:
         "share of hops the coordinator re-executes to catch lying nodes, after each new node's probation",
         type=float,
     )
+    f.add(
+        "--exit-rule",
+        "exit_rule",
+        "default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval --calibrate`, none "
+        "without one), none, or a rule",
+        choices=["calibrated", "none", "confidence", "entropy", "patience"],
+    )
+    f.add("--exit-threshold", "exit_threshold", "threshold of --exit-rule (none: its calibrated one)", type=float)
     f.add("--verify-probation", "verify_probation", "hops of each new node always re-executed", type=int)
     p.add_argument("--no-verify", action="store_true", help="never re-execute or range-check replies")
     f.add("--hop-timeout", "hop_timeout_s", "seconds per hop before substituting", type=float)

@@ -35,6 +35,27 @@ def register(sub: Subparsers) -> None:
         help="minimum useful depth: fewest blocks within this accuracy of full depth (default: %(default)s)",
     )
     p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also calibrate adaptive compute (exit rules, ensembles, repeated blocks) per model and write "
+        "each model's policy (DIR/adaptive.json, hashed in the manifest) for the coordinator",
+    )
+    p.add_argument("--calibrate-only", action="store_true", help="calibrate, skip the paper's experiments")
+    p.add_argument(
+        "--margin", type=float, default=1.0, help="points of accuracy an exit may lose vs the full path (default 1)"
+    )
+    p.add_argument("--exit-min-blocks", type=int, default=1, help="no exit before this depth (default: %(default)s)")
+    p.add_argument(
+        "--test-noise",
+        type=float,
+        default=0.0,
+        help="add seeded Gaussian noise of this std to the test images: a harder held-back split (calibration "
+        "on it never writes a policy)",
+    )
+    p.add_argument(
+        "--no-write-policy", action="store_true", help="calibrate, but leave the model directories as they are"
+    )
+    p.add_argument(
         "--no-policy",
         action="store_true",
         help="do not write min depth and activation statistics into the model directories' manifests",

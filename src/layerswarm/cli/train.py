@@ -54,6 +54,13 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
+    p.add_argument(
+        "--exit-loss",
+        type=float,
+        default=0.0,
+        help="weight of an early-exit loss: the shared head's cross-entropy after every truncation depth of "
+        "the batch's random order (LayerSkip-style; 0: off)",
+    )
 
 
 def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:

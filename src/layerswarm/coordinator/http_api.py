@@ -31,6 +31,7 @@ from .auth import ApiKeys
 from .bodies import read_form, read_json_object
 from .core import Classification, ClassifyOptions, Coordinator
 from .executor import PathResult
+from .exits import ExitRuleError
 from .front_door import FrontDoor
 from .http_errors import ApiError, describe, error_response
 from .images import ImageError, decode_batch
@@ -57,6 +58,29 @@ class ClassifyParams(BaseModel):
     max_blocks: int | None = Field(None, ge=1, le=1024, description="prune the path to at most this many")
     exit_confidence: float | None = Field(
         None, gt=0.0, le=1.0, description="early exit: stop once the top class has this probability"
+    )
+    exit_rule: Literal["confidence", "entropy", "patience", "none"] | None = Field(
+        None, description="early-exit rule (any path order); default: the coordinator's (calibrated) rule"
+    )
+    exit_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1024,
+        description="the rule's threshold: confidence in (0, 1], entropy / log(classes) in [0, 1], patience in "
+        "hops; default: the calibrated threshold",
+    )
+    deadline_ms: float | None = Field(
+        None, gt=0.0, le=600_000, description="anytime: answer with what ran once the next hop would miss this budget"
+    )
+    ensemble: int = Field(1, ge=1, le=8, description="routes through the swarm whose logits are averaged")
+    ensemble_mode: Literal["adaptive", "parallel"] = Field(
+        "adaptive", description="adaptive: another route only while the answer is unsure; parallel: all at once"
+    )
+    ensemble_confidence: float | None = Field(
+        None, gt=0.0, le=1.0, description="adaptive ensembles: add a route while below this; default: calibrated"
+    )
+    repeats: bool | None = Field(
+        None, description="run reachable blocks again when too few indices are reachable; default: as calibrated"
     )
     resize: bool = Field(False, description="resize images of another size instead of refusing them")
     label: str | None = Field(
@@ -106,6 +130,10 @@ class ClassifyResponse(BaseModel):
     seed: int
     depth: int = Field(description="blocks that ran")
     exited_early: bool
+    exit_rule: str | None = Field(None, description="the rule that ended a route early")
+    anytime: bool = Field(False, description="answered early because the deadline left no time for the next hop")
+    routes: int = Field(1, description="routes whose logits were averaged (ensembles)")
+    blocks: int = Field(0, description="blocks run, all routes together")
     elapsed_ms: float
     trace: dict[str, Any] = Field(description="per hop: node, model, block, position, latency, substitutions")
 
@@ -224,9 +252,18 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             min_blocks=params.min_blocks,
             max_blocks=params.max_blocks,
             exit_confidence=params.exit_confidence,
+            exit_rule=params.exit_rule,
+            exit_threshold=params.exit_threshold,
+            deadline_ms=params.deadline_ms,
+            ensemble=params.ensemble,
+            ensemble_mode=params.ensemble_mode,
+            ensemble_confidence=params.ensemble_confidence,
+            repeats=params.repeats,
         )
         try:
             result, _ = await classify_batch(coordinator, activity, images, opts, truths)
+        except ExitRuleError as exc:  # an exit rule without a threshold, or one out of the rule's range
+            raise ApiError(422, "invalid_request", str(exc)) from exc
         except Busy as exc:
             raise ApiError(429, "busy", str(exc)) from exc
         except TooThin as exc:
@@ -405,12 +442,13 @@ def _top_labels(probs: torch.Tensor, class_names: tuple[str, ...], top_k: int) -
     ]
 
 
-def _trace(path: PathResult) -> dict[str, Any]:
+def _trace(path: PathResult, result: Classification | None = None) -> dict[str, Any]:
     return {
         "hops": [h.to_json() for h in path.hops],
         "unreachable_blocks": path.unreachable,
         "substituted": sum(h.outcome == "substituted" for h in path.hops),
         "skipped": sum(h.outcome == "skipped" for h in path.hops),
+        **(_adaptive_trace(result) if result is not None else {}),
     }
 
 
@@ -423,8 +461,12 @@ def _response(result: Classification, class_names: tuple[str, ...], top_k: int) 
         seed=result.seed,
         depth=result.path.depth,
         exited_early=result.path.exited_early,
+        exit_rule=result.exit_rule,
+        anytime=any(r.path.anytime for r in result.ensemble.routes),
+        routes=len(result.ensemble.routes),
+        blocks=sum(r.path.depth for r in result.ensemble.routes),
         elapsed_ms=round(result.elapsed_ms, 3),
-        trace=_trace(result.path),
+        trace=_trace(result.path, result),
     )
 
 
@@ -442,3 +484,22 @@ def _batch_response(result: Classification, class_names: tuple[str, ...], top_k:
         elapsed_ms=round(result.elapsed_ms, 3),
         trace=_trace(result.path),
     )
+
+
+def _adaptive_trace(result: Any) -> dict[str, Any]:
+    """Early exit, anytime and ensemble routes in the trace (the first route's hops are `hops`)."""
+    ensemble = result.ensemble
+    return {
+        "exit": {"rule": result.exit_rule, "depth": result.path.depth} if result.exit_rule else None,
+        "anytime": any(r.path.anytime for r in ensemble.routes),
+        "ensemble": {
+            "requested": ensemble.requested,
+            "mode": ensemble.mode,
+            "routes": [
+                {"depth": r.path.depth, "exited_early": r.path.exited_early, "anytime": r.path.anytime}
+                for r in ensemble.routes
+            ],
+            "extra_route_hops": [[h.to_json() for h in r.path.hops] for r in ensemble.routes[1:]],
+            "failed": ensemble.failed,
+        },
+    }

@@ -27,6 +27,7 @@ class Policy(str, Enum):
 class Step:
     block: int
     candidates: list[NodeRecord]
+    repeat: bool = False  # this block index already ran earlier in the path: run it again on purpose
 
 
 @dataclass
@@ -82,3 +83,23 @@ def substitutes(
     ]
     rng.shuffle(spare)
     return spare
+
+
+def with_repeats(plan: Plan, min_blocks: int, rng: random.Random, shuffle: bool) -> Plan:
+    """Fewer distinct block indices reachable than the minimum depth: run present ones again (any
+    order, any number of times) until the path is `min_blocks` long, instead of failing."""
+    if not plan.steps or len(plan.steps) >= min_blocks:
+        return plan
+    steps = list(plan.steps)
+    while len(steps) < min_blocks:
+        steps.append(rng.choice(plan.steps))
+    if shuffle:
+        rng.shuffle(steps)
+    else:
+        steps.sort(key=lambda s: s.block)  # a sequential path runs a repeated block twice in a row
+    seen: set[int] = set()
+    out = []
+    for step in steps:
+        out.append(Step(step.block, step.candidates, repeat=step.block in seen))
+        seen.add(step.block)
+    return Plan(steps=out, unreachable=plan.unreachable)

@@ -46,6 +46,9 @@ class CoordinatorSettings(ProcessSettings):
     strict: bool | None = None  # admit only listed model ids and hashes; None: strict when family_dirs given
     verify_rate: float | None = Field(default=0.05, ge=0, le=1)  # share of hops re-executed; None: no verification
     verify_probation: int = Field(default=2, ge=0)  # hops of each new node incarnation that are all re-executed
+    # early exit by default: calibrated (the model dir's adaptive policy, if any), none, or a rule name
+    exit_rule: str = "calibrated"
+    exit_threshold: float | None = None  # with a rule name; None: that rule's calibrated threshold
     default_policy: str = "auto"  # auto: shuffle for shuffle-robust families, else sequential
     # fp16 halves the bytes per hop; on the shipped family it loses no accuracy (bench: wire formats)
     wire_dtype: str = "fp16"

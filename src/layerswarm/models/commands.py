@@ -59,6 +59,7 @@ def train_main(args: argparse.Namespace) -> int:
         seed=args.seed,
         augment=not args.no_augment,
         threads=args.threads,
+        exit_loss=args.exit_loss,
     )
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
@@ -204,22 +205,39 @@ def eval_main(args: argparse.Namespace) -> int:
         workers=args.workers,
         memory_limit_bytes=args.data_memory_mb << 20,
     )
-    plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
-    report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
-    report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
-    if not args.no_policy:
-        write_policies(args.model_dirs, report, data, args.min_depth_margin)
+    if args.test_noise:
+        from .data import with_test_noise
+
+        data = with_test_noise(data, args.test_noise)
+        args.no_write_policy = True  # a policy is calibrated on the data the model serves
+    report: dict[str, Any] = {"dataset": data.describe(), "models": {}, "groups": {}}
+    if not args.calibrate_only:
+        plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
+        report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
+        report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
+        if not args.no_policy:
+            write_policies(args.model_dirs, report, data, args.min_depth_margin)
+    if args.calibrate or args.calibrate_only:
+        report["calibration"] = _calibrate(args, data)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.plots:
-        from .plots import plot_merged, plot_pruning
+        from .plots import plot_exits, plot_merged, plot_pruning
 
         args.plots.mkdir(parents=True, exist_ok=True)
-        plot_pruning(report, args.plots / "accuracy_vs_blocks.png")
+        if report["models"]:
+            plot_pruning(report, args.plots / "accuracy_vs_blocks.png")
         if report["groups"]:
             plot_merged(report, args.plots / "merged.png")
-    print(render_table(report))
+        if report.get("calibration"):
+            plot_exits(report, args.plots / "exits.png")
+    if report["models"]:
+        print(render_table(report))
+    if report.get("calibration"):
+        from .adaptive_eval import render_calibration
+
+        print(render_calibration(report["calibration"]))
     return 0
 
 
@@ -244,6 +262,21 @@ def write_policies(model_dirs: list[Path], report: dict[str, Any], data: Dataset
         model, _ = load_model(model_dir)
         write_entry(model_dir, ACTIVATION_STATS, activation_stats(model, images))
         log.info("%s: min_blocks %d", name, depth_policy["value"])
+
+
+def _calibrate(args: argparse.Namespace, data: Any) -> dict[str, Any]:
+    from .adaptive_eval import calibrate_model
+    from .calibrate import CalibrationPlan
+
+    if not 0.0 <= args.margin <= 100.0:
+        raise SystemExit("layerswarm eval: --margin must be between 0 and 100 points")
+    if args.exit_min_blocks < 1:
+        raise SystemExit("layerswarm eval: --exit-min-blocks must be at least 1")
+    plan = CalibrationPlan(margin=args.margin / 100.0, min_blocks=args.exit_min_blocks, seed=args.seed)
+    return {
+        str(d).rstrip("/").rsplit("/", 1)[-1]: calibrate_model(d, data, plan, write=not args.no_write_policy)
+        for d in args.model_dirs
+    }
 
 
 def render_table(report: dict[str, Any]) -> str:
