@@ -19,6 +19,7 @@ from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.http_api import create_app
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import load_model
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
@@ -34,7 +35,7 @@ SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 async def nodes(*specs: tuple[Path, int, float]) -> AsyncIterator[list[Node]]:
     """(model dir, block, injected delay in ms) per node."""
     started = [
-        Node(NodeSettings(model_dir=d, block=b, advertise=False, grace_s=0.1, fault_delay_ms=delay))
+        FaultyNode(NodeSettings(model_dir=d, block=b, advertise=False, grace_s=0.1), FaultSpec(delay_ms=delay))
         for d, b, delay in specs
     ]
     for n in started:
