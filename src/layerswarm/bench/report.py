@@ -77,9 +77,32 @@ def render(r: dict[str, Any]) -> str:
             f"| {name} | {c['coordinator_cpu_ms_per_request']} | {c['nodes_cpu_ms_per_request']} | "
             f"{c['coordinator_share']} |"
         )
+    out += _node_footprint(r["node_footprint"]) if "node_footprint" in r else []
     out += [
         "",
         f"Topologies: star measured; relay {r['topologies']['relay'].split(':')[0]}.",
         f"`vitb_swarm_vs_monolith_ratio` = {r['vitb_swarm_vs_monolith_ratio']}",
     ]
     return "\n".join(out)
+
+
+def _node_footprint(f: dict[str, Any]) -> list[str]:
+    node, torch_only = f["node"], f["torch_only_interpreter"]
+    rows = [
+        "",
+        f"**Node footprint** ({f['block']}, median of {f['reps']}, interleaved with a bare interpreter "
+        "that imports torch)",
+        "",
+        "| process | start s | RSS MiB | anonymous | file-backed (shared) | PSS MiB |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, m in (("node", node), ("python + torch only", torch_only)):
+        rows.append(
+            f"| {name} | {m['start_s']} | {m['rss_mib']} | {m['rss_anon_mib']} | {m['rss_file_mib']} | {m['pss_mib']} |"
+        )
+    rows += [
+        "",
+        f"Node RSS x torch-only: {f['node_rss_over_torch_only']}; `layerswarm probe grpc`: {f['probe_s']} s "
+        f"({f['probe_over_bare_python']} x a bare `python -c pass`, ok: {f['probe_ok']}).",
+    ]
+    return rows

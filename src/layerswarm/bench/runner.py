@@ -21,6 +21,7 @@ import torch
 from layerswarm import __version__
 from layerswarm.models.zoo import family_root, robust_members
 
+from . import nodes as node_footprint
 from . import shipped, vitb
 from .fixtures import nodes, vitb_model_dir
 from .report import render
@@ -47,6 +48,7 @@ def run(quick: bool) -> dict[str, Any]:
         report["wire_formats"] = asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
         report["coordinator_cost_shipped"] = vitb.coordinator_cpu_share(members[0], procs, 50 if quick else 200, 32)
     report["concurrency"] = asyncio.run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
+    report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
     report["topologies"] = {
         "star": "measured above (the coordinator calls every node)",
         "relay": "not built: nodes do not forward to each other",

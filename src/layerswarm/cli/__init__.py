@@ -13,7 +13,6 @@ from layerswarm import __version__
 from .args import (
     add_coordinator_args,
     add_node_args,
-    add_security_args,
     add_up_args,
     security_from_args,
 )
@@ -133,15 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="For container HEALTHCHECKs and systemd: grpc HOST:PORT asks the standard "
         "grpc.health.v1 service; http URL expects a 2xx.",
     )
-    probe.add_argument("kind", choices=["grpc", "http"])
-    probe.add_argument("target", help="HOST:PORT (grpc) or URL (http)")
-    probe.add_argument("--timeout", type=float, default=2.0)
-    add_security_args(probe, token=False)  # the health service needs no token, but TLS is the whole port
+    from .probe import add_probe_args
+
+    add_probe_args(probe)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["probe"]:  # the HEALTHCHECK: its own small parser, so torch is never imported
+        return _probe(argv[1:])
     args = build_parser().parse_args(argv)
     args.command_line = "layerswarm " + " ".join(argv)  # recorded in manifests: how a model was made
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -152,6 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:  # ModelDirError is a ValueError
         print(f"layerswarm {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _probe(argv: list[str]) -> int:
+    from .probe import add_probe_args, run_probe
+
+    parser = Parser(prog="layerswarm probe", description="health check a node (gRPC) or coordinator (HTTP)")
+    add_probe_args(parser)
+    return run_probe(parser.parse_args(argv))
 
 
 def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
@@ -178,14 +186,9 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
 
         return bench_main(args.quick, args.json, args.markdown)
     if args.command == "probe":
-        from .probe import probe_grpc, probe_http
+        from .probe import run_probe
 
-        if args.kind == "grpc":
-            healthy, message = probe_grpc(args.target, args.timeout, security_from_args(args))
-        else:
-            healthy, message = probe_http(args.target, args.timeout)
-        print(message)
-        return 0 if healthy else 1
+        return run_probe(args)
     return _up(args, argv)
 
 
