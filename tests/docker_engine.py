@@ -163,21 +163,3 @@ def ensure_wheelhouse() -> Path:
     if not any(wheelhouse.glob("torch-*.whl")):
         run_script(["deploy/offline/make-wheelhouse.sh", WHEELHOUSE], timeout=900)
     return wheelhouse
-
-
-def process_memory(pid: int) -> dict[str, float]:
-    """RSS (anonymous and file-backed) and PSS in MiB: file pages (torch's libraries) are shared by
-    every container of one image on a host, so PSS is each one's fair share."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
-    pss = next(int(line.split()[1]) for line in rollup if line.startswith("Pss:"))
-
-    def mib(kb: str | int) -> float:
-        return round(int(str(kb).split()[0]) / 1024, 1)
-
-    return {
-        "rss_mib": mib(status["VmRSS"]),
-        "rss_anon_mib": mib(status["RssAnon"]),
-        "rss_file_mib": mib(status["RssFile"]),
-        "pss_mib": mib(pss),
-    }

@@ -26,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from layerswarm.bench.nodes import process_memory
 from layerswarm.cli.up import png_bytes
 from layerswarm.models.data import load_dataset
 
@@ -157,7 +158,7 @@ def test_compose_swarm_in_docker(engine: de.Engine) -> None:
         containers = compose.containers()
         addresses = {c["NetworkSettings"]["Networks"][f"{PROJECT}_swarm"]["IPAddress"] for c in containers.values()}
         assert {n["address"].rsplit(":", 1)[0] for n in found} <= addresses  # found on the compose network
-        figures["memory_mib"] = {name: de.process_memory(c["State"]["Pid"]) for name, c in sorted(containers.items())}
+        figures["memory_mib"] = {name: process_memory(c["State"]["Pid"]) for name, c in sorted(containers.items())}
 
         data = load_dataset("shapes:10:20", seed=5)
         image, label = png_bytes(data.test_x[0].numpy()), data.class_names[int(data.test_y[0])]
