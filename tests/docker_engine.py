@@ -141,13 +141,17 @@ def run_script(cmd: Sequence[str], timeout: float) -> None:
         raise EngineUnavailable(f"{cmd[0]} failed: {(result.stdout + result.stderr)[-1500:]}")
 
 
-def ensure_base_image(engine: Engine) -> None:
-    """Import the debootstrap base image; make its tarball first if the cache has none."""
+def ensure_base_image(engine: Engine) -> float | None:
+    """Import the debootstrap base image; make its tarball first if the cache has none (returns the
+    seconds that took, None when cached)."""
     tarball = CACHE / "base-bookworm.tar"
+    seconds = None
     if not tarball.is_file():
         if shutil.which("debootstrap") is None:
             raise EngineUnavailable("no base image and no debootstrap to make one (apt-get install debootstrap)")
+        started = time.monotonic()
         run_script(["deploy/offline/make-base-image.sh", str(tarball)], timeout=1200)
+        seconds = round(time.monotonic() - started, 1)
     engine.docker(
         "import",
         "--change=ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -156,10 +160,14 @@ def ensure_base_image(engine: Engine) -> None:
         BASE_IMAGE,
         timeout=300,
     )
+    return seconds
 
 
-def ensure_wheelhouse() -> Path:
+def ensure_wheelhouse() -> tuple[Path, float | None]:
+    """The wheelhouse, made if missing (and the seconds that took, None when it was there)."""
     wheelhouse = ROOT / WHEELHOUSE
-    if not any(wheelhouse.glob("torch-*.whl")):
-        run_script(["deploy/offline/make-wheelhouse.sh", WHEELHOUSE], timeout=900)
-    return wheelhouse
+    if any(wheelhouse.glob("torch-*.whl")):
+        return wheelhouse, None
+    started = time.monotonic()
+    run_script(["deploy/offline/make-wheelhouse.sh", WHEELHOUSE], timeout=900)
+    return wheelhouse, round(time.monotonic() - started, 1)

@@ -10,6 +10,7 @@ computes with torch. The probe (`layerswarm probe grpc`, the image's HEALTHCHECK
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -97,3 +98,31 @@ def node_footprint(reps: int) -> dict[str, Any]:
         "bare_python_s": bare,
         "probe_over_bare_python": round(probe_s / bare, 2),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m layerswarm.bench.nodes --json FILE`: this part alone (`layerswarm bench` runs it too)."""
+    import argparse
+    import json
+    import platform
+    from datetime import datetime, timezone
+
+    parser = argparse.ArgumentParser(prog="python -m layerswarm.bench.nodes", description=__doc__)
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: %(default)s)")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        **node_footprint(args.reps),
+    }
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
