@@ -3,8 +3,8 @@
 temporary directory, stopped by its PID and removed afterwards. Nothing it does can reach a real
 interface: `start` refuses to run where one is visible.
 
-Also the offline image inputs: the Debian base image (debootstrap, deploy/offline/make-base-image.sh)
-and the wheelhouse (deploy/offline/make-wheelhouse.sh), made once and kept in a cache directory.
+The offline image inputs (the debootstrap base image's tarball and the wheelhouse) are made beforehand,
+with the network, by deploy/offline/prepare.sh; missing ones skip the test with that advice.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,23 +134,19 @@ def stop(engine: Engine, timeout: float = 30.0) -> None:
     shutil.rmtree(engine.home, ignore_errors=True)
 
 
-def run_script(cmd: Sequence[str], timeout: float) -> None:
-    result = subprocess.run(list(cmd), capture_output=True, text=True, cwd=ROOT, timeout=timeout, check=False)
-    if result.returncode != 0:
-        raise EngineUnavailable(f"{cmd[0]} failed: {(result.stdout + result.stderr)[-1500:]}")
+PREPARE = "run deploy/offline/prepare.sh first (it needs the Debian mirror and the package index)"
 
 
-def ensure_base_image(engine: Engine) -> float | None:
-    """Import the debootstrap base image; make its tarball first if the cache has none (returns the
-    seconds that took, None when cached)."""
+def base_tarball() -> Path:
     tarball = CACHE / "base-bookworm.tar"
-    seconds = None
     if not tarball.is_file():
-        if shutil.which("debootstrap") is None:
-            raise EngineUnavailable("no base image and no debootstrap to make one (apt-get install debootstrap)")
-        started = time.monotonic()
-        run_script(["deploy/offline/make-base-image.sh", str(tarball)], timeout=1200)
-        seconds = round(time.monotonic() - started, 1)
+        raise EngineUnavailable(f"no base image tarball at {tarball}: {PREPARE}")
+    return tarball
+
+
+def import_base_image(engine: Engine) -> None:
+    """Import the debootstrap base image from the tarball deploy/offline/prepare.sh keeps in the cache."""
+    tarball = base_tarball()
     engine.docker(
         "import",
         "--change=ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -160,14 +155,10 @@ def ensure_base_image(engine: Engine) -> float | None:
         BASE_IMAGE,
         timeout=300,
     )
-    return seconds
 
 
-def ensure_wheelhouse() -> tuple[Path, float | None]:
-    """The wheelhouse, made if missing (and the seconds that took, None when it was there)."""
-    wheelhouse = ROOT / WHEELHOUSE
-    if any(wheelhouse.glob("torch-*.whl")):
-        return wheelhouse, None
-    started = time.monotonic()
-    run_script(["deploy/offline/make-wheelhouse.sh", WHEELHOUSE], timeout=900)
-    return wheelhouse, round(time.monotonic() - started, 1)
+def wheelhouse() -> Path:
+    path = ROOT / WHEELHOUSE
+    if not any(path.glob("torch-*.whl")):
+        raise EngineUnavailable(f"no wheelhouse at {path}: {PREPARE}")
+    return path

@@ -59,18 +59,20 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float, every: fl
 @pytest.fixture(scope="module")
 def engine() -> Iterator[de.Engine]:
     try:
+        de.wheelhouse()  # checked first: the inputs cannot be made from inside the namespace
+        de.base_tarball()
         engine = de.start()
     except de.EngineUnavailable as exc:
-        pytest.skip(f"no Docker engine: {exc}")
+        pytest.skip(f"no Docker engine or image inputs: {exc}")
     try:
+        de.import_base_image(engine)
         yield engine
     finally:
         de.stop(engine)
 
 
 def build_image(engine: de.Engine) -> dict[str, Any]:
-    base_seconds = de.ensure_base_image(engine)
-    wheelhouse, wheelhouse_seconds = de.ensure_wheelhouse()
+    wheels = de.wheelhouse()
     started = time.monotonic()
     engine.docker(
         "build",
@@ -86,15 +88,19 @@ def build_image(engine: de.Engine) -> dict[str, Any]:
     pip_list = engine.docker("run", "--rm", "--entrypoint=python3", IMAGE, "-m", "pip", "list", "--format=freeze")
     debs = engine.docker("run", "--rm", "--entrypoint=dpkg-query", IMAGE, "--show", "--showformat=${Package}\\n")
     return {
-        "base_tarball_seconds_from_scratch": base_seconds,  # None: taken from the cache
-        "wheelhouse_seconds_from_scratch": wheelhouse_seconds,
+        "prepare": _prepare_figures(),  # seconds deploy/offline/prepare.sh took (null: cached)
         "python_packages": pip_list.split(),
         "debian_packages": len(debs.split()),
         "build_seconds_warm_wheelhouse": round(seconds, 1),
         "image_mib": round(image["Size"] / 2**20, 1),
         "base_image_mib": round(engine.inspect(de.BASE_IMAGE)[0]["Size"] / 2**20, 1),
-        "wheelhouse_mib": round(sum(f.stat().st_size for f in wheelhouse.glob("*.whl")) / 2**20, 1),
+        "wheelhouse_mib": round(sum(f.stat().st_size for f in wheels.glob("*.whl")) / 2**20, 1),
     }
+
+
+def _prepare_figures() -> dict[str, Any] | None:
+    path = ROOT / "runs" / "docker" / "prepare.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 class Compose:
