@@ -4,6 +4,7 @@ test_compose_topology_serves for the same services as processes on a bridged LAN
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -104,9 +105,11 @@ def test_kubernetes_manifests_are_consistent() -> None:
 def test_dockerfiles_copy_what_exists_and_probe_with_the_cli() -> None:
     for name in ("Dockerfile", "Dockerfile.jetson"):
         text = (ROOT / "deploy" / name).read_text()
+        defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))  # COPY ${WHEELHOUSE}: its default
         for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
-            for path in src.split():
-                assert (ROOT / path).exists(), f"{name}: COPY {path}"
+            for written in src.split():
+                path = re.sub(r"\$\{(\w+)\}", lambda m, d=defaults: d[m.group(1)], written)  # type: ignore[misc]
+                assert (ROOT / path).exists(), f"{name}: COPY {written} ({path})"
         health = re.search(r'CMD \["layerswarm", (.+)\]', text)
         assert health, name
         parse([s.strip().strip('"') for s in health.group(1).split(",")])
@@ -218,3 +221,63 @@ def test_compose_topology_serves() -> None:
         client.close()
     finally:
         swarm.stop()
+
+
+def test_probe_never_imports_torch() -> None:
+    """The HEALTHCHECK runs `layerswarm probe` every few seconds in every container: through the real
+    entry point, both kinds, it must not pull in torch (seconds of CPU and a hundred MB per probe)."""
+    script = (
+        "import sys\n"
+        "from layerswarm.cli import main\n"
+        "codes = [main(['probe', 'grpc', '127.0.0.1:1', '--timeout', '0.5']),\n"
+        "         main(['probe', 'http', 'http://127.0.0.1:1/readyz', '--timeout', '0.5'])]\n"
+        "heavy = sorted(m for m in ('torch', 'numpy', 'fastapi', 'httpx') if m in sys.modules)\n"
+        "print(codes, heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "[1, 1] []", result.stdout + result.stderr
+
+
+def test_probe_http_reports_status_without_traceback() -> None:
+    from layerswarm.cli import main
+
+    assert main(["probe", "http", "ftp://127.0.0.1/readyz"]) == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["probe", "smtp", "127.0.0.1:25"])
+    assert exc.value.code == 2
+
+
+def _jetson_requirements() -> list[str]:
+    text = (ROOT / "deploy" / "Dockerfile.jetson").read_text()
+    install = re.search(r'pip install "\$@" ("numpy.+?)\s*\\\n\s*&& python3 -c', text, flags=re.S)
+    assert install, "Dockerfile.jetson: the runtime requirements line moved"
+    return re.findall(r'"([^"]+)"', install.group(1))
+
+
+def test_jetson_requirements_are_pyprojects_without_torch() -> None:
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert sorted(_jetson_requirements()) == sorted(d for d in deps if not d.startswith("torch"))
+
+
+@pytest.mark.slow
+def test_jetson_requirements_resolve_for_aarch64_python310(tmp_path: Path) -> None:
+    """Every runtime requirement has a binary wheel for JetPack 6 (aarch64, Python 3.10): what
+    deploy/offline/make-wheelhouse.sh downloads for an offline Jetson build. It needs the package index,
+    which the private namespace of scripts/test cannot reach: CI runs it outside (.ci/run)."""
+    from layerswarm.harness.netns import in_private_netns
+
+    if in_private_netns():
+        pytest.skip("needs the package index; no network in a private namespace (CI runs it outside)")
+    env = {**os.environ, "ARCH": "aarch64", "PYTHON_VERSION": "3.10", "TORCH": "no"}
+    script = ROOT / "deploy" / "offline" / "make-wheelhouse.sh"
+    result = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    wheels = [w.name for w in tmp_path.glob("*.whl")]
+    native = [w for w in wheels if not w.endswith("-none-any.whl")]
+    assert native and all("aarch64" in w for w in native), native
+    assert all(("cp310" in w or "abi3" in w) for w in native), native
+    for name in ("grpcio", "numpy", "zeroconf", "safetensors", "pillow"):
+        assert any(w.startswith(name + "-") for w in wheels), name
+    assert not any(w.startswith("torch-") for w in wheels)  # the L4T base image's CUDA torch stays

@@ -10,6 +10,8 @@ def render(r: dict[str, Any]) -> str:
         sections = [_header(r), render_adaptive(r["adaptive"])]
     else:
         sections = [_header(r), _vitb(r), _hop(r), _wire(r), _concurrency(r), _coordinator_cost(r), _footer(r)]
+        if "node_footprint" in r:
+            sections.append(_node_footprint(r["node_footprint"]))
         if "adaptive" in r:
             sections.append(render_adaptive(r["adaptive"]))
     return "\n\n".join("\n".join(lines) for lines in sections)
@@ -149,3 +151,24 @@ def render_adaptive(a: dict[str, Any]) -> list[str]:
             f"{t['mean_blocks']} | {t['blocks_histogram']} | {t['latency_p50_ms']} / {t['latency_max_ms']} |"
         )
     return out
+
+
+def _node_footprint(f: dict[str, Any]) -> list[str]:
+    node, torch_only = f["node"], f["torch_only_interpreter"]
+    rows = [
+        f"**Node footprint** ({f['block']}, median of {f['reps']}, interleaved with a bare interpreter "
+        "that imports torch)",
+        "",
+        "| process | start s | RSS MiB | anonymous | file-backed (shared) | PSS MiB |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, m in (("node", node), ("python + torch only", torch_only)):
+        rows.append(
+            f"| {name} | {m['start_s']} | {m['rss_mib']} | {m['rss_anon_mib']} | {m['rss_file_mib']} | {m['pss_mib']} |"
+        )
+    rows += [
+        "",
+        f"Node RSS x torch-only: {f['node_rss_over_torch_only']}; `layerswarm probe grpc`: {f['probe_s']} s "
+        f"({f['probe_over_bare_python']} x a bare `python -c pass`, ok: {f['probe_ok']}).",
+    ]
+    return rows

@@ -22,6 +22,7 @@ from layerswarm import __version__
 from layerswarm.models.zoo import family_root, robust_members
 
 from . import adaptive, shipped, vitb
+from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .report import render
 
@@ -63,6 +64,7 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         report["coordinator_cost_shipped"] = vitb.coordinator_cpu_share(members[0], procs, 50 if quick else 200, 32)
     report["concurrency"] = asyncio.run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
     report["adaptive"] = run_adaptive(quick)
+    report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
     report["topologies"] = {
         "star": "measured above (the coordinator calls every node)",
         "relay": "not built: nodes do not forward to each other",
