@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,9 +13,14 @@ from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.procs import Proc, coordinator_cmd, node_address, node_cmd, spawn, spawn_many
 
 
-def start_nodes(layout: list[tuple[Path, int]], *extra: str) -> list[Proc]:
+def start_nodes(layout: list[tuple[Path, int]], *extra: str, faults: tuple[str, ...] = ()) -> list[Proc]:
+    """One node process per (model dir, block); with `faults` (--fault-* arguments), the test-only
+    faulty node of harness/faults.py instead of `layerswarm node`."""
     quick = ("--no-advertise", "--grace", "0.5", *extra)
-    return spawn_many([(f"node-{d.name}-{b}", node_cmd(d, b, *quick)) for d, b in layout])
+    cmds = [(f"node-{d.name}-{b}", node_cmd(d, b, *quick)) for d, b in layout]
+    if faults:  # node_cmd is [python, -m, layerswarm, node, ...]: keep the node's own arguments
+        cmds = [(name, [sys.executable, "-m", "layerswarm.harness.faults", *cmd[4:], *faults]) for name, cmd in cmds]
+    return spawn_many(cmds)
 
 
 def restart_node(model_dir: Path, block: int, port: int) -> Proc:

@@ -157,7 +157,7 @@ def test_repeats_fill_a_thin_swarm_instead_of_failing(family_dirs: list[Path]) -
 def test_anytime_answers_before_a_late_hop(family_dirs: list[Path]) -> None:
     """Every hop takes >= 300 ms; a 700 ms budget fits one or two hops, never three: the answer comes
     with what ran, marked. A request that fails this test (503, or all three hops) lost anytime."""
-    nodes = start_nodes([(family_dirs[0], b) for b in range(3)], "--fault-delay-ms", "300")
+    nodes = start_nodes([(family_dirs[0], b) for b in range(3)], faults=("--fault-delay-ms", "300"))
     coord: Proc | None = None
     try:
         coord = coordinator_process(family_dirs[0], nodes, "--health-interval", "0.2", "--hedge-quantile", "0")
