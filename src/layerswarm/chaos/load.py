@@ -38,10 +38,12 @@ async def run_load(
     deadline_s: float,
     until: asyncio.Event | None = None,
     max_s: float = 600.0,
+    records: list[Record] | None = None,
 ) -> list[Record]:
     """At least `requests` requests, and on until `until` is set (the fault schedule is done), but never
-    longer than `max_s`: bounded in count and time."""
-    records: list[Record] = []
+    longer than `max_s`: bounded in count and time. `records`, if given, fills as answers come (so a
+    schedule can wait for a number of requests)."""
+    records = [] if records is None else records
     started = time.monotonic()
 
     def more() -> Iterator[int]:

@@ -123,14 +123,30 @@ def build_parser() -> argparse.ArgumentParser:
         description="Every node its own host (network namespace on a bridge), discovering over "
         "mDNS; a bounded load generator; faults on a seeded schedule (kill, freeze, pulled "
         "cable, dropped packets, netem delay where the kernel has it, slow and malformed nodes, "
-        "restarts, joins, coordinator restart). Needs root; runs in a private namespace.",
+        "restarts, joins, coordinator restart), with rogue nodes and a forging device (forged mDNS "
+        "goodbyes and adverts, token theft) on a token-protected swarm; a report with pass/fail per "
+        "target. --soak: continuous churn for --duration. Needs root; runs in a private namespace.",
     )
-    chaos.add_argument("--requests", type=int, default=1000, help="requests to send (default: %(default)s)")
+    chaos.add_argument(
+        "--requests", type=int, help="requests to send (default: 5000 for the attack run, 1000 with --basic)"
+    )
     chaos.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default: %(default)s)")
     chaos.add_argument("--hold", type=float, default=2.0, help="seconds each fault lasts (default: %(default)s)")
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
-    chaos.add_argument("--quick", action="store_true", help="200 requests, shorter faults (CI)")
+    chaos.add_argument("--quick", action="store_true", help="a short variant: fewer requests, shorter faults (CI)")
+    chaos.add_argument(
+        "--basic",
+        action="store_true",
+        help="the failure schedule alone (no rogue nodes, no forging device, no token)",
+    )
     chaos.add_argument("--json", type=Path, help="write the report as JSON here")
+    chaos.add_argument(
+        "--soak",
+        action="store_true",
+        help="continuous churn (faults, rogues, joins, forged adverts) for --duration seconds; reports "
+        "coordinator and node memory and open files at start and end",
+    )
+    chaos.add_argument("--duration", type=float, default=1800.0, help="soak length in seconds (default: %(default)s)")
     probe = sub.add_parser(
         "probe",
         help="health check a node (gRPC) or coordinator (HTTP); exit 0 if healthy",
@@ -265,8 +281,6 @@ def _coordinator(args: argparse.Namespace) -> int:
 
 
 def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
-    import json
-
     from layerswarm.harness import netns
 
     if not netns.in_private_netns():
@@ -274,17 +288,9 @@ def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
             print("layerswarm chaos: error: needs root and `unshare` (it builds network namespaces)", file=sys.stderr)
             return 2
         return netns.reexec_in_private_netns(argv)
-    from layerswarm.chaos.report import render
-    from layerswarm.chaos.run import ChaosOptions, run_chaos
+    from layerswarm.chaos.main import run_from_args
 
-    opts = ChaosOptions(requests=args.requests, concurrency=args.concurrency, seed=args.seed, hold_s=args.hold)
-    if args.quick:
-        opts = ChaosOptions(requests=200, concurrency=4, seed=args.seed, hold_s=1.0, warmup_s=2.0)
-    report = run_chaos(opts)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(render(report))
-    return 0 if report["lost"] == 0 and report["non_200_while_min_depth_reachable"] == 0 else 1
+    return run_from_args(args)
 
 
 def _up(args: argparse.Namespace, argv: list[str]) -> int:
