@@ -21,7 +21,7 @@ from layerswarm.models.zoo import family_root, robust_members
 from . import swarm as chaos_swarm
 from .forging import ForgingDevice
 from .load import run_load
-from .report import summarize
+from .report import environment, summarize
 from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, load_samples
 from .swarm import ChaosNode, ChaosSwarm
 
@@ -39,11 +39,12 @@ class SoakOptions:
     hold_s: float = 3.0  # how long each fault lasts
     gap_s: float = 2.0  # calm between faults
     sample_every_s: float = 60.0  # resource samples
+    blocks: int | None = None  # only the first N blocks get nodes (a smaller swarm for smoke tests)
 
 
 def run_soak(opts: SoakOptions) -> dict[str, Any]:
     members = robust_members(family_root())
-    depth = read_manifest(members[0]).config.depth
+    depth = opts.blocks or read_manifest(members[0]).config.depth
     listed = tuple(f"--family-dir={m}" for m in members[2:])
     swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed), token=True)
     forger = ForgingDevice(swarm)
@@ -57,6 +58,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
 
 async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, opts: SoakOptions) -> dict[str, Any]:
     samples = load_samples(members[0])
+    at_start = environment()
     poller = Poller(swarm.url, keep_s=120.0)
     await poller.wait_healthy(len(swarm.nodes))
     resources: list[dict[str, Any]] = [resource_sample(swarm, 0.0)]
@@ -90,6 +92,7 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     report["forging_device"] = forger.summary()
     report["duration_s"] = round(time.monotonic() - t0, 1)
     report["options"] = vars(opts)
+    report["environment"] = {"start": at_start, "end": environment()}
     report["resources"] = {"samples": resources, "start_end": start_end(resources)}
     return report
 
