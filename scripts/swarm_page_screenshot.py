@@ -20,10 +20,12 @@ from pathlib import Path
 
 from PIL import Image, ImageChops
 
-from layerswarm.cli.up import UpOptions, png_bytes, start_swarm, wait_for_swarm
+from layerswarm.cli.up import UpOptions, start_swarm
 from layerswarm.client import SwarmClient, SwarmError
 from layerswarm.harness.browser import headless_chromium
 from layerswarm.harness.procs import stop_all
+from layerswarm.harness.samples import png_bytes
+from layerswarm.harness.swarm import wait_for_swarm
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
 

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from layerswarm.harness.netlab import Host, NetLab
-from layerswarm.harness.procs import Proc, launch, stop_all, wait_ready
+from layerswarm.harness.procs import Proc, launch, stop_all, wait_for_ready_line
 
 
 @dataclass
@@ -65,7 +65,7 @@ def start(path: Path, timeout: float = 120.0) -> ComposeSwarm:
             argv = hosts[service.name].command([sys.executable, "-m", "layerswarm", *service.command])
             procs[service.name] = launch(service.name, argv, env=service.environment)
         for proc in procs.values():
-            wait_ready(proc, timeout)
+            wait_for_ready_line(proc, timeout)
     except Exception:
         stop_all(list(procs.values()))
         lab.stop()

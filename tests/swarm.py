@@ -9,32 +9,17 @@ from pathlib import Path
 
 from layerswarm.coordinator.core import Coordinator
 from layerswarm.coordinator.settings import CoordinatorSettings
-from layerswarm.harness.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many
-
-
-def node_cmd(model_dir: Path, block: int, port: int = 0, *extra: str, host: str = "127.0.0.1") -> list[str]:
-    return layerswarm_cmd(
-        "node",
-        "--model-dir",
-        str(model_dir),
-        "--block",
-        str(block),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--grace",
-        "0.5",
-        *extra,
-    )
+from layerswarm.harness.procs import Proc, coordinator_cmd, node_address, node_cmd, spawn, spawn_many
 
 
 def start_nodes(layout: list[tuple[Path, int]], *extra: str) -> list[Proc]:
-    return spawn_many([(f"node-{d.name}-{b}", node_cmd(d, b, 0, "--no-advertise", *extra)) for d, b in layout])
+    quick = ("--no-advertise", "--grace", "0.5", *extra)
+    return spawn_many([(f"node-{d.name}-{b}", node_cmd(d, b, *quick)) for d, b in layout])
 
 
 def restart_node(model_dir: Path, block: int, port: int) -> Proc:
-    return spawn(f"node-{model_dir.name}-{block}-again", node_cmd(model_dir, block, port, "--no-advertise"))
+    cmd = node_cmd(model_dir, block, "--no-advertise", "--grace", "0.5", port=port)
+    return spawn(f"node-{model_dir.name}-{block}-again", cmd)
 
 
 def address(proc: Proc) -> str:

@@ -6,6 +6,7 @@ import torch
 
 from layerswarm.coordinator.activity import RECENT_REQUESTS, WINDOW_S, Activity
 from layerswarm.coordinator.core import Classification
+from layerswarm.coordinator.ensemble import EnsembleResult, Route
 from layerswarm.coordinator.executor import Hop, PathResult
 from layerswarm.coordinator.planner import Policy
 
@@ -17,7 +18,8 @@ def result(batch: int = 1) -> Classification:
         Hop(position=1, planned_block=2, outcome="skipped"),
     ]
     path = PathResult(torch.zeros(batch, 1), hops, unreachable=[3], exited_early=True)
-    return Classification(torch.zeros(batch, 4), path, Policy.SHUFFLE, seed=1, elapsed_ms=5.0)
+    ensemble = EnsembleResult([Route(0, path, torch.zeros(batch, 4))], requested=1, mode="parallel")
+    return Classification(torch.zeros(batch, 4), path, Policy.SHUFFLE, seed=1, elapsed_ms=5.0, ensemble=ensemble)
 
 
 def test_routes_rates_and_accuracy_over_the_window() -> None:

@@ -30,7 +30,7 @@ SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 
 
 def rogue_cmd(model_dir: Path, block: int, mode: str, *extra: str) -> list[str]:
-    args = node_cmd(model_dir, block, 0, "--no-advertise")[4:]  # drop `python -m layerswarm node`
+    args = node_cmd(model_dir, block, "--no-advertise")[4:]  # drop `python -m layerswarm node`
     return [sys.executable, "-m", "layerswarm.harness.faults", *args, "--fault-mode", mode, *extra]
 
 
@@ -153,7 +153,7 @@ def forger(family_dirs: list[Path], tmp_path_factory: pytest.TempPathFactory) ->
     # A heavy edit: the test family's members differ a lot from each other, and an unlisted model is
     # judged against that spread (coordinator/verify.py); strict mode needs no such margin.
     forged = forge_model_dir(family_dirs[0], tmp_path_factory.mktemp("forged") / "m0-forged", scale=3.0)
-    proc = spawn("forger", node_cmd(forged, 0, 0, "--no-advertise"))  # genuine node software
+    proc = spawn("forger", node_cmd(forged, 0, "--no-advertise"))  # genuine node software
     yield proc
     stop_all([proc])
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from layerswarm.client import AsyncSwarmClient, BatchClassification, Classification, SwarmClient, SwarmError
-from layerswarm.harness.procs import Proc, coordinator_cmd, launch, stop_all, wait_ready
+from layerswarm.harness.procs import Proc, coordinator_cmd, launch, stop_all, wait_for_ready_line
 
 from .swarm import coordinator_process
 from .test_kserve import png
@@ -80,7 +80,7 @@ def test_connect_errors_are_retried_until_the_coordinator_is_up(family_dirs: lis
     try:
         view = client.swarm()  # connection refused until the coordinator serves, then an answer
         assert view.depth == 3 and not view.ready
-        wait_ready(coord)
+        wait_for_ready_line(coord)
     finally:
         client.close()
         stop_all([coord])

@@ -4,18 +4,21 @@ test_compose_topology_serves for the same services as processes on a bridged LAN
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
 from layerswarm.cli import build_parser
+from layerswarm.cli.base import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -27,7 +30,11 @@ K8S = [
 
 
 def parse(argv: list[str]) -> Any:
-    return build_parser().parse_args(argv)
+    """The command and, for node and coordinator, their loaded settings (as the process would see them)."""
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "settings_flags"):
+        return args
+    return SimpleNamespace(command=args.command, **dict(load_settings(args)))
 
 
 def compose_services() -> dict[str, dict[str, Any]]:
@@ -55,12 +62,12 @@ def test_compose_swarm_is_consistent() -> None:
     for name, args in nodes.items():
         assert name == f"node-b{args.block}-m{str(args.model_dir)[-1]}"  # names say what they serve
         assert args.model_dir.is_dir(), args.model_dir  # zoo: paths resolve to shipped weights
-        assert args.host == "0.0.0.0" and args.port == 50051 and not args.no_advertise
+        assert args.host == "0.0.0.0" and args.port == 50051 and args.advertise
         blocks_by_model.setdefault(args.model_dir.name, set()).add(args.block)
     assert len(blocks_by_model) >= 2  # more than one model: substitution can be shown
     depth = len(list(coordinator.model_dir.glob("block_*.safetensors")))
     assert set().union(*blocks_by_model.values()) == set(range(depth))
-    assert {p.name for p in coordinator.family_dir} <= set(blocks_by_model)
+    assert {p.name for p in coordinator.family_dirs} <= set(blocks_by_model)
     dockerfile = ROOT / services["coordinator"]["build"]["dockerfile"]
     assert dockerfile.is_file()
     prometheus = services["prometheus"]
@@ -84,11 +91,11 @@ def test_kubernetes_manifests_are_consistent() -> None:
         ports = {p["containerPort"] for p in container["ports"]}
         if args.command == "node":
             blocks.add(args.block)
-            assert args.no_advertise and args.port in ports and args.metrics_port in ports
+            assert not args.advertise and args.port in ports and args.metrics_port in ports
             assert container["readinessProbe"]["grpc"] == {"port": args.port, "service": "layerswarm.v1.BlockNode"}
             assert headless["spec"]["selector"].items() <= labels.items()
         else:
-            assert args.no_mdns and args.peer_dns == ["layerswarm-nodes:50051"] and args.http_port in ports
+            assert not args.mdns and args.peer_dns == ("layerswarm-nodes:50051",) and args.http_port in ports
             assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert blocks == set(range(8))
     kustomization = yaml.safe_load((ROOT / "deploy" / "k8s" / "kustomization.yaml").read_text())
@@ -98,9 +105,11 @@ def test_kubernetes_manifests_are_consistent() -> None:
 def test_dockerfiles_copy_what_exists_and_probe_with_the_cli() -> None:
     for name in ("Dockerfile", "Dockerfile.jetson"):
         text = (ROOT / "deploy" / name).read_text()
+        defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))  # COPY ${WHEELHOUSE}: its default
         for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
-            for path in src.split():
-                assert (ROOT / path).exists(), f"{name}: COPY {path}"
+            for written in src.split():
+                path = re.sub(r"\$\{(\w+)\}", lambda m, d=defaults: d[m.group(1)], written)  # type: ignore[misc]
+                assert (ROOT / path).exists(), f"{name}: COPY {written} ({path})"
         health = re.search(r'CMD \["layerswarm", (.+)\]', text)
         assert health, name
         parse([s.strip().strip('"') for s in health.group(1).split(",")])
@@ -178,8 +187,8 @@ def test_compose_topology_serves() -> None:
 
     import httpx
 
-    from layerswarm.cli.up import png_bytes
     from layerswarm.harness.netlab import NetLab
+    from layerswarm.harness.samples import png_bytes
     from layerswarm.models.data import load_dataset
 
     from . import compose_lab as compose
@@ -212,3 +221,63 @@ def test_compose_topology_serves() -> None:
         client.close()
     finally:
         swarm.stop()
+
+
+def test_probe_never_imports_torch() -> None:
+    """The HEALTHCHECK runs `layerswarm probe` every few seconds in every container: through the real
+    entry point, both kinds, it must not pull in torch (seconds of CPU and a hundred MB per probe)."""
+    script = (
+        "import sys\n"
+        "from layerswarm.cli import main\n"
+        "codes = [main(['probe', 'grpc', '127.0.0.1:1', '--timeout', '0.5']),\n"
+        "         main(['probe', 'http', 'http://127.0.0.1:1/readyz', '--timeout', '0.5'])]\n"
+        "heavy = sorted(m for m in ('torch', 'numpy', 'fastapi', 'httpx') if m in sys.modules)\n"
+        "print(codes, heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "[1, 1] []", result.stdout + result.stderr
+
+
+def test_probe_http_reports_status_without_traceback() -> None:
+    from layerswarm.cli import main
+
+    assert main(["probe", "http", "ftp://127.0.0.1/readyz"]) == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["probe", "smtp", "127.0.0.1:25"])
+    assert exc.value.code == 2
+
+
+def _jetson_requirements() -> list[str]:
+    text = (ROOT / "deploy" / "Dockerfile.jetson").read_text()
+    install = re.search(r'pip install "\$@" ("numpy.+?)\s*\\\n\s*&& python3 -c', text, flags=re.S)
+    assert install, "Dockerfile.jetson: the runtime requirements line moved"
+    return re.findall(r'"([^"]+)"', install.group(1))
+
+
+def test_jetson_requirements_are_pyprojects_without_torch() -> None:
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert sorted(_jetson_requirements()) == sorted(d for d in deps if not d.startswith("torch"))
+
+
+@pytest.mark.slow
+def test_jetson_requirements_resolve_for_aarch64_python310(tmp_path: Path) -> None:
+    """Every runtime requirement has a binary wheel for JetPack 6 (aarch64, Python 3.10): what
+    deploy/offline/make-wheelhouse.sh downloads for an offline Jetson build. It needs the package index,
+    which the private namespace of scripts/test cannot reach: CI runs it outside (.ci/run)."""
+    from layerswarm.harness.netns import in_private_netns
+
+    if in_private_netns():
+        pytest.skip("needs the package index; no network in a private namespace (CI runs it outside)")
+    env = {**os.environ, "ARCH": "aarch64", "PYTHON_VERSION": "3.10", "TORCH": "no"}
+    script = ROOT / "deploy" / "offline" / "make-wheelhouse.sh"
+    result = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    wheels = [w.name for w in tmp_path.glob("*.whl")]
+    native = [w for w in wheels if not w.endswith("-none-any.whl")]
+    assert native and all("aarch64" in w for w in native), native
+    assert all(("cp310" in w or "abi3" in w) for w in native), native
+    for name in ("grpcio", "numpy", "zeroconf", "safetensors", "pillow"):
+        assert any(w.startswith(name + "-") for w in wheels), name
+    assert not any(w.startswith("torch-") for w in wheels)  # the L4T base image's CUDA torch stays

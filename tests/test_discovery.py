@@ -17,10 +17,10 @@ from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.netlab import NetLab
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
-from layerswarm.harness.procs import spawn_many, stop_all
+from layerswarm.harness.procs import node_cmd, spawn_many, stop_all
 
 from .conftest import make_model_dir
-from .swarm import node_cmd, states, wait_until
+from .swarm import states, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.mdns]
 
@@ -39,7 +39,7 @@ async def test_nodes_are_discovered_and_say_goodbye(
 ) -> None:
     stranger = make_model_dir(tmp_path / "stranger", seed=77)
     layout = [(family_dirs[0], 0), (family_dirs[0], 1), (family_dirs[1], 2), (stranger, 0)]
-    nodes = spawn_many([(f"n{i}", node_cmd(d, b)) for i, (d, b) in enumerate(layout)])
+    nodes = spawn_many([(f"n{i}", node_cmd(d, b, "--grace", "0.5")) for i, (d, b) in enumerate(layout)])
     coord = Coordinator(
         CoordinatorSettings(model_dir=family_dirs[0], health_interval_s=0.2, health_timeout_s=0.3, hop_timeout_s=1.0)
     )
@@ -72,7 +72,10 @@ async def test_discovery_across_hosts_on_a_bridge(family_dirs: list[Path]) -> No
     with NetLab() as lab:
         hosts = [lab.add_host(f"h{b}") for b in range(3)]
         nodes = spawn_many(
-            [(h.name, h.command(node_cmd(family_dirs[b % 2], b, 50051, host=h.address))) for b, h in enumerate(hosts)]
+            [
+                (h.name, h.command(node_cmd(family_dirs[b % 2], b, "--grace", "0.5", host=h.address, port=50051)))
+                for b, h in enumerate(hosts)
+            ]
         )
         coord = Coordinator(
             CoordinatorSettings(

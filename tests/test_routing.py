@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -123,16 +124,28 @@ def test_fastest_ranks_by_latency_and_load() -> None:
     reg.record_success("10.0.0.1:1", 5.0)
     plan = plan_path(Policy.FASTEST, reg.routable_by_block(), 4, random.Random(0))
     assert plan.steps[0].candidates[0].address == "10.0.0.1:1"
-    reg.nodes["10.0.0.1:1"].in_flight = 10
+    for _ in range(10):
+        reg.nodes["10.0.0.1:1"].begin_call()
     plan = plan_path(Policy.FASTEST, reg.routable_by_block(), 4, random.Random(0))
     assert plan.steps[0].candidates[0].address == "10.0.0.0:1"
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_pruned_sequential_keeps_order_and_spreads(k: int) -> None:
-    reg = registry_with(*(ident(b) for b in range(4)))
-    blocks = [s.block for s in plan_path(Policy.SEQUENTIAL, reg.routable_by_block(), 4, random.Random(0), k).steps]
-    assert blocks == sorted(blocks) and len(blocks) == k and blocks[0] == 0
+@pytest.mark.parametrize(
+    ("k", "expected"), [(1, [0]), (2, [0, 7]), (3, [0, 4, 7]), (4, [0, 2, 5, 7]), (8, list(range(8)))]
+)
+def test_pruned_sequential_paths_spread_over_the_depth(k: int, expected: list[int]) -> None:
+    """k of 8 blocks: first and last kept, the rest evenly between, in order; the evaluation's pruned
+    figures use the same rule (one function), so the swarm delivers what the evaluation measured."""
+    from layerswarm.models.paths import spread_evenly
+
+    reg = Registry(dataclasses.replace(FAMILY, depth=8), eject_after=2, quarantine_s=10.0, clock=Clock())
+    for b in range(8):
+        reg.admit(f"10.0.0.{b}:1", ident(b, depth=8))
+    blocks = [s.block for s in plan_path(Policy.SEQUENTIAL, reg.routable_by_block(), 8, random.Random(0), k).steps]
+    assert blocks == expected == spread_evenly(range(8), k)
+    without_3 = {b: nodes for b, nodes in reg.routable_by_block().items() if b != 3}
+    blocks = [s.block for s in plan_path(Policy.SEQUENTIAL, without_3, 8, random.Random(0), 3).steps]
+    assert blocks == [0, 4, 7]  # spread over the blocks present (3 has no node)
 
 
 def test_substitutes_exclude_used_and_planned_blocks() -> None:

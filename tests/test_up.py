@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from layerswarm.cli.up import node_layout
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
+from layerswarm.harness.swarm import node_layout
 from layerswarm.models.zoo import family_root, model_dirs
 
 pytestmark = pytest.mark.slow

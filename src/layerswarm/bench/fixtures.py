@@ -13,10 +13,12 @@ from typing import Any
 import httpx
 import torch
 
-from layerswarm.harness.procs import Proc, coordinator_cmd, layerswarm_cmd, node_address, spawn, spawn_many, stop_all
+from layerswarm.harness.procs import Proc, coordinator_cmd, node_address, node_cmd, spawn, spawn_many, stop_all
+from layerswarm.harness.swarm import wait_for_swarm
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
+from layerswarm.wire.stats import quantile
 
 VITB: dict[str, Any] = {"image_size": 224, "patch_size": 16, "dim": 768, "depth": 12, "heads": 12, "num_classes": 1000}
 
@@ -34,22 +36,7 @@ def vitb_model_dir(root: Path) -> Path:
 def nodes(layout: list[tuple[Path, int]], *extra: str) -> Iterator[list[Proc]]:
     """One node process per (model dir, block), one compute thread each, static addresses."""
     specs = [
-        (
-            f"bench-node-{i}",
-            layerswarm_cmd(
-                "node",
-                "--model-dir",
-                str(d),
-                "--block",
-                str(b),
-                "--port",
-                "0",
-                "--no-advertise",
-                "--grace",
-                "0.2",
-                *extra,
-            ),
-        )
+        (f"bench-node-{i}", node_cmd(d, b, "--no-advertise", "--grace", "0.2", *extra))
         for i, (d, b) in enumerate(layout)
     ]
     procs = spawn_many(specs, timeout=180)
@@ -74,8 +61,7 @@ def median_ms(samples: list[float]) -> float:
 
 
 def percentile_ms(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
+    return round(quantile(samples, q) * 1e3, 3)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -89,18 +75,8 @@ def coordinator_process(model_dir: Path, procs: list[Proc], *extra: str) -> Proc
     coord = spawn("bench-coordinator", coordinator_cmd(model_dir, procs, *extra), timeout=120)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}") as client:
-            wait_ready(client)
+            wait_for_swarm(client, timeout_s=60)
     except Exception:
         stop_all([coord])
         raise
     return coord
-
-
-def wait_ready(client: httpx.Client, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = client.get("/v1/nodes").json()
-        if view["reachable_depth"] == view["depth"]:
-            return
-        time.sleep(0.2)
-    raise TimeoutError("the benchmark swarm did not become ready")

@@ -21,15 +21,31 @@ import torch
 from layerswarm import __version__
 from layerswarm.models.zoo import family_root, robust_members
 
-from . import shipped, vitb
+from . import adaptive, shipped, vitb
+from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .report import render
 
 
-def run(quick: bool) -> dict[str, Any]:
+def adaptive_members() -> list[Path]:
+    """The shipped family's first LayerShuffle member, and the exit-aware member where it is shipped."""
+    members = robust_members(family_root())[:1]
+    exit_aware = family_root("shapes-exit")
+    return members + (robust_members(exit_aware) if exit_aware.is_dir() else [])
+
+
+def run_adaptive(quick: bool) -> dict[str, Any]:
+    return asyncio.run(adaptive.run(adaptive_members(), 60 if quick else 300))
+
+
+def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
     report: dict[str, Any] = {"quick": quick, "environment": environment()}
+    if only == "adaptive":
+        report["adaptive"] = run_adaptive(quick)
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
     with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
         model_dir = vitb_model_dir(Path(tmp))
         with nodes([(model_dir, b) for b in range(12)]) as procs:
@@ -47,6 +63,8 @@ def run(quick: bool) -> dict[str, Any]:
         report["wire_formats"] = asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
         report["coordinator_cost_shipped"] = vitb.coordinator_cpu_share(members[0], procs, 50 if quick else 200, 32)
     report["concurrency"] = asyncio.run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
+    report["adaptive"] = run_adaptive(quick)
+    report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
     report["topologies"] = {
         "star": "measured above (the coordinator calls every node)",
         "relay": "not built: nodes do not forward to each other",
@@ -84,8 +102,8 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def main(quick: bool, json_path: Path | None, markdown_path: Path | None) -> int:
-    report = run(quick)
+def main(quick: bool, json_path: Path | None, markdown_path: Path | None, only: str | None = None) -> int:
+    report = run(quick, only)
     text = render(report)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,12 +11,11 @@ from typing import Any
 import httpx
 import torch
 
-from layerswarm.cli.up import png_bytes
 from layerswarm.coordinator.core import ClassifyOptions
 from layerswarm.coordinator.planner import Policy
 from layerswarm.harness.procs import Proc, stop_all
+from layerswarm.harness.samples import labelled_samples, task_data
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import load_dataset
 
 from .fixtures import addresses, coordinator_process, median_ms, nodes, percentile_ms
 from .vitb import coordinator
@@ -29,7 +28,7 @@ def layout(members: list[Path]) -> list[tuple[Path, int]]:
 
 async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps: int) -> list[dict[str, Any]]:
     manifest = read_manifest(members[0])
-    data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
+    data = task_data(members[0])
     x, y = data.test_x[:images], data.test_y[:images]
     cfg = manifest.config
     rows: list[dict[str, Any]] = []
@@ -39,7 +38,9 @@ async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps
         try:
             correct = 0
             for i in range(0, len(y), 50):  # the same seeds, so the same paths, for every wire format
-                result = await coord.classify(x[i : i + 50], ClassifyOptions(policy=Policy.SHUFFLE, seed=i))
+                result = await coord.classify(
+                    x[i : i + 50], ClassifyOptions(policy=Policy.SHUFFLE, seed=i, exit_rule="none")
+                )
                 correct += int((result.probs.argmax(-1) == y[i : i + 50]).sum())
             latencies = []
             for i in range(reps):
@@ -66,9 +67,7 @@ async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps
 async def concurrency(members: list[Path], levels: list[int], requests: int) -> list[dict[str, Any]]:
     """Both swarms (node micro-batching on and off) run side by side; each level measures one, then the
     other, in alternating order, so drift on a shared machine hits both alike."""
-    manifest = read_manifest(members[0])
-    data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
-    images = [png_bytes(data.test_x[i].numpy()) for i in range(64)]
+    images = [sample.png for sample in labelled_samples(task_data(members[0]), range(64))]
     rows = []
     with (
         nodes(layout(members), "--max-in-flight", "256") as on,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ class Record:
 
 async def run_load(
     url: str,
-    samples: list[tuple[bytes, str]],
+    samples: Sequence[tuple[bytes, str]],
     requests: int,
     concurrency: int,
     deadline_s: float,

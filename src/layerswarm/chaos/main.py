@@ -4,6 +4,7 @@ report as JSON on request, prints it, and exits 0 only when its targets hold."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -36,13 +37,14 @@ def _attack(args: argparse.Namespace) -> int:
 
 
 def _basic(args: argparse.Namespace) -> int:
+    from .options import QUICK, ChaosOptions
     from .report import render
-    from .run import ChaosOptions, run_chaos
+    from .run import run_chaos
 
-    requests = 1000 if args.requests is None else args.requests
+    requests = ChaosOptions.requests if args.requests is None else args.requests
     opts = ChaosOptions(requests=requests, concurrency=args.concurrency, seed=args.seed, hold_s=args.hold)
     if args.quick:
-        opts = ChaosOptions(requests=200, concurrency=4, seed=args.seed, hold_s=1.0, warmup_s=2.0)
+        opts = dataclasses.replace(QUICK, seed=args.seed)
     report = run_chaos(opts)
     _write(args, report)
     print(render(report))

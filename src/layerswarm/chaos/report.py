@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
+from layerswarm.wire.stats import quantile
+
 from .load import Record
 
 
@@ -95,7 +97,7 @@ def _percentiles(records: list[Record]) -> dict[str, float | None]:
         return {"p50": None, "p99": None, "n": 0}
     return {
         "p50": round(statistics.median(latencies), 1),
-        "p99": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1),
+        "p99": round(quantile(latencies, 0.99), 1),
         "n": len(latencies),
     }
 

@@ -9,34 +9,24 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from layerswarm.cli.up import png_bytes
+from layerswarm.harness.samples import labelled_samples, task_data
+from layerswarm.harness.swarm import swarm_is_up
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
 
 from . import swarm as chaos_swarm
 from .load import run_load
+from .options import ChaosOptions
 from .report import summarize
 from .swarm import ChaosNode, ChaosSwarm
 
 log = logging.getLogger(__name__)
 MIN_BLOCKS = 4
 DEADLINE_S = 5.0
-
-
-@dataclass
-class ChaosOptions:
-    requests: int = 1000
-    concurrency: int = 8
-    seed: int = 0
-    hold_s: float = 2.0  # how long each fault lasts
-    warmup_s: float = 3.0  # fault-free time first (the "without faults" baseline)
-    max_s: float = 600.0  # the whole run never lasts longer
 
 
 def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
@@ -94,9 +84,7 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], opts: ChaosOptions, tool
 
 def load_samples(model_dir: Any, count: int = 200) -> list[tuple[bytes, str]]:
     """Test images of the family's dataset as PNG, with their labels."""
-    manifest = read_manifest(model_dir)
-    data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
-    return [(png_bytes(data.test_x[i].numpy()), data.class_names[int(data.test_y[i])]) for i in range(count)]
+    return list(labelled_samples(task_data(model_dir), range(count)))
 
 
 async def _fault_loop(
@@ -202,7 +190,7 @@ class Poller:
         async with httpx.AsyncClient(base_url=self.url, timeout=5) as client:
             while time.monotonic() < deadline:
                 view = (await client.get("/v1/nodes")).json()
-                if sum(n["state"] == "healthy" for n in view["nodes"]) >= count:
+                if swarm_is_up(view, count):
                     return
                 await asyncio.sleep(0.2)
         raise TimeoutError(f"fewer than {count} nodes became healthy")

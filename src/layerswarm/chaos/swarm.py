@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerswarm.harness.netlab import Host, NetLab
-from layerswarm.harness.procs import Proc, launch, stop_all, wait_ready
+from layerswarm.harness.procs import Proc, launch, layerswarm_cmd, node_cmd, stop_all, wait_for_ready_line
 
 NODE_PORT = 50051
 HTTP_PORT = 8080
@@ -37,24 +37,13 @@ class ChaosNode:
         return f"{self.host.address}:{NODE_PORT}"
 
     def command(self) -> list[str]:
-        args = [
-            "node",
-            "--model-dir",
-            str(self.model_dir),
-            "--block",
-            str(self.block),
-            "--host",
-            self.host.address,
-            "--port",
-            str(NODE_PORT),
-            "--grace",
-            "0.5",
-        ]
-        if self.token_file is not None:
-            args += ["--token-file", str(self.token_file)]
+        extra = (
+            ("--grace", "0.5") if self.token_file is None else ("--grace", "0.5", "--token-file", str(self.token_file))
+        )
+        cmd = node_cmd(self.model_dir, self.block, *extra, host=self.host.address, port=NODE_PORT)
         if self.faults:  # the same node, built by the test-only fault wrapper
-            return self.host.command([sys.executable, "-m", "layerswarm.harness.faults", *args[1:], *self.faults])
-        return self.host.command([sys.executable, "-m", "layerswarm", *args])
+            cmd = [sys.executable, "-m", "layerswarm.harness.faults", *cmd[4:], *self.faults]
+        return self.host.command(cmd)
 
 
 @dataclass
@@ -79,11 +68,11 @@ class ChaosSwarm:
             node.proc = launch(node.name, node.command())
         for node in nodes:
             assert node.proc is not None
-            wait_ready(node.proc, timeout)
+            wait_for_ready_line(node.proc, timeout)
 
     def start_coordinator(self, timeout: float = 60.0) -> None:
-        argv = self.coordinator_host.command([sys.executable, "-m", "layerswarm", *self.coordinator_args])
-        self.coordinator = wait_ready(launch("coordinator", argv), timeout)
+        argv = self.coordinator_host.command(layerswarm_cmd(*self.coordinator_args))
+        self.coordinator = wait_for_ready_line(launch("coordinator", argv), timeout)
 
     def stop(self) -> None:
         procs = [n.proc for n in self.nodes if n.proc is not None]

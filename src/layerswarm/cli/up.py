@@ -7,27 +7,17 @@ succeed, with the traces.
 
 from __future__ import annotations
 
-import io
+import argparse
 import json
-import logging
 import random
 import signal
-import time
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-import numpy as np
-from PIL import Image
-
-from layerswarm.harness.procs import Proc, coordinator_cmd, layerswarm_cmd, spawn, spawn_many, stop_all
-from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import load_dataset
-from layerswarm.models.zoo import family_root, robust_members
-
-log = logging.getLogger(__name__)
+from .base import Subparsers, add_command, non_negative_int, positive_int
 
 
 @dataclass
@@ -39,6 +29,71 @@ class UpOptions:
     family_dir: Path | None = None
     seed: int = 0
     timeout_s: float = 60.0
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "up",
+        run,
+        help="run a local swarm end to end (the demo)",
+        description="Start nodes from the shipped family, a coordinator, classify images over HTTP, kill "
+        "nodes, and show requests still succeed. Progress goes to stderr.",
+    )
+    p.add_argument("--nodes", type=positive_int, help="how many nodes (none: two models per block)")
+    p.add_argument("--kill", type=non_negative_int, help="how many nodes to SIGKILL mid-run (none: a third)")
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        default=UpOptions.requests_per_phase,
+        help="requests before and after the kills (each)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    p.add_argument(
+        "--network",
+        choices=["auto", "netns", "loopback"],
+        default="auto",
+        help="netns: mDNS inside a private network namespace; loopback: static peers on 127.0.0.1, "
+        "no multicast; auto: netns when possible",
+    )
+    p.add_argument("--family-dir", type=Path, help="folder of model directories (none: the shipped family)")
+    p.add_argument("--seed", type=int, default=UpOptions.seed, help="seed of samples, paths and victims")
+
+
+def run(args: argparse.Namespace) -> int:
+    mdns = network_with_mdns(args.network, args.argv)
+    if not isinstance(mdns, bool):
+        return mdns  # the exit status: re-executed in a private namespace, or refused
+    from layerswarm.harness.procs import ProcessError
+
+    opts = UpOptions(args.nodes, args.requests, args.kill, mdns, args.family_dir, args.seed)
+    try:
+        summary = run_up(opts)
+    except (ProcessError, TimeoutError) as exc:  # a swarm that did not come up: say which part, not where
+        print(f"layerswarm up: error: {exc}", file=sys.stderr)
+        return 1
+    print(to_json(summary) if args.json else render(summary))
+    return 0 if summary["succeeded"] == summary["requests"] else 1
+
+
+def network_with_mdns(network: str, argv: list[str]) -> bool | int:
+    """Whether this run discovers over mDNS; or the exit status once `up` re-ran itself in a private
+    network namespace (so that no multicast leaves this machine) or could not."""
+    from layerswarm.harness import netns
+
+    mdns = network != "loopback"
+    if mdns and not netns.in_private_netns():
+        if netns.can_unshare():
+            return netns.reexec_in_private_netns(argv)
+        if network == "netns":
+            print("layerswarm up: error: --network netns needs `unshare` (root or user namespaces)", file=sys.stderr)
+            return 2
+        progress("no private network namespace available: static peers on 127.0.0.1 (no multicast leaves)")
+        mdns = False
+    if mdns and not netns.loopback_multicast_ready():
+        print("layerswarm up: error: loopback has no multicast; run: " + netns.LOOPBACK_MULTICAST, file=sys.stderr)
+        return 2
+    return mdns
 
 
 @dataclass
@@ -58,21 +113,23 @@ class Phase:
         }
 
 
-def node_layout(members: list[Path], depth: int, count: int) -> list[tuple[Path, int]]:
-    """Node k serves block k % depth of member (k // depth) % len(members): every block from the first
-    model, then every block again from the next, so several models of the family stand behind each index."""
-    return [(members[(k // depth) % len(members)], k % depth) for k in range(count)]
+def progress(message: str) -> None:
+    """What `up` is doing, as it goes: on stderr, so that --json keeps stdout to one JSON object."""
+    print(f"layerswarm up: {message}", file=sys.stderr, flush=True)
 
 
-def start_swarm(opts: UpOptions) -> tuple[list[Proc], Proc, list[Path]]:
-    root = opts.family_dir or family_root()
-    members = robust_members(root)
+def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
+    from layerswarm.harness.procs import coordinator_cmd, node_cmd, spawn, spawn_many, stop_all
+    from layerswarm.harness.swarm import node_layout
+    from layerswarm.models.checkpoint import read_manifest
+    from layerswarm.models.zoo import family_root, robust_members
+
+    members = robust_members(opts.family_dir or family_root())
     depth = read_manifest(members[0]).config.depth
     count = opts.nodes or depth * min(2, len(members))
-    specs = []
-    for i, (model_dir, block) in enumerate(node_layout(members, depth, count)):
-        args = ["node", "--model-dir", str(model_dir), "--block", str(block), "--host", "127.0.0.1", "--port", "0"]
-        specs.append((f"node-{i}", layerswarm_cmd(*args, *([] if opts.mdns else ["--no-advertise"]))))
+    mdns = [] if opts.mdns else ["--no-advertise"]
+    specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
+    progress(f"starting {count} nodes ({depth} blocks from {len(members)} models of the family)...")
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
@@ -80,6 +137,7 @@ def start_swarm(opts: UpOptions) -> tuple[list[Proc], Proc, list[Path]]:
         # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
         degraded = ["--min-blocks", str(depth - 1)]
         cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
+        progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
         coordinator = spawn("coordinator", cmd, opts.timeout_s)
     except Exception:
         stop_all(nodes)
@@ -87,30 +145,12 @@ def start_swarm(opts: UpOptions) -> tuple[list[Proc], Proc, list[Path]]:
     return nodes, coordinator, members
 
 
-def wait_for_swarm(client: httpx.Client, expected: int, timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    view: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        view = client.get("/v1/nodes").json()
-        if sum(n["state"] == "healthy" for n in view["nodes"]) >= expected:
-            return view
-        time.sleep(0.2)
-    raise TimeoutError(
-        f"only {sum(n['state'] == 'healthy' for n in view.get('nodes', []))} of {expected} nodes "
-        f"became healthy in {timeout_s:.0f} s"
-    )
-
-
-def png_bytes(image: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray((image.transpose(1, 2, 0) * 255).round().astype(np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def classify_many(client: httpx.Client, phase: Phase, samples: list[tuple[bytes, str]], rng: random.Random) -> None:
-    for image, label in samples:
+def classify_many(client: Any, phase: Phase, samples: list[Any], rng: random.Random) -> None:
+    progress(f"{phase.name}: classifying {len(samples)} images over HTTP...")
+    for sample in samples:
+        label = sample.label
         reply = client.post(
-            "/v1/classify", files={"file": ("x.png", image, "image/png")}, data={"seed": str(rng.randrange(2**31))}
+            "/v1/classify", files={"file": ("x.png", sample.png, "image/png")}, data={"seed": str(rng.randrange(2**31))}
         )
         body = reply.json()
         row: dict[str, Any] = {"status": reply.status_code, "label": label}
@@ -129,19 +169,25 @@ def classify_many(client: httpx.Client, phase: Phase, samples: list[tuple[bytes,
 
 
 def run_up(opts: UpOptions) -> dict[str, Any]:
+    import httpx
+
+    from layerswarm.harness.procs import stop_all
+    from layerswarm.harness.samples import labelled_samples, task_data
+    from layerswarm.harness.swarm import wait_for_swarm
+
     rng = random.Random(opts.seed)
     nodes, coordinator, members = start_swarm(opts)
     try:
-        manifest = read_manifest(members[0])
-        data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
-        picks = rng.sample(range(len(data.test_y)), 2 * opts.requests_per_phase)
-        samples = [(png_bytes(data.test_x[i].numpy()), data.class_names[int(data.test_y[i])]) for i in picks]
+        data = task_data(members[0])
+        samples = labelled_samples(data, rng.sample(range(len(data.test_y)), 2 * opts.requests_per_phase))
         base = f"http://127.0.0.1:{coordinator.ready['port']}"
         with httpx.Client(base_url=base, timeout=30.0) as client:
+            progress(f"coordinator on {base}; waiting until all {len(nodes)} nodes are healthy...")
             wait_for_swarm(client, len(nodes), opts.timeout_s)
             before = Phase("all nodes up")
             classify_many(client, before, samples[: opts.requests_per_phase], rng)
             killed = choose_victims(nodes, opts.kill if opts.kill is not None else len(nodes) // 3, rng)
+            progress(f"killing {len(killed)} nodes (SIGKILL)...")
             for proc in killed:
                 proc.signal(signal.SIGKILL)
             after = Phase(f"{len(killed)} nodes killed")
@@ -149,19 +195,20 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
             view = client.get("/v1/nodes").json()
         return summarise([before, after], nodes, killed, view)
     finally:
+        progress("stopping the swarm...")
         stop_all([coordinator, *nodes])
 
 
-def choose_victims(nodes: list[Proc], count: int, rng: random.Random) -> list[Proc]:
+def choose_victims(nodes: list[Any], count: int, rng: random.Random) -> list[Any]:
     """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random
     others, leaving every other index at least one node."""
     if count <= 0:
         return []
-    by_block: dict[int, list[Proc]] = {}
+    by_block: dict[int, list[Any]] = {}
     for proc in nodes:
         by_block.setdefault(int(proc.ready["block"]), []).append(proc)
     first = by_block[rng.choice(sorted(by_block))][:count]
-    others: list[Proc] = []
+    others: list[Any] = []
     for proc in rng.sample([p for p in nodes if p not in first], len(nodes) - len(first)):
         if len(others) >= count - len(first):
             break
@@ -171,7 +218,7 @@ def choose_victims(nodes: list[Proc], count: int, rng: random.Random) -> list[Pr
     return first + others
 
 
-def summarise(phases: list[Phase], nodes: list[Proc], killed: list[Proc], view: dict[str, Any]) -> dict[str, Any]:
+def summarise(phases: list[Phase], nodes: list[Any], killed: list[Any], view: dict[str, Any]) -> dict[str, Any]:
     rows = [r for p in phases for r in p.results]
     total = Phase("total", rows).tally()
     example = next((r["trace"] for r in phases[-1].results if r.get("substituted") or r.get("skipped")), None)

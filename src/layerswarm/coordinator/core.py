@@ -15,16 +15,19 @@ import torch
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
 from layerswarm.models.checkpoint import load_stem_head as load_parts
+from layerswarm.models.exits import ExitPolicy
 from layerswarm.wire import codec
 
 from .clients import ClientPool
 from .discovery import DnsDiscovery, MdnsDiscovery
+from .ensemble import EnsembleResult, Route, run_ensemble
 from .executor import ExecOptions, PathExecutor, PathResult
+from .exits import RouteExit, load_defaults, request_policy
 from .health import HealthMonitor
 from .metrics import CoordinatorMetrics
 from .peer_memory import load_peers, save_peers
 from .periodic import Periodic
-from .planner import Policy, plan_path
+from .planner import Policy, plan_path, with_repeats
 from .registry import FamilySpec, NodeEvent, NodeState, Registry
 from .settings import CoordinatorSettings
 from .verify import Verifier, VerifySettings
@@ -50,15 +53,38 @@ class ClassifyOptions:
     min_blocks: int | None = None
     max_blocks: int | None = None
     exit_confidence: float | None = None  # early exit once the head is this sure (after min_blocks)
+    exit_rule: str | None = None  # confidence | entropy | patience | none; None: the coordinator's default
+    exit_threshold: float | None = None  # None: the calibrated threshold of the rule
+    deadline_ms: float | None = None  # anytime: answer with what ran once the next hop would be late
+    ensemble: int = 1  # routes whose logits are averaged
+    ensemble_mode: str = "adaptive"  # adaptive: another route only while unsure; parallel: all at once
+    ensemble_confidence: float | None = None  # adaptive: unsure below this; None: the calibrated value
+    repeats: bool | None = None  # None: where calibration showed repeated blocks help
 
 
 @dataclass
 class Classification:
     probs: torch.Tensor  # (B, classes)
-    path: PathResult
+    path: PathResult  # the first route's
     policy: Policy
     seed: int
     elapsed_ms: float
+    ensemble: EnsembleResult
+    exit_rule: str | None = None  # the rule a route exited by (None: no route exited early)
+
+
+@dataclass
+class _RouteSetup:
+    """What every route of one request shares."""
+
+    x: torch.Tensor
+    policy: Policy
+    seed: int
+    opts: ClassifyOptions
+    min_blocks: int
+    deadline: float
+    request_id: str
+    anytime_deadline: float | None  # the caller's budget: no hop starts past it once min depth ran
 
 
 def family_spec(settings: CoordinatorSettings) -> FamilySpec:
@@ -116,13 +142,25 @@ class Coordinator:
         self._saved_peers: set[str] | None = None
         self._memory = Periodic("peer-memory", 2.0, self._remember_peers)
         self.metrics = CoordinatorMetrics(self.registry)
+        self.adaptive = load_defaults(settings.model_dir, settings.exit_rule, settings.exit_threshold)
+        log.info("adaptive compute defaults: %s", self.adaptive.to_json())
         self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
         self.spec = codec.TensorSpec((None, self.config.num_tokens, self.config.dim), max_batch=settings.max_batch)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
-        self.in_flight = 0
-        torch.set_num_threads(settings.threads)
+        self._requests_open = 0  # changed only by begin_request / end_request
         for peer in settings.peers:
             self.registry.add_candidate(peer, "static")
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not answered yet (the HTTP layer answers 429 past the limit)."""
+        return self._requests_open
+
+    def begin_request(self) -> None:
+        self._requests_open += 1
+
+    def end_request(self) -> None:
+        self._requests_open -= 1
 
     @property
     def shuffle_robust(self) -> bool:
@@ -221,48 +259,77 @@ class Coordinator:
         return False, f"only {depth} of {self.config.depth} blocks reachable, minimum depth is {need}"
 
     async def classify(self, images: torch.Tensor, opts: ClassifyOptions) -> Classification:
-        """images: (B, C, H, W) float32 in [0, 1]. Raises DepthError when too few blocks can run."""
+        """images: (B, C, H, W) float32 in [0, 1]. Raises DepthError when too few blocks can run, and
+        ValueError for an invalid exit rule or threshold."""
         started = time.monotonic()
         await self.wait_first_round(self.settings.request_timeout_s / 2)
-        policy = opts.policy or self.default_policy
-        seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**31)
-        rng = random.Random(seed)
-        min_blocks = opts.min_blocks if opts.min_blocks is not None else self.min_blocks
-        x = await self._run_local(self.stem, images)
+        exit_policy = request_policy(self.adaptive, opts.exit_rule, opts.exit_threshold, opts.exit_confidence)
+        budget_s = self.settings.request_timeout_s
+        setup = _RouteSetup(
+            x=await self._run_local(self.stem, images),
+            policy=opts.policy or self.default_policy,
+            seed=opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**31),
+            opts=opts,
+            min_blocks=opts.min_blocks if opts.min_blocks is not None else self.min_blocks,
+            deadline=started + budget_s,
+            request_id=uuid.uuid4().hex[:16],
+            anytime_deadline=None if opts.deadline_ms is None else started + opts.deadline_ms / 1e3,
+        )
+
+        async def route(index: int) -> Route:
+            return await self._route(setup, index, exit_policy)
+
+        unsure_below = opts.ensemble_confidence or self.adaptive.ensemble_confidence
+        result = await run_ensemble(route, opts.ensemble, opts.ensemble_mode, unsure_below)
+        first = result.routes[0].path
+        exited = next((r for r in result.routes if r.path.exited_early), None)
+        rule = exit_policy.rule.value if exited is not None and exit_policy is not None else None
+        self.metrics.observe(result, rule)
+        return Classification(
+            result.logits.softmax(-1),
+            first,
+            setup.policy,
+            setup.seed,
+            (time.monotonic() - started) * 1e3,
+            result,
+            rule,
+        )
+
+    async def _route(self, setup: _RouteSetup, index: int, exit_policy: ExitPolicy | None) -> Route:
+        """One path through the swarm: route i takes its own random order and nodes (seed + i)."""
+        rng = random.Random(setup.seed + index)
         plan = plan_path(
-            policy,
+            setup.policy,
             self.registry.routable_by_block(),
             self.config.depth,
             rng,
-            opts.max_blocks,
+            setup.opts.max_blocks,
             preferred_model=self.manifest.model_id,
         )
+        repeats = setup.opts.repeats if setup.opts.repeats is not None else self.adaptive.repeats
+        if repeats:
+            plan = with_repeats(plan, setup.min_blocks, rng, shuffle=setup.policy is not Policy.SEQUENTIAL)
+        early_exit = RouteExit(exit_policy, self._head_logits) if exit_policy is not None else None
         exec_opts = ExecOptions(
             hop_timeout_s=self.settings.hop_timeout_s,
-            deadline=started + self.settings.request_timeout_s,
-            min_blocks=min_blocks,
-            shuffle_robust=self.shuffle_robust and policy is not Policy.SEQUENTIAL,
+            deadline=setup.deadline,
+            min_blocks=setup.min_blocks,
+            shuffle_robust=self.shuffle_robust and setup.policy is not Policy.SEQUENTIAL,
             wire_dtype=self.wire_dtype,
             spec=self.spec,
-            request_id=uuid.uuid4().hex[:16],
-            early_exit=self._confident(opts.exit_confidence) if opts.exit_confidence else None,
+            request_id=f"{setup.request_id}-{index}" if index else setup.request_id,
+            early_exit=early_exit,
+            anytime_deadline=setup.anytime_deadline,
             hedge_quantile=self.settings.hedge_quantile,
             hedge_min_ms=self.settings.hedge_min_ms,
         )
-        result = await self.executor.run(x, plan, exec_opts, rng)
-        logits = await self._run_local(self.head, result.activations)
-        for hop in result.hops:
+        path = await self.executor.run(setup.x, plan, exec_opts, rng)
+        for hop in path.hops:
             self.metrics.hops.labels(hop.outcome).inc()
-        if result.exited_early:
-            self.metrics.early_exits.inc()
-        return Classification(logits.softmax(-1), result, policy, seed, (time.monotonic() - started) * 1e3)
+        return Route(index, path, await self._head_logits(path.activations))
 
-    def _confident(self, threshold: float):  # type: ignore[no-untyped-def]
-        async def check(x: torch.Tensor) -> bool:
-            probs = (await self._run_local(self.head, x)).softmax(-1)
-            return bool((probs.max(-1).values >= threshold).all())
-
-        return check
+    async def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return await self._run_local(self.head, x)
 
     async def _run_local(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         def compute() -> torch.Tensor:

@@ -47,6 +47,7 @@ class Hop:
     latency_ms: float = 0.0
     outcome: str = "ok"  # ok | hedged (a second node answered first) | substituted | skipped
     hedged_to: str | None = None  # the node a slow hop was also sent to
+    repeat: bool = False  # a block index that already ran, run again on purpose (too few indices reachable)
     attempts: list[Attempt] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -61,6 +62,7 @@ class PathResult:
     hops: list[Hop]
     unreachable: list[int]
     exited_early: bool = False
+    anytime: bool = False  # answered early because the deadline left no time for the next hop
 
     @property
     def depth(self) -> int:
@@ -81,10 +83,15 @@ class ExecOptions:
     spec: codec.TensorSpec
     request_id: str
     early_exit: Callable[[torch.Tensor], Awaitable[bool]] | None = None  # True: confident enough to stop
+    # the caller's budget (deadline_ms): once min depth ran, answer with what ran rather than start a hop
+    # that would end past it; below min depth it does not cut (the request `deadline` still does)
+    anytime_deadline: float | None = None
+    anytime_reserve_ms: float = 5.0  # kept free for the head and the reply
     hedge_quantile: float | None = None  # hedge a hop slower than this quantile of the node's latency
     hedge_min_ms: float = 10.0  # ... but never sooner than this
 
 
+DEADLINE_REACHED = "request deadline reached"
 _Won = tuple[NodeRecord, torch.Tensor, float]  # the node that answered, its output, latency in ms
 
 
@@ -94,6 +101,16 @@ def _hedge_delay(record: NodeRecord, opts: ExecOptions) -> float | None:
         return None
     quantile = record.latency_quantile(opts.hedge_quantile)
     return None if quantile is None else max(quantile, opts.hedge_min_ms) / 1e3
+
+
+def _next_hop_fits(candidates: list[NodeRecord], opts: ExecOptions) -> bool:
+    """Can the next hop finish within the caller's budget? Judged by its fastest candidate's recent
+    latency; a hop with no latency history yet is tried only while the budget lasts."""
+    if opts.anytime_deadline is None:
+        return True
+    left_ms = (opts.anytime_deadline - time.monotonic()) * 1e3
+    known = [r.ewma_ms for r in candidates if r.routable and r.ewma_ms is not None]
+    return (min(known) if known else 0.0) + opts.anytime_reserve_ms <= left_ms
 
 
 class HopFailed(Exception):
@@ -112,6 +129,7 @@ class _RequestState:
     used: set[int] = field(default_factory=set)  # block indices that ran
     failed: set[str] = field(default_factory=set)  # nodes that failed: not tried again for this request
     planned_later: set[int] = field(default_factory=set)  # block indices still ahead in the plan
+    path_length: int = 0  # blocks in the planned path (sent to nodes: informational)
 
 
 class PathExecutor:
@@ -122,19 +140,22 @@ class PathExecutor:
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         hops: list[Hop] = []
-        state = _RequestState(opts, rng)
+        state = _RequestState(opts, rng, path_length=len(plan.steps))
         for step_index, step in enumerate(plan.steps):
             position = sum(1 for h in hops if h.block is not None)
-            hop = Hop(position=position, planned_block=step.block)
+            hop = Hop(position=position, planned_block=step.block, repeat=step.repeat)
             hops.append(hop)
-            if step.block in state.used:  # a substitute already ran this block index
+            if step.block in state.used and not step.repeat:  # a substitute already ran this block index
                 hop.outcome = "skipped"
                 continue
+            if position >= opts.min_blocks and not _next_hop_fits(step.candidates, opts):
+                hops.pop()
+                return PathResult(x, hops, plan.unreachable, anytime=True)
             state.planned_later = {s.block for s in plan.steps[step_index + 1 :]}
             out = await self._run_hop(x, hop, step.candidates, state)
             if out is not None:
                 x = out
-                if opts.early_exit is not None and position + 1 >= opts.min_blocks and await opts.early_exit(x):
+                if await self._exits(x, opts, position + 1, step_index + 1 < len(plan.steps)):
                     return PathResult(x, hops, plan.unreachable, exited_early=True)
         path = PathResult(x, hops, plan.unreachable)
         if path.depth < opts.min_blocks:
@@ -145,13 +166,20 @@ class PathExecutor:
             )
         return path
 
+    @staticmethod
+    async def _exits(x: torch.Tensor, opts: ExecOptions, depth: int, more_planned: bool) -> bool:
+        """Ask the exit rule after every hop (patience counts every hop); stop only past min depth."""
+        if opts.early_exit is None or not more_planned:
+            return False
+        return await opts.early_exit(x) and depth >= opts.min_blocks
+
     async def _run_hop(
         self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: _RequestState
     ) -> torch.Tensor | None:
         alternatives = self._alternatives(hop, candidates, state)
         for record in alternatives:
             if time.monotonic() >= state.opts.deadline:
-                hop.attempts.append(Attempt(record.address, None, record.block, "request deadline reached"))
+                hop.attempts.append(Attempt(record.address, None, record.block, DEADLINE_REACHED))
                 break
             won = await self._hedged(x, hop, record, alternatives, state)
             if won is None:
@@ -198,7 +226,7 @@ class PathExecutor:
         """One call; a failure goes into the trace and the registry, and gives None."""
         started = time.monotonic()
         try:
-            out = await self._call(record, x, hop.position, state.opts)
+            out = await self._call(record, x, hop.position, state)
         except HopFailed as exc:
             state.failed.add(record.address)
             ident = record.identity
@@ -224,12 +252,14 @@ class PathExecutor:
                 if record.routable and record.address not in tried:
                     yield record
 
-    async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, opts: ExecOptions) -> torch.Tensor:
+    async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, state: _RequestState) -> torch.Tensor:
+        opts = state.opts
         timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
+        activations = codec.encode(x, opts.wire_dtype)
         request = pb.ForwardRequest(
-            request_id=opts.request_id, activations=codec.encode(x, opts.wire_dtype), position=position, path_length=0
+            request_id=opts.request_id, activations=activations, position=position, path_length=state.path_length
         )
-        record.in_flight += 1
+        record.begin_call()
         try:
             reply = await self.pool.get(record.address).forward(request, timeout)
         except grpc.aio.AioRpcError as exc:
@@ -237,7 +267,7 @@ class PathExecutor:
         except asyncio.TimeoutError as exc:
             raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
         finally:
-            record.in_flight -= 1
+            record.end_call()
         try:
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:

@@ -14,6 +14,7 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2
 
+from layerswarm.wire.discovery import HEALTH_SERVICE
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool, NodeNotProven
@@ -21,7 +22,6 @@ from .periodic import Periodic
 from .registry import NodeIdentity, NodeState, Registry
 
 log = logging.getLogger(__name__)
-HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 
 
 def identity_from_info(info: pb.NodeInfo) -> NodeIdentity:

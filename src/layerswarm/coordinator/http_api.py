@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
@@ -27,10 +27,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from layerswarm import __version__
 
 from .activity import Activity
+from .auth import ApiKeys
+from .bodies import read_form, read_json_object
 from .core import Classification, ClassifyOptions, Coordinator
 from .executor import PathResult
+from .exits import ExitRuleError
+from .front_door import FrontDoor
+from .http_errors import ApiError, describe, error_response
 from .images import ImageError, decode_batch
+from .imaging import Decoder
 from .kserve import mount_kserve
+from .limits import Gate
 from .page import mount_page
 from .planner import Policy
 from .serving import Busy, TooThin, classify_batch
@@ -51,6 +58,29 @@ class ClassifyParams(BaseModel):
     max_blocks: int | None = Field(None, ge=1, le=1024, description="prune the path to at most this many")
     exit_confidence: float | None = Field(
         None, gt=0.0, le=1.0, description="early exit: stop once the top class has this probability"
+    )
+    exit_rule: Literal["confidence", "entropy", "patience", "none"] | None = Field(
+        None, description="early-exit rule (any path order); default: the coordinator's (calibrated) rule"
+    )
+    exit_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1024,
+        description="the rule's threshold: confidence in (0, 1], entropy / log(classes) in [0, 1], patience in "
+        "hops; default: the calibrated threshold",
+    )
+    deadline_ms: float | None = Field(
+        None, gt=0.0, le=600_000, description="anytime: answer with what ran once the next hop would miss this budget"
+    )
+    ensemble: int = Field(1, ge=1, le=8, description="routes through the swarm whose logits are averaged")
+    ensemble_mode: Literal["adaptive", "parallel"] = Field(
+        "adaptive", description="adaptive: another route only while the answer is unsure; parallel: all at once"
+    )
+    ensemble_confidence: float | None = Field(
+        None, gt=0.0, le=1.0, description="adaptive ensembles: add a route while below this; default: calibrated"
+    )
+    repeats: bool | None = Field(
+        None, description="run reachable blocks again when too few indices are reachable; default: as calibrated"
     )
     resize: bool = Field(False, description="resize images of another size instead of refusing them")
     label: str | None = Field(
@@ -100,18 +130,16 @@ class ClassifyResponse(BaseModel):
     seed: int
     depth: int = Field(description="blocks that ran")
     exited_early: bool
+    exit_rule: str | None = Field(None, description="the rule that ended a route early")
+    anytime: bool = Field(False, description="answered early because the deadline left no time for the next hop")
+    routes: int = Field(1, description="routes whose logits were averaged (ensembles)")
+    blocks: int = Field(0, description="blocks run, all routes together")
     elapsed_ms: float
     trace: dict[str, Any] = Field(description="per hop: node, model, block, position, latency, substitutions")
 
 
-class ApiError(HTTPException):
-    def __init__(self, status: int, error: str, detail: Any) -> None:
-        super().__init__(status_code=status, detail=detail)
-        self.error = error
-
-
-def _error(status: int, error: str, detail: Any) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": error, "detail": detail})
+_error = error_response
+_describe = describe
 
 
 CLASSIFY_BODY = {
@@ -180,15 +208,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "invalid_request", _describe(exc.errors()))
 
-    @app.middleware("http")
-    async def _unexpected(request: Request, call_next: Any) -> Response:
-        """A bug must not reach the client as a traceback or a dropped connection: log it, answer JSON.
-        (Starlette's own catch-all re-raises after answering, which resets keep-alive connections.)"""
-        try:
-            return await call_next(request)
-        except Exception as exc:
-            log.exception("unexpected error on %s", request.url.path)
-            return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+    # Outermost: API keys, every status counted, quiet disconnects, bugs answered as JSON 500.
+    app.add_middleware(FrontDoor, keys=ApiKeys(settings.api_keys), metrics=coordinator.metrics)
+    gate = Gate(settings.max_concurrent_requests, settings.max_body_reads, coordinator.metrics)
+    decoder = Decoder(cfg.image_size, settings.max_image_pixels, coordinator.metrics.decoding)
+    app.state.gate, app.state.decoder = gate, decoder  # server.py closes the decoder's threads
 
     @app.post(
         "/v1/classify",
@@ -198,9 +222,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     )
     async def classify(request: Request) -> ClassifyResponse:
         """Classify one image: upload it as multipart `file`, or POST JSON with `image_base64`."""
-        image_bytes, params = await _read_request(request, settings.max_upload_bytes)
-        images = _to_batch(image_bytes, cfg.image_size, params.resize)
-        result = await _classify(images, params, [params.label])
+        content_type = _content_type(request)
+        async with gate.admit():  # 429 from the headers alone, before any body is read
+            image_bytes, params = await _read_request(gate, request, content_type, settings.max_upload_bytes)
+            images = await decoder.to_batch(image_bytes, params.resize)  # pixel budget, then a worker
+            result = await _classify(images, params, [params.label])
         return _response(result, cfg.class_names, params.top_k)
 
     @app.post(
@@ -212,9 +238,10 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def classify_many(request: Request) -> BatchResponse:
         """Classify several images as one batch (one path through the swarm, one call per hop): upload
         several multipart `file` parts (optional `label` fields, one per file), or POST JSON with `images`."""
-        blobs, truths, params = await _read_batch(request, settings.max_upload_bytes, settings.max_batch)
-        images = await asyncio.to_thread(_decode, blobs, cfg.image_size, params.resize)
-        result = await _classify(images, params, truths)
+        async with gate.admit():  # 429 from the headers alone, before any body is read
+            blobs, truths, params = await _read_batch(request, settings.max_upload_bytes, settings.max_batch)
+            images = await asyncio.to_thread(_decode, blobs, cfg.image_size, params.resize)
+            result = await _classify(images, params, truths)
         return _batch_response(result, cfg.class_names, params.top_k)
 
     async def _classify(images: torch.Tensor, params: ClassifyParams, truths: Sequence[str | None]) -> Classification:
@@ -225,9 +252,18 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             min_blocks=params.min_blocks,
             max_blocks=params.max_blocks,
             exit_confidence=params.exit_confidence,
+            exit_rule=params.exit_rule,
+            exit_threshold=params.exit_threshold,
+            deadline_ms=params.deadline_ms,
+            ensemble=params.ensemble,
+            ensemble_mode=params.ensemble_mode,
+            ensemble_confidence=params.ensemble_confidence,
+            repeats=params.repeats,
         )
         try:
             result, _ = await classify_batch(coordinator, activity, images, opts, truths)
+        except ExitRuleError as exc:  # an exit rule without a threshold, or one out of the rule's range
+            raise ApiError(422, "invalid_request", str(exc)) from exc
         except Busy as exc:
             raise ApiError(429, "busy", str(exc)) from exc
         except TooThin as exc:
@@ -272,45 +308,45 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     return app
 
 
-async def _read_request(request: Request, limit: int) -> tuple[bytes, ClassifyParams]:
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit + 64 * 1024):
-        raise ApiError(413, "too_large", f"request body over the {limit}-byte upload limit")
+JSON, MULTIPART = "application/json", "multipart/form-data"
+FORM_OVERHEAD_BYTES = 64 * 1024  # multipart boundaries, part headers and option fields around the image
+
+
+def _content_type(request: Request) -> str:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/json":
-        body = await _read_limited(request, limit * 4 // 3 + 64 * 1024)
+    if content_type not in (JSON, MULTIPART):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            "send multipart/form-data with a `file` part, or application/json with `image_base64`",
+        )
+    return content_type
+
+
+async def _read_request(gate: Gate, request: Request, content_type: str, limit: int) -> tuple[bytes, ClassifyParams]:
+    """The image and options; the body streamed under its limit (413), strict JSON (400), in memory."""
+    if content_type == JSON:
+        data = await read_json_object(gate, request, limit * 4 // 3 + FORM_OVERHEAD_BYTES)
         try:
-            data = json.loads(body)
             params = ClassifyJson.model_validate(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, "invalid_json", f"body is not JSON: {exc}") from exc
         except ValidationError as exc:
             raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
         try:
             image = base64.b64decode(params.image_base64, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise ApiError(400, "invalid_base64", f"image_base64 is not valid base64: {exc}") from exc
-        return image, ClassifyParams.model_validate(params.model_dump(exclude={"image_base64"}))
-    if content_type == "multipart/form-data":
-        form = await request.form(max_files=1, max_fields=16, max_part_size=limit)
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise ApiError(422, "invalid_request", "multipart body needs a `file` part with the image")
-        image = await upload.read(limit + 1)
         if len(image) > limit:
             raise ApiError(413, "too_large", f"image over the {limit}-byte upload limit")
-        fields = {k: v for k, v in form.items() if k != "file"}
-        if any(not isinstance(v, str) for v in fields.values()):
-            raise ApiError(422, "invalid_request", "only one file part (`file`) is accepted")
-        try:
-            return image, ClassifyParams.model_validate({k: v for k, v in fields.items() if v != ""})
-        except ValidationError as exc:
-            raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
-    raise ApiError(
-        415,
-        "unsupported_media_type",
-        "send multipart/form-data with a `file` part, or application/json with `image_base64`",
-    )
+        return image, ClassifyParams.model_validate(params.model_dump(exclude={"image_base64"}))
+    files, fields = await read_form(gate, request, limit + FORM_OVERHEAD_BYTES)
+    if set(files) != {"file"}:
+        raise ApiError(422, "invalid_request", "multipart body needs one file part, named `file`, with the image")
+    if len(files["file"]) > limit:
+        raise ApiError(413, "too_large", f"image over the {limit}-byte upload limit")
+    try:
+        return files["file"], ClassifyParams.model_validate({k: v for k, v in fields.items() if v != ""})
+    except ValidationError as exc:
+        raise ApiError(422, "invalid_request", _describe(exc.errors())) from exc
 
 
 _Batch = tuple[list[bytes], list[str | None], ClassifyParams]  # images, their true labels if given, options
@@ -406,12 +442,13 @@ def _top_labels(probs: torch.Tensor, class_names: tuple[str, ...], top_k: int) -
     ]
 
 
-def _trace(path: PathResult) -> dict[str, Any]:
+def _trace(path: PathResult, result: Classification | None = None) -> dict[str, Any]:
     return {
         "hops": [h.to_json() for h in path.hops],
         "unreachable_blocks": path.unreachable,
         "substituted": sum(h.outcome == "substituted" for h in path.hops),
         "skipped": sum(h.outcome == "skipped" for h in path.hops),
+        **(_adaptive_trace(result) if result is not None else {}),
     }
 
 
@@ -424,8 +461,12 @@ def _response(result: Classification, class_names: tuple[str, ...], top_k: int) 
         seed=result.seed,
         depth=result.path.depth,
         exited_early=result.path.exited_early,
+        exit_rule=result.exit_rule,
+        anytime=any(r.path.anytime for r in result.ensemble.routes),
+        routes=len(result.ensemble.routes),
+        blocks=sum(r.path.depth for r in result.ensemble.routes),
         elapsed_ms=round(result.elapsed_ms, 3),
-        trace=_trace(result.path),
+        trace=_trace(result.path, result),
     )
 
 
@@ -445,5 +486,20 @@ def _batch_response(result: Classification, class_names: tuple[str, ...], top_k:
     )
 
 
-def _describe(errors: Any) -> list[dict[str, Any]]:
-    return [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")} for e in errors]
+def _adaptive_trace(result: Any) -> dict[str, Any]:
+    """Early exit, anytime and ensemble routes in the trace (the first route's hops are `hops`)."""
+    ensemble = result.ensemble
+    return {
+        "exit": {"rule": result.exit_rule, "depth": result.path.depth} if result.exit_rule else None,
+        "anytime": any(r.path.anytime for r in ensemble.routes),
+        "ensemble": {
+            "requested": ensemble.requested,
+            "mode": ensemble.mode,
+            "routes": [
+                {"depth": r.path.depth, "exited_early": r.path.exited_early, "anytime": r.path.anytime}
+                for r in ensemble.routes
+            ],
+            "extra_route_hops": [[h.to_json() for h in r.path.hops] for r in ensemble.routes[1:]],
+            "failed": ensemble.failed,
+        },
+    }

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .registry import NodeState, Registry
 
+if TYPE_CHECKING:
+    from .ensemble import EnsembleResult
+
+BLOCK_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -33,7 +38,22 @@ class CoordinatorMetrics:
     def __init__(self, swarm: Registry) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "layerswarm_requests", "Classification requests by HTTP status", ["status"], registry=self.registry
+            "layerswarm_requests",
+            "HTTP requests by route and status, every answer "
+            '(499: the client went away first; endpoint "unrouted": refused before routing, 401)',
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.connections_closed = Counter(
+            "layerswarm_http_connections_closed",
+            "HTTP connections the coordinator closed: header_timeout, body_timeout, too_many_connections",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge("layerswarm_http_in_flight", "Admitted inference requests", registry=self.registry)
+        self.body_reads = Gauge("layerswarm_http_body_reads", "Request bodies being read", registry=self.registry)
+        self.decoding = Gauge(
+            "layerswarm_http_decoding", "Images being decoded, by worker lane", ["lane"], registry=self.registry
         )
         self.latency = Histogram(
             "layerswarm_request_seconds",
@@ -45,4 +65,31 @@ class CoordinatorMetrics:
         self.early_exits = Counter(
             "layerswarm_early_exits", "Requests that stopped early, confident", registry=self.registry
         )
+        self.exits_by_rule = Counter(
+            "layerswarm_exits", "Requests that exited early, by exit rule", ["rule"], registry=self.registry
+        )
+        self.blocks_per_request = Histogram(
+            "layerswarm_blocks_per_request",
+            "Blocks run per request, all routes together",
+            buckets=BLOCK_BUCKETS,
+            registry=self.registry,
+        )
+        self.ensemble_routes = Counter(
+            "layerswarm_ensemble_routes", "Routes run for ensembles, by outcome", ["outcome"], registry=self.registry
+        )
+        self.anytime_answers = Counter(
+            "layerswarm_anytime_answers", "Requests answered early because of their deadline", registry=self.registry
+        )
         self.registry.register(_SwarmCollector(swarm))
+
+    def observe(self, result: EnsembleResult, exit_rule: str | None) -> None:
+        """Adaptive-compute figures of one answered request."""
+        self.blocks_per_request.observe(sum(r.path.depth for r in result.routes))
+        if exit_rule is not None:
+            self.early_exits.inc()
+            self.exits_by_rule.labels(exit_rule).inc()
+        if any(r.path.anytime for r in result.routes):
+            self.anytime_answers.inc()
+        if result.requested > 1:
+            self.ensemble_routes.labels("ok").inc(len(result.routes))
+            self.ensemble_routes.labels("failed").inc(len(result.failed))

@@ -1,4 +1,5 @@
-"""Plans a path through the swarm for one request: pure logic over a registry snapshot.
+"""Plans a path through the swarm for one request: pure logic over the registry's live node records
+(read, never changed, here: the executor then calls the chosen records and the registry updates them).
 
 A path is an ordered list of steps; each step names one block index (used at most once per path) and
 the nodes that can serve it, best first. Nodes of any model of the family serve a block index, so a
@@ -10,6 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from enum import Enum
+
+from layerswarm.models.paths import spread_evenly
 
 from .registry import NodeRecord
 
@@ -24,6 +27,7 @@ class Policy(str, Enum):
 class Step:
     block: int
     candidates: list[NodeRecord]
+    repeat: bool = False  # this block index already ran earlier in the path: run it again on purpose
 
 
 @dataclass
@@ -48,7 +52,7 @@ def plan_path(
         blocks = rng.sample(present, limit)
     else:
         # Pruned sequential paths keep blocks spread over the depth, in order (as in the paper).
-        blocks = _spread(present, limit)
+        blocks = spread_evenly(present, limit)
     steps = [Step(block=b, candidates=rank_candidates(policy, by_block[b], rng, preferred_model)) for b in blocks]
     return Plan(steps=steps, unreachable=unreachable)
 
@@ -81,10 +85,21 @@ def substitutes(
     return spare
 
 
-def _spread(blocks: list[int], k: int) -> list[int]:
-    if k >= len(blocks):
-        return list(blocks)
-    if k <= 0:
-        return []
-    picks = sorted({round(i * (len(blocks) - 1) / max(1, k - 1)) for i in range(k)}) if k > 1 else [0]
-    return [blocks[i] for i in picks]
+def with_repeats(plan: Plan, min_blocks: int, rng: random.Random, shuffle: bool) -> Plan:
+    """Fewer distinct block indices reachable than the minimum depth: run present ones again (any
+    order, any number of times) until the path is `min_blocks` long, instead of failing."""
+    if not plan.steps or len(plan.steps) >= min_blocks:
+        return plan
+    steps = list(plan.steps)
+    while len(steps) < min_blocks:
+        steps.append(rng.choice(plan.steps))
+    if shuffle:
+        rng.shuffle(steps)
+    else:
+        steps.sort(key=lambda s: s.block)  # a sequential path runs a repeated block twice in a row
+    seen: set[int] = set()
+    out = []
+    for step in steps:
+        out.append(Step(step.block, step.candidates, repeat=step.block in seen))
+        seen.add(step.block)
+    return Plan(steps=out, unreachable=plan.unreachable)

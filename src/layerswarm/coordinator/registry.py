@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any
 
 from layerswarm.wire.discovery import PROTOCOL_VERSION
+from layerswarm.wire.stats import ewma, quantile
 
 MDNS = "mdns"
 
@@ -87,7 +88,7 @@ class NodeRecord:
     checked: bool = False  # at least one health round has looked at it
     consecutive_failures: int = 0
     ewma_ms: float | None = None
-    in_flight: int = 0
+    calls_open: int = 0  # hops sent and not answered yet; changed only by begin_call / end_call
     served: int = 0
     failed: int = 0
     state_since: float = 0.0
@@ -99,10 +100,17 @@ class NodeRecord:
 
     def latency_quantile(self, q: float, min_samples: int = 8) -> float | None:
         """The q-quantile of recent hop latencies (ms), or None while there are too few to judge."""
-        if len(self.recent_ms) < min_samples:
-            return None
-        ordered = sorted(self.recent_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return None if len(self.recent_ms) < min_samples else quantile(self.recent_ms, q)
+
+    @property
+    def in_flight(self) -> int:
+        return self.calls_open
+
+    def begin_call(self) -> None:
+        self.calls_open += 1
+
+    def end_call(self) -> None:
+        self.calls_open -= 1
 
     @property
     def block(self) -> int:
@@ -287,8 +295,7 @@ class Registry:
             return
         record.served += 1
         record.consecutive_failures = 0
-        a = self.EWMA_ALPHA
-        record.ewma_ms = latency_ms if record.ewma_ms is None else (1 - a) * record.ewma_ms + a * latency_ms
+        record.ewma_ms = ewma(record.ewma_ms, latency_ms, self.EWMA_ALPHA)
         record.recent_ms.append(latency_ms)
         if record.state is NodeState.EJECTED:
             self._set(record, NodeState.HEALTHY, "recovered")

@@ -5,24 +5,38 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
+import socket
 
 import uvicorn
 
 from .core import Coordinator
 from .http_api import create_app
+from .protocol import guarded_protocol
 from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
 
+SPARE_FILES = 256  # descriptors beyond the HTTP connections: gRPC channels to nodes, model files, logs
+
 
 async def serve(settings: CoordinatorSettings) -> None:
+    listener = _listen(settings.http_host, settings.http_port)  # first: a taken port is a one-line error
     coordinator = Coordinator(settings)
     await coordinator.start()
     app = create_app(coordinator)
+    _ensure_file_limit(settings.max_connections + SPARE_FILES)
+    counter = coordinator.metrics.connections_closed
     config = uvicorn.Config(
         app,
         host=settings.http_host,
         port=settings.http_port,
+        http=guarded_protocol(
+            settings.header_timeout_s,
+            settings.body_timeout_s,
+            settings.max_connections,
+            on_close=lambda reason: counter.labels(reason).inc(),
+        ),
         log_level="warning",
         lifespan="off",
         access_log=False,
@@ -30,7 +44,7 @@ async def serve(settings: CoordinatorSettings) -> None:
     )
     server = uvicorn.Server(config)
     app.state.server = server  # open event streams end when it exits (else shutdown waits for them)
-    task = asyncio.create_task(server.serve())  # uvicorn handles SIGINT/SIGTERM itself
+    task = asyncio.create_task(server.serve(sockets=[listener]))  # uvicorn handles SIGINT/SIGTERM itself
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
@@ -50,7 +64,32 @@ async def serve(settings: CoordinatorSettings) -> None:
             )
         await task
     finally:
+        app.state.decoder.close()
         await coordinator.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound here rather than by uvicorn, which exits with a traceback when it cannot."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"--http-host/--http-port: cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _ensure_file_limit(needed: int) -> None:
+    """Raise the soft open-files limit to `needed` when the hard limit allows: the connection cap, not
+    the kernel, must be what refuses a flood of connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        log.warning("open-files limit %d is below --max-connections + %d; lower --max-connections", target, SPARE_FILES)
 
 
 def run(settings: CoordinatorSettings) -> int:

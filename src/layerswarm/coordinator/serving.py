@@ -43,20 +43,17 @@ async def classify_batch(
     settings = coordinator.settings
     batch = int(images.shape[0])
     if coordinator.in_flight >= settings.max_concurrent_requests:
-        coordinator.metrics.requests.labels("429").inc()
         activity.record_failure(api, batch, 429, "busy")
         raise Busy(f"{coordinator.in_flight} requests in flight; retry shortly")
-    coordinator.in_flight += 1
+    coordinator.begin_request()
     try:
         with coordinator.metrics.latency.time():
             result = await coordinator.classify(images, opts)
     except DepthError as exc:
-        coordinator.metrics.requests.labels("503").inc()
         activity.record_failure(api, batch, 503, "insufficient_depth")
         raise TooThin(str(exc)) from exc
     finally:
-        coordinator.in_flight -= 1
-    coordinator.metrics.requests.labels("200").inc()
+        coordinator.end_request()
     names = coordinator.config.class_names or tuple(str(i) for i in range(int(result.probs.shape[-1])))
     predictions = predicted_labels(result, names)
     activity.record_success(api, result, predictions, [_class_name(t, names) for t in truths] or [None] * batch)

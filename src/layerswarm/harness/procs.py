@@ -61,6 +61,12 @@ def layerswarm_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "layerswarm", *args]
 
 
+def node_cmd(model_dir: Path, block: int, *extra: str, host: str = "127.0.0.1", port: int = 0) -> list[str]:
+    """`layerswarm node` serving `block` of `model_dir` (port 0: any free port, reported when ready)."""
+    args = ["--model-dir", str(model_dir), "--block", str(block), "--host", host, "--port", str(port)]
+    return layerswarm_cmd("node", *args, *extra)
+
+
 def node_address(proc: Proc) -> str:
     """HOST:PORT at which a node process that reported ready can be reached from this host."""
     host = proc.ready["host"]
@@ -83,7 +89,7 @@ def launch(name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> 
     return proc
 
 
-def wait_ready(proc: Proc, timeout: float = 60.0) -> Proc:
+def wait_for_ready_line(proc: Proc, timeout: float = 60.0) -> Proc:
     """Wait for the ready line; raise ProcessError with the process's output if it dies or stalls."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -102,14 +108,14 @@ def wait_ready(proc: Proc, timeout: float = 60.0) -> Proc:
 
 
 def spawn(name: str, cmd: Sequence[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> Proc:
-    return wait_ready(launch(name, cmd, env), timeout)
+    return wait_for_ready_line(launch(name, cmd, env), timeout)
 
 
 def spawn_many(specs: Sequence[tuple[str, Sequence[str]]], timeout: float = 90.0) -> list[Proc]:
     """Start every process first, then wait for each: start-up (imports) overlaps."""
     procs = [launch(name, cmd) for name, cmd in specs]
     try:
-        return [wait_ready(p, timeout) for p in procs]
+        return [wait_for_ready_line(p, timeout) for p in procs]
     except ProcessError:
         stop_all(procs)
         raise

@@ -1,4 +1,4 @@
-"""`layerswarm train`, `family` and `eval`: the model side of the command line."""
+"""What `layerswarm train`, `family` and `eval` do (their flags live in layerswarm/cli/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,101 +17,13 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import ModelDirError, read_manifest, save_model
-from .config import VARIANTS
-from .data import Dataset, check_spec, load_dataset
+from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
 from .train import Trainer, TrainRecipe, build_model, evaluate_loss, init_image_size
 from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
 
 log = logging.getLogger(__name__)
-
-
-# --- argparse validators: a bad value ends as "argument --flag: why" with exit status 2 -----------------
-
-
-def positive_int(text: str) -> int:
-    return at_least(1)(text)
-
-
-def at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    parse.__name__ = f"at_least_{minimum}"
-    return parse
-
-
-def data_spec(text: str) -> str:
-    try:
-        return check_spec(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-# --- train --------------------------------------------------------------------------------------------
-
-
-def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--data",
-        required=True,
-        type=data_spec,
-        help="shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH",
-    )
-    p.add_argument(
-        "--variant", choices=VARIANTS, default="layershuffle", help="training approach (default: %(default)s)"
-    )
-    p.add_argument("--out", required=True, type=Path, help="model directory to write")
-    p.add_argument(
-        "--init",
-        help="start from a model directory (fine-tune: same family) or hf:PATH (a local "
-        "Hugging Face ViT with config.json + model.safetensors); default: from scratch",
-    )
-    p.add_argument("--epochs", type=positive_int, default=10, help="(default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="training seed (order of batches, block orders, init)")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
-    p.add_argument("--batch-size", type=positive_int, default=128, help="(default: %(default)s)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine-decayed after warm-up")
-    p.add_argument("--warmup-steps", type=at_least(0), default=100, help="(default: %(default)s)")
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--no-augment", action="store_true", help="turn off flips and small shifts")
-    p.add_argument("--depth", type=positive_int, default=6, help="blocks (from scratch only)")
-    p.add_argument("--dim", type=positive_int, default=64, help="embedding size D (from scratch only)")
-    p.add_argument("--heads", type=positive_int, default=4, help="attention heads (from scratch only)")
-    p.add_argument("--patch-size", type=positive_int, default=8, help="patch side P (from scratch only)")
-    add_image_args(p)
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
-
-
-def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
-    if train:
-        p.add_argument(
-            "--image-size",
-            type=positive_int,
-            help="image side S the model takes (from scratch; default 32); with --init, the model's own, "
-            "which this must match if given",
-        )
-    p.add_argument(
-        "--workers",
-        type=at_least(0),
-        default=2,
-        help="processes decoding image folders (default: %(default)s; 0: in the main process)",
-    )
-    p.add_argument(
-        "--data-memory-mb",
-        type=at_least(0),
-        default=2048,
-        help="image folders larger than this once decoded stream from disk (default: %(default)s)",
-    )
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -148,6 +59,7 @@ def train_main(args: argparse.Namespace) -> int:
         seed=args.seed,
         augment=not args.no_augment,
         threads=args.threads,
+        exit_loss=args.exit_loss,
     )
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
@@ -208,23 +120,6 @@ def resolve_image_size(init: str | None, asked: int | None) -> int | None:
     if own is not None and asked is not None and asked != own:
         raise ValueError(f"--image-size {asked} does not match the --init model's image size {own}")
     return own or asked
-
-
-def add_family_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base", required=True, type=Path, help="model directory every member is fine-tuned from")
-    p.add_argument("--members", type=positive_int, default=4, help="how many members (default: %(default)s)")
-    p.add_argument("--out", required=True, type=Path, help="folder for the members (OUT/<prefix>-<i>)")
-    p.add_argument("--prefix", default="member", help="member directory prefix (default: %(default)s)")
-    p.add_argument("--variant", choices=VARIANTS, default="layershuffle")
-    p.add_argument("--epochs", type=positive_int, default=5, help="(default: %(default)s)")
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--first-seed", type=int, default=1, help="member i trains with seed FIRST_SEED + i")
-    p.add_argument("--jobs", type=positive_int, default=2, help="members trained in parallel, one thread each")
-    p.add_argument("--data", type=data_spec, help="data spec (default: the base model's)")
-    p.add_argument("--batch-size", type=positive_int, default=128, help="(default: %(default)s)")
-    p.add_argument("--device", default="auto", help="each member's device: auto | cpu | cuda | cuda:N (default: auto)")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per member (default: %(default)s)")
-    p.add_argument("--workers", type=at_least(0), default=0, help="decoding processes per member (default: 0)")
 
 
 def family_main(args: argparse.Namespace) -> int:
@@ -295,32 +190,6 @@ def _run_parallel(cmds: list[list[str]], jobs: int) -> int:
     return failed
 
 
-def add_eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model_dirs", nargs="+", type=Path, help="model directories (a family's members, baselines...)")
-    p.add_argument("--json", type=Path, help="also write the report as JSON here (the table goes to stdout)")
-    p.add_argument("--plots", type=Path, help="write figures (PNG) into this folder")
-    p.add_argument("--data", type=data_spec, help="data spec (default: the first model's)")
-    p.add_argument(
-        "--orders", type=at_least(10), default=10, help="random orders per arbitrary-order figure (>= 10, default 10)"
-    )
-    p.add_argument(
-        "--merges", type=at_least(20), default=20, help="random merged models per family (>= 20, default 20)"
-    )
-    add_image_args(p, train=False)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--min-depth-margin",
-        type=float,
-        default=0.01,
-        help="minimum useful depth: fewest blocks within this accuracy of full depth (default: %(default)s)",
-    )
-    p.add_argument(
-        "--no-policy",
-        action="store_true",
-        help="do not write min depth and activation statistics into the model directories' manifests",
-    )
-
-
 def eval_main(args: argparse.Namespace) -> int:
     try:
         first = read_manifest(args.model_dirs[0])
@@ -336,22 +205,39 @@ def eval_main(args: argparse.Namespace) -> int:
         workers=args.workers,
         memory_limit_bytes=args.data_memory_mb << 20,
     )
-    plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
-    report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
-    report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
-    if not args.no_policy:
-        write_policies(args.model_dirs, report, data, args.min_depth_margin)
+    if args.test_noise:
+        from .data import with_test_noise
+
+        data = with_test_noise(data, args.test_noise)
+        args.no_write_policy = True  # a policy is calibrated on the data the model serves
+    report: dict[str, Any] = {"dataset": data.describe(), "models": {}, "groups": {}}
+    if not args.calibrate_only:
+        plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed, workers=args.workers)
+        report = evaluate_models([str(d) for d in args.model_dirs], data, plan)
+        report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
+        if not args.no_policy:
+            write_policies(args.model_dirs, report, data, args.min_depth_margin)
+    if args.calibrate or args.calibrate_only:
+        report["calibration"] = _calibrate(args, data)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.plots:
-        from .plots import plot_merged, plot_pruning
+        from .plots import plot_exits, plot_merged, plot_pruning
 
         args.plots.mkdir(parents=True, exist_ok=True)
-        plot_pruning(report, args.plots / "accuracy_vs_blocks.png")
+        if report["models"]:
+            plot_pruning(report, args.plots / "accuracy_vs_blocks.png")
         if report["groups"]:
             plot_merged(report, args.plots / "merged.png")
-    print(render_table(report))
+        if report.get("calibration"):
+            plot_exits(report, args.plots / "exits.png")
+    if report["models"]:
+        print(render_table(report))
+    if report.get("calibration"):
+        from .adaptive_eval import render_calibration
+
+        print(render_calibration(report["calibration"]))
     return 0
 
 
@@ -376,6 +262,21 @@ def write_policies(model_dirs: list[Path], report: dict[str, Any], data: Dataset
         model, _ = load_model(model_dir)
         write_entry(model_dir, ACTIVATION_STATS, activation_stats(model, images))
         log.info("%s: min_blocks %d", name, depth_policy["value"])
+
+
+def _calibrate(args: argparse.Namespace, data: Any) -> dict[str, Any]:
+    from .adaptive_eval import calibrate_model
+    from .calibrate import CalibrationPlan
+
+    if not 0.0 <= args.margin <= 100.0:
+        raise SystemExit("layerswarm eval: --margin must be between 0 and 100 points")
+    if args.exit_min_blocks < 1:
+        raise SystemExit("layerswarm eval: --exit-min-blocks must be at least 1")
+    plan = CalibrationPlan(margin=args.margin / 100.0, min_blocks=args.exit_min_blocks, seed=args.seed)
+    return {
+        str(d).rstrip("/").rsplit("/", 1)[-1]: calibrate_model(d, data, plan, write=not args.no_write_policy)
+        for d in args.model_dirs
+    }
 
 
 def render_table(report: dict[str, Any]) -> str:

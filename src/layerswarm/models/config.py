@@ -11,6 +11,11 @@ VARIANTS = ("baseline", "layershuffle", "layershuffle-position", "layershuffle-p
 SHUFFLE_ROBUST_VARIANTS = frozenset({"layershuffle", "layershuffle-position", "layershuffle-predict"})
 
 
+def is_shuffle_robust(variant: str) -> bool:
+    """Whether this variant's blocks were trained to work at any position (the swarm may reorder them)."""
+    return variant in SHUFFLE_ROBUST_VARIANTS
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     image_size: int = 32
@@ -54,7 +59,7 @@ class ViTConfig:
 
     @property
     def shuffle_robust(self) -> bool:
-        return self.variant in SHUFFLE_ROBUST_VARIANTS
+        return is_shuffle_robust(self.variant)
 
     def architecture(self) -> dict[str, Any]:
         """The fields that decide tensor shapes: blocks can only be mixed when these agree."""

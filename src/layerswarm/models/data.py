@@ -141,6 +141,18 @@ def iterate_batches(images: Images, index_batches: Sequence[torch.Tensor], worke
     yield from loader
 
 
+def with_test_noise(data: Dataset, std: float, seed: int = 1234) -> Dataset:
+    """A harder held-back split: the test images plus seeded Gaussian noise (clipped to [0, 1])."""
+    if not 0.0 < std <= 1.0:
+        raise ValueError(f"test noise std {std} outside (0, 1]")
+    if not isinstance(data.test_x, torch.Tensor):
+        raise ValueError("test noise needs the test images in memory (this image folder streams from disk)")
+    gen = torch.Generator().manual_seed(seed)
+    noisy = (data.test_x + torch.randn(data.test_x.shape, generator=gen) * std).clamp(0.0, 1.0)
+    spec = f"{data.spec}+noise{std:g}"
+    return Dataset(data.name, spec, data.train_x, data.train_y, noisy, data.test_y, data.class_names)
+
+
 # --- generated shapes -------------------------------------------------------------------------------
 
 SHAPE_NAMES = ("disc", "square", "triangle", "plus", "ring", "diamond", "hbar", "vbar", "cross", "frame")

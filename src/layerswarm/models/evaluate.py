@@ -21,7 +21,9 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from .checkpoint import Manifest, load_model
+from .config import is_shuffle_robust
 from .data import Dataset, iterate_batches
+from .paths import spread_evenly
 from .vit import ViT, run_blocks
 
 log = logging.getLogger(__name__)
@@ -117,7 +119,7 @@ def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) 
     for k in plan.prune_ks or range(1, depth + 1):
         if not 1 <= k <= depth:
             continue
-        kept = _spread_indices(depth, k)
+        kept = spread_evenly(range(depth), k)
         seq = accuracy(head, x, [blocks[i] for i in kept], y)
         arb = [accuracy(head, x, rng.sample(blocks, k), y) for _ in range(plan.prune_trials)]
         pruned[str(k)] = {"sequential": seq, "arbitrary": statistics.fmean(arb)}
@@ -184,12 +186,6 @@ def _permuted(blocks: list[nn.Module], rng: random.Random) -> list[nn.Module]:
     return rng.sample(blocks, len(blocks))
 
 
-def _spread_indices(depth: int, k: int) -> list[int]:
-    if k == 1:
-        return [0]
-    return sorted({round(i * (depth - 1) / (k - 1)) for i in range(k)})
-
-
 def _groups(models: list[Evaluated]) -> dict[str, list[Evaluated]]:
     groups: dict[str, list[Evaluated]] = {}
     for ev in models:
@@ -201,7 +197,7 @@ def check_targets(report: dict[str, Any], chance: float) -> dict[str, Any]:
     """The issue's targets, evaluated on a report (for the README and the CLI summary)."""
     out: dict[str, Any] = {}
     for key, g in report["groups"].items():
-        if g["variant"].startswith("layershuffle"):
+        if is_shuffle_robust(g["variant"]):
             arb = g["arbitrary"]["mean"]
             out[key] = {
                 "arbitrary_over_sequential": arb / g["sequential"],

@@ -65,3 +65,34 @@ def _chance_line(ax: Any, report: dict[str, Any]) -> None:
     """Accuracy of guessing (1 / classes): a model near it has learned nothing."""
     chance = report.get("chance") or 1.0 / len(report["dataset"]["classes"])
     ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=f"chance ({chance:.2f})")
+
+
+def plot_exits(report: dict[str, Any], path: Path) -> Path:
+    """Accuracy against mean blocks run, one curve per exit rule and model (cf. the early-exit papers),
+    with static pruning in arbitrary order for reference where the report has it."""
+    calibration = report["calibration"]
+    fig, axes = plt.subplots(1, len(calibration), figsize=(5 * len(calibration), 4), sharey=True, squeeze=False)
+    for ax, (name, c) in zip(axes[0], calibration.items(), strict=True):
+        exits = c["exits"]
+        for rule, r in exits["rules"].items():
+            curve = r["curve"]
+            ax.plot([p["mean_blocks"] for p in curve], [p["accuracy"] for p in curve], marker=".", label=rule)
+            if r["chosen"]:
+                held = r["chosen"]["held_out"]
+                ax.scatter([held["mean_blocks"]], [held["accuracy"]], s=80, marker="*", zorder=5)
+        pruned = report.get("models", {}).get(name, {}).get("pruned")
+        if pruned:
+            ks = sorted(int(k) for k in pruned)
+            ax.plot(ks, [pruned[str(k)]["arbitrary"] for k in ks], "k--", alpha=0.5, label="static pruning")
+        full = exits["full_accuracy"]["held_out"]
+        ax.axhline(full - exits["margin"], color="grey", lw=0.8, ls=":", label=f"full path - {exits['margin']:.2f}")
+        ax.set_title(f"{name} ({c['order']} order)")
+        ax.set_xlabel("mean blocks run per image")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("held-out accuracy")
+    fig.suptitle("Early exit: accuracy against compute (stars: calibrated thresholds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

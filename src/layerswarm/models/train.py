@@ -23,7 +23,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .checkpoint import Lineage, Manifest, load_model, read_manifest
-from .config import ViTConfig
+from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, Images, iterate_batches
 from .train_report import describe_epoch, peak_memory_mb
 from .vit import Block, ViT
@@ -45,6 +45,9 @@ class TrainRecipe:
     val_fraction: float = 0.1
     augment: bool = True
     threads: int = 0  # 0: leave torch's default
+    # Early-exit loss weight (LayerSkip-style): cross-entropy through the shared head after every
+    # truncation depth of the batch's random order, so early answers are usable. 0: off.
+    exit_loss: float = 0.0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
@@ -54,7 +57,7 @@ class TrainRecipe:
 def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
     """The block order for one training batch."""
     depth = len(model.blocks)
-    if variant.startswith("layershuffle"):
+    if is_shuffle_robust(variant):
         return torch.randperm(depth, generator=gen).tolist()
     if variant == "layerdrop":
         keep = torch.rand(depth, generator=gen) >= model.cfg.layerdrop
@@ -63,17 +66,24 @@ def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
     return list(range(depth))
 
 
-def training_loss(model: ViT, images: Tensor, labels: Tensor, order: list[int]) -> Tensor:
-    """Task cross-entropy, plus each block's position cross-entropy for layershuffle-predict."""
+def training_loss(model: ViT, images: Tensor, labels: Tensor, order: list[int], exit_loss: float = 0.0) -> Tensor:
+    """Task cross-entropy, plus each block's position cross-entropy for layershuffle-predict, plus
+    (exit_loss > 0) the mean cross-entropy of the shared head read after every truncation depth."""
     x = model.stem(images)
     position_loss = images.new_zeros(())
+    early: list[Tensor] = []
     for position, index in enumerate(order):
         block: Block = model.blocks[index]  # type: ignore[assignment]
         x = block(x, position)
         if block.position_head is not None:
             target = torch.full((x.shape[0],), position, dtype=torch.long, device=x.device)
             position_loss = position_loss + F.cross_entropy(block.position_logits(x), target)
-    return F.cross_entropy(model.head(x), labels) + position_loss
+        if exit_loss > 0 and position + 1 < len(order):
+            early.append(F.cross_entropy(model.head(x), labels))
+    loss = F.cross_entropy(model.head(x), labels) + position_loss
+    if early:
+        loss = loss + exit_loss * torch.stack(early).mean()
+    return loss
 
 
 def _augment(images: Tensor, gen: torch.Generator) -> Tensor:
@@ -186,7 +196,8 @@ class Trainer:
         for step, (idx, batch) in enumerate(bar):
             images = _augment(batch, self.gen) if self.recipe.augment else batch
             order = batch_order(self.model, self.recipe.variant, self.gen)
-            loss = training_loss(self.model, images.to(self.device), self.data.train_y[idx].to(self.device), order)
+            labels = self.data.train_y[idx].to(self.device)
+            loss = training_loss(self.model, images.to(self.device), labels, order, self.recipe.exit_loss)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             self.opt.step()

@@ -10,8 +10,23 @@ from .checkpoint import Manifest, read_manifest
 SHIPPED = "shapes"
 
 
+def zoo_root() -> Path:
+    return Path(str(resources.files("layerswarm.models") / "zoo"))
+
+
 def family_root(name: str = SHIPPED) -> Path:
-    return Path(str(resources.files("layerswarm.models") / "zoo" / name))
+    return zoo_root() / name
+
+
+def shipped_names() -> list[str]:
+    """Every zoo:FAMILY/MEMBER name that resolves to a model directory."""
+    return [
+        f"zoo:{family.name}/{member.name}"
+        for family in sorted(zoo_root().iterdir())
+        if family.is_dir()
+        for member in sorted(family.iterdir())
+        if (member / "manifest.json").is_file()
+    ]
 
 
 def resolve(spec: str) -> Path:
@@ -19,10 +34,10 @@ def resolve(spec: str) -> Path:
     if not spec.startswith("zoo:"):
         return Path(spec)
     family, _, member = spec[4:].partition("/")
-    root = family_root(family)
-    if not root.is_dir():
-        raise ValueError(f"{spec}: no shipped family {family!r}")
-    return root / member if member else root
+    path = family_root(family) / member if family else zoo_root() / "-"
+    if not (path.is_dir() and (not member or (path / "manifest.json").is_file())):
+        raise ValueError(f"{spec}: no such shipped model; shipped: {', '.join(shipped_names())}")
+    return path
 
 
 def model_dirs(root: Path) -> list[tuple[Path, Manifest]]:

@@ -8,17 +8,16 @@ import logging
 import signal
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
 
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.wire.auth import NodeAuthenticator
-from layerswarm.wire.discovery import PROTOCOL_VERSION, Advert
+from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
 from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -28,8 +27,10 @@ from .runtime import BlockRuntime, pick_device
 from .service import BlockService
 from .settings import NodeSettings
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
-HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -48,7 +49,6 @@ class Node:
         self.settings = settings
         self.boot_id = uuid.uuid4().hex
         self.manifest = read_manifest(settings.model_dir)
-        torch.set_num_threads(settings.threads)
         device = pick_device(settings.device)
         self.runtime = self.make_runtime(device)
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)

@@ -1,28 +1,52 @@
-"""Node settings: built once from the command line, passed down."""
+"""Node settings: the one place their defaults are stated; loaded once at start-up, passed down.
+
+Sources (wire/settings.py): defaults < `[node]` in a TOML file < LAYERSWARM_NODE_* < the command line.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from layerswarm.wire.security import SecuritySettings
+from layerswarm.wire.settings import ProcessSettings, security_from_files
 
 
-@dataclass(frozen=True)
-class NodeSettings:
+class NodeSettings(ProcessSettings):
+    model_config = SettingsConfigDict(env_prefix="LAYERSWARM_NODE_")
+    section: ClassVar[str] = "node"
+
     model_dir: Path
-    block: int
+    block: int = Field(ge=0)
     host: str = "127.0.0.1"
-    port: int = 0  # 0: any free port (reported on stdout when ready)
+    port: int = Field(default=0, ge=0, le=65535)  # 0: any free port (reported on stdout when ready)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = 1  # torch threads; idle nodes' spinning OpenMP threads steal cores from busy ones
-    max_in_flight: int = 64  # past this, RESOURCE_EXHAUSTED (the coordinator admits 64 requests at once)
-    max_batch: int = 64
+    threads: int = Field(
+        default=1, ge=1
+    )  # torch threads; idle nodes' spinning OpenMP threads steal cores from busy ones
+    max_in_flight: int = Field(default=64, ge=1)  # past this, RESOURCE_EXHAUSTED (the coordinator admits 64 at once)
+    max_batch: int = Field(default=64, ge=1)
     micro_batch: bool = True  # run requests that queue up together as one batch
     max_message_bytes: int = 64 * 1024 * 1024
     metrics_port: int | None = None  # Prometheus /metrics; None: off
     advertise: bool = True  # mDNS (DNS-SD) announcement
     advertise_address: str | None = None  # address put in the mDNS record; default: the bound host
     mdns_interfaces: tuple[str, ...] = ()  # empty: all interfaces
-    grace_s: float = 5.0  # drain time on SIGTERM
-    security: SecuritySettings = field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
+    grace_s: float = Field(default=5.0, ge=0)  # drain time on SIGTERM
+    token_file: Path | None = None  # these four load `security` (keep secrets out of command lines)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
+
+    _security = model_validator(mode="before")(security_from_files)
+
+    @field_validator("model_dir", mode="before")
+    @classmethod
+    def _shipped_model(cls, value: Any) -> Any:
+        from layerswarm.models.zoo import resolve  # zoo:FAMILY/MEMBER names a shipped model
+
+        return resolve(value) if isinstance(value, str) else value

@@ -38,7 +38,6 @@ class TensorSpec:
     shape: tuple[int | None, ...]
     max_batch: int = 64
     max_bytes: int = DEFAULT_MAX_BYTES
-    allow_non_finite: bool = False
 
 
 def dtype_by_name(name: str) -> torch.dtype:
@@ -100,7 +99,7 @@ def decode(msg: pb.Tensor, spec: TensorSpec | None = None) -> torch.Tensor:
     )
     if dtype == torch.bfloat16:
         tensor = tensor.view(torch.bfloat16)
-    if not (spec and spec.allow_non_finite) and numel and not bool(torch.isfinite(tensor).all()):
+    if numel and not bool(torch.isfinite(tensor).all()):
         raise TensorError("tensor has NaN or Inf values")
     return tensor
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 SERVICE_TYPE = "_layerswarm._tcp.local."
 PROTOCOL_VERSION = 1
 TXT_KEYS = ("family", "model", "block", "variant", "proto", "boot", "sha")
+# The grpc.health.v1 service name a node reports SERVING under (its own; "" is the whole server).
+HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 
 
 @dataclass(frozen=True)

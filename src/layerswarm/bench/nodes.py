@@ -1,0 +1,128 @@
+"""Node footprint: a node's memory and start-up time, and what one health probe costs.
+
+A node serving a block of the shipped family is timed from spawn to its ready line, then measured from
+/proc: RSS split into anonymous and file-backed pages (file pages, torch's libraries, are shared by every
+node on a host and every container of one image), and PSS. The baseline, measured in the same run and
+interleaved, is a bare interpreter that imports torch and nothing else: the floor for any process that
+computes with torch. The probe (`layerswarm probe grpc`, the image's HEALTHCHECK) is timed against a bare
+`python -c pass`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from layerswarm.harness.procs import launch, layerswarm_cmd, node_address, wait_for_ready_line
+from layerswarm.models.zoo import family_root, robust_members
+
+TORCH_ONLY = "import json, time, torch; print(json.dumps({'event': 'ready'}), flush=True); time.sleep(600)"
+
+
+def process_memory(pid: int) -> dict[str, float]:
+    """RSS, its anonymous and file-backed parts, and PSS of one process, in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == "Pss":
+            fields["Pss"] = value
+
+    def mib(key: str) -> float:
+        return round(int(fields[key].split()[0]) / 1024, 1)
+
+    return {
+        "rss_mib": mib("VmRSS"),
+        "rss_anon_mib": mib("RssAnon"),
+        "rss_file_mib": mib("RssFile"),
+        "pss_mib": mib("Pss"),
+    }
+
+
+def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
+    """Spawn, wait for the ready line, read memory, probe it (nodes), stop it."""
+    started = time.perf_counter()
+    proc = wait_for_ready_line(launch(name, cmd), timeout=180)
+    try:
+        figures: dict[str, Any] = {"start_s": time.perf_counter() - started}
+        time.sleep(0.5)  # let start-up garbage be freed before reading memory
+        figures.update(process_memory(proc.pid))
+        if probe:
+            started = time.perf_counter()
+            cmd = layerswarm_cmd("probe", "grpc", node_address(proc))
+            result = subprocess.run(cmd, capture_output=True, check=False)
+            figures["probe_s"] = time.perf_counter() - started
+            figures["probe_ok"] = result.returncode == 0
+        return figures
+    finally:
+        proc.stop(5)
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.median(float(r[key]) for r in rows), 3)
+
+
+def node_footprint(reps: int) -> dict[str, Any]:
+    member = robust_members(family_root())[0]
+    node_cmd = layerswarm_cmd("node", "--model-dir", str(member), "--block", "0", "--port", "0", "--no-advertise")
+    nodes: list[dict[str, Any]] = []
+    baselines: list[dict[str, Any]] = []
+    bare_s: list[float] = []
+    for i in range(reps):  # interleaved: contention from other work hits both alike
+        nodes.append(_measure(f"footprint-node-{i}", node_cmd, probe=True))
+        baselines.append(_measure(f"footprint-torch-{i}", [sys.executable, "-c", TORCH_ONLY], probe=False))
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare_s.append(time.perf_counter() - started)
+    keys = ("start_s", "rss_mib", "rss_anon_mib", "rss_file_mib", "pss_mib")
+    node = {k: _median(nodes, k) for k in keys}
+    torch_only = {k: _median(baselines, k) for k in keys}
+    probe_s = _median(nodes, "probe_s")
+    bare = round(statistics.median(bare_s), 3)
+    return {
+        "block": f"{member.name} block 0",
+        "reps": reps,
+        "node": node,
+        "torch_only_interpreter": torch_only,
+        "node_rss_over_torch_only": round(node["rss_mib"] / torch_only["rss_mib"], 2),
+        "node_start_over_torch_only": round(node["start_s"] / torch_only["start_s"], 2),
+        "probe_s": probe_s,
+        "probe_ok": all(n["probe_ok"] for n in nodes),
+        "bare_python_s": bare,
+        "probe_over_bare_python": round(probe_s / bare, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m layerswarm.bench.nodes --json FILE`: this part alone (`layerswarm bench` runs it too)."""
+    import argparse
+    import json
+    import platform
+    from datetime import datetime, timezone
+
+    parser = argparse.ArgumentParser(prog="python -m layerswarm.bench.nodes", description=__doc__)
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: %(default)s)")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        **node_footprint(args.reps),
+    }
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

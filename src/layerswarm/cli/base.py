@@ -1,0 +1,150 @@
+"""What every command module shares: the parser class, settings-backed flags, and usage errors.
+
+A command module defines `register(subparsers)`, which adds its parser and binds its entry point with
+`set_defaults(func=...)`. Flags of node and coordinator settings take their defaults from the settings
+class (stated once, shown in --help) and only flags actually given override the config file and the
+environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomllib
+from pydantic import ValidationError
+
+from layerswarm.wire.settings import ProcessSettings
+
+S = TypeVar("S", bound=ProcessSettings)
+Subparsers = Any  # argparse's _SubParsersAction is private; its add_parser is all a command module needs
+
+
+class UsageError(Exception):
+    """An operator mistake: main() prints `layerswarm COMMAND: error: MESSAGE` and exits 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but errors name the command and exit 2 without a traceback."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps hand-wrapped descriptions and appends every plain argparse default to its help."""
+
+
+def add_command(sub: Subparsers, name: str, func: Callable[[argparse.Namespace], int], **kw: Any) -> Parser:
+    parser: Parser = sub.add_parser(name, formatter_class=HelpFormatter, **kw)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer of at least `low`; the error says so (and argparse names the flag)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def existing_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return path
+
+
+class SettingsFlags:
+    """The flags of one settings class: defaults read from it, and which flag sets which setting."""
+
+    def __init__(self, parser: argparse.ArgumentParser, settings: type[ProcessSettings]) -> None:
+        self.parser, self.settings = parser, settings
+        self.flag_of: dict[str, str] = {}
+        parser.set_defaults(settings_flags=self)  # the command's run() loads through it: load_settings(args)
+        parser.add_argument(
+            "--config",
+            type=existing_file,
+            default=argparse.SUPPRESS,
+            metavar="FILE",
+            help=f"TOML file whose [{settings.section}] table sets any setting below by its key "
+            f"(environment: {settings.env_name('KEY')}); the command line overrides both (default: none)",
+        )
+
+    def add(self, flag: str, key: str, help: str, **kw: Any) -> None:
+        """A flag for setting `key`; absent from the namespace unless given (so lower sources still count)."""
+        field = self.settings.model_fields[key]
+        if kw.get("action") in ("store_true", "store_false"):
+            note = f"key {key}"
+        elif field.is_required():
+            note = f"required; key {key}"
+        else:
+            default = field.get_default(call_default_factory=True)
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            note = f"default: {shown if shown not in (None, '') else 'none'}; key {key}"
+        if kw.get("action") not in ("store_true", "store_false") and "choices" not in kw:
+            kw.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
+        self.parser.add_argument(flag, dest=key, default=argparse.SUPPRESS, help=f"{help} ({note})", **kw)
+        self.flag_of[key] = flag
+
+    def load(self, args: argparse.Namespace, **fixed: Any) -> Any:
+        """The settings: defaults < --config < environment < flags given. Mistakes become UsageError."""
+        given = {k: _tupled(getattr(args, k)) for k in self.flag_of if hasattr(args, k)}
+        config: Path | None = getattr(args, "config", None)
+        try:
+            return self.settings.load(config, **given, **fixed)
+        except ValidationError as exc:
+            raise UsageError(self._explain(exc, config)) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"--config {config}: not valid TOML: {exc}") from None
+
+    def _explain(self, exc: ValidationError, config: Path | None) -> str:
+        errors = exc.errors()
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains the rest
+        key = str(first["loc"][0]) if first["loc"] else ""
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            return f"--config {config}: unknown setting {key!r} in [{self.settings.section}]"
+        if not key:
+            return message
+        return f"{self.flag_of.get(key, key)} (setting {key}, env {self.settings.env_name(key)}): {message}"
+
+
+def load_settings(args: argparse.Namespace, **fixed: Any) -> Any:
+    """The parsed command's settings object (see SettingsFlags.load)."""
+    flags: SettingsFlags = args.settings_flags
+    return flags.load(args, **fixed)
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def ensure_port_free(host: str, port: int | None, flag: str) -> None:
+    """Refuse a port another process listens on, before any start-up work, naming the flag (servers
+    would otherwise fail deep inside gRPC or uvicorn with a traceback). Port 0 means any free port."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror})") from None

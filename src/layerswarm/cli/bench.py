@@ -1,0 +1,29 @@
+"""`layerswarm bench`: the benchmark suite (swarm vs monolith, hop vs TCP, wire formats, concurrency)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .base import Subparsers, add_command
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "bench",
+        run,
+        help="the benchmark suite: swarm vs monolith, hop vs TCP, wire, concurrency",
+        description="Measure the swarm against a monolith and raw TCP in one run; JSON and markdown out. "
+        "--quick finishes in a few minutes.",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (CI runs this)")
+    p.add_argument("--json", type=Path, help="write the report as JSON here")
+    p.add_argument("--markdown", type=Path, help="write the tables as markdown here")
+    p.add_argument("--only", choices=["adaptive"], help="run one suite alone (adaptive compute)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerswarm.bench.runner import main as bench_main
+
+    return bench_main(args.quick, args.json, args.markdown, args.only)

@@ -1,0 +1,60 @@
+"""`layerswarm chaos`: load plus seeded faults on a one-host-per-node swarm, then a report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from layerswarm.chaos.options import ChaosOptions
+
+from .base import Subparsers, add_command, positive_int
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "chaos",
+        run,
+        help="failure injection: load plus faults on a one-host-per-node swarm, a report",
+        description="Every node its own host (network namespace on a bridge), discovering over mDNS; a bounded "
+        "load generator; faults on a seeded schedule (kill, freeze, pulled cable, dropped packets, netem delay "
+        "where the kernel has it, slow and malformed nodes, restarts, joins, coordinator restart), with rogue "
+        "nodes and a forging device (forged mDNS goodbyes and adverts, token theft) on a token-protected swarm; "
+        "a report with pass/fail per target. --soak: continuous churn for --duration. Needs root; runs in a "
+        "private namespace.",
+    )
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        help=f"requests to send (default: 5000; with --basic: {ChaosOptions.requests})",
+    )
+    p.add_argument("--concurrency", type=positive_int, default=ChaosOptions.concurrency, help="concurrent clients")
+    p.add_argument("--hold", type=float, default=ChaosOptions.hold_s, help="seconds each fault lasts")
+    p.add_argument("--seed", type=int, default=ChaosOptions.seed, help="seed of the fault schedule")
+    p.add_argument("--quick", action="store_true", help="a short variant: fewer requests, shorter faults (CI)")
+    p.add_argument(
+        "--basic", action="store_true", help="the failure schedule alone (no rogue nodes, no forging device, no token)"
+    )
+    p.add_argument("--json", type=Path, help="write the report as JSON here")
+    p.add_argument(
+        "--soak",
+        action="store_true",
+        help="continuous churn (faults, rogues, joins, forged adverts) for --duration seconds; reports "
+        "coordinator and node memory and open files at start and end",
+    )
+    p.add_argument("--duration", type=float, default=1800.0, help="soak length in seconds (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerswarm.harness import netns
+
+    if not netns.in_private_netns():
+        if os.geteuid() != 0 or not netns.can_unshare():
+            print("layerswarm chaos: error: needs root and `unshare` (it builds network namespaces)", file=sys.stderr)
+            return 2
+        return netns.reexec_in_private_netns(args.argv)
+    from layerswarm.chaos.main import run_from_args
+
+    return run_from_args(args)

@@ -1,0 +1,68 @@
+"""`layerswarm eval`: the paper's experiments (orders, pruning, merging, ensembles) on model directories."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .base import Subparsers, add_command, int_at_least
+from .train import add_image_args, data_spec
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "eval",
+        run,
+        help="the paper's experiments: orders, pruning, merging, ensembles",
+        description="Sequential and arbitrary-order accuracy, pruning, merged models and ensembles, as JSON "
+        "(and plots).",
+    )
+    p.add_argument("model_dirs", nargs="+", type=Path, help="model directories (a family's members, baselines...)")
+    p.add_argument("--json", type=Path, help="also write the report as JSON here (the table goes to stdout)")
+    p.add_argument("--plots", type=Path, help="write figures (PNG) into this folder")
+    p.add_argument("--data", type=data_spec, help="data spec (none: the first model's)")
+    p.add_argument(
+        "--orders", type=int_at_least(10), default=10, help="random orders per arbitrary-order figure (>= 10)"
+    )
+    p.add_argument("--merges", type=int_at_least(20), default=20, help="random merged models per family (>= 20)")
+    add_image_args(p, train=False)
+    p.add_argument("--seed", type=int, default=0, help="seed of orders and merges")
+    p.add_argument(
+        "--min-depth-margin",
+        type=float,
+        default=0.01,
+        help="minimum useful depth: fewest blocks within this accuracy of full depth (default: %(default)s)",
+    )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also calibrate adaptive compute (exit rules, ensembles, repeated blocks) per model and write "
+        "each model's policy (DIR/adaptive.json, hashed in the manifest) for the coordinator",
+    )
+    p.add_argument("--calibrate-only", action="store_true", help="calibrate, skip the paper's experiments")
+    p.add_argument(
+        "--margin", type=float, default=1.0, help="points of accuracy an exit may lose vs the full path (default 1)"
+    )
+    p.add_argument("--exit-min-blocks", type=int, default=1, help="no exit before this depth (default: %(default)s)")
+    p.add_argument(
+        "--test-noise",
+        type=float,
+        default=0.0,
+        help="add seeded Gaussian noise of this std to the test images: a harder held-back split (calibration "
+        "on it never writes a policy)",
+    )
+    p.add_argument(
+        "--no-write-policy", action="store_true", help="calibrate, but leave the model directories as they are"
+    )
+    p.add_argument(
+        "--no-policy",
+        action="store_true",
+        help="do not write min depth and activation statistics into the model directories' manifests",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerswarm.models.commands import eval_main
+
+    return eval_main(args)

@@ -1,0 +1,42 @@
+"""`layerswarm family`: fine-tune K members from one base model (a mergeable family)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layerswarm.models.config import VARIANTS
+
+from .base import Subparsers, add_command, non_negative_int, positive_int
+from .train import data_spec
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "family",
+        run,
+        help="fine-tune K members from one base: a mergeable family",
+        description="Fine-tune K models from one base model with different seeds. Members share the base's "
+        "family id, so their blocks can be mixed.",
+    )
+    p.add_argument("--base", required=True, type=Path, help="model directory every member is fine-tuned from")
+    p.add_argument("--members", type=positive_int, default=4, help="how many members")
+    p.add_argument("--out", required=True, type=Path, help="folder for the members (OUT/<prefix>-<i>)")
+    p.add_argument("--prefix", default="member", help="member directory prefix")
+    p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach")
+    p.add_argument("--epochs", type=positive_int, default=5, help="fine-tuning passes per member")
+    p.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
+    p.add_argument("--first-seed", type=int, default=1, help="member i trains with seed FIRST_SEED + i")
+    p.add_argument("--jobs", type=positive_int, default=2, help="members trained in parallel, one thread each")
+    p.add_argument("--data", type=data_spec, help="data spec (none: the base model's)")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
+    p.add_argument("--device", default="auto", help="each member's device: auto | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per member")
+    p.add_argument("--workers", type=non_negative_int, default=0, help="decoding processes per member")
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerswarm.models.commands import family_main
+
+    return family_main(args)

@@ -1,0 +1,33 @@
+"""The swarm token and mutual-TLS flags, shared by node, coordinator and probe."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layerswarm.wire.security import SecuritySettings
+
+from .base import SettingsFlags
+
+HELP = {
+    "token_file": "file holding the shared swarm token; it is never sent: calls are signed with MACs derived "
+    "from it and nodes prove they hold it too (docs/trust.md); keep it out of the command line",
+    "tls_cert": "this process's certificate (PEM) for mutual TLS (deploy/make-certs.sh makes a swarm's)",
+    "tls_key": "its private key (PEM)",
+    "tls_ca": "the swarm's CA certificate (PEM): peers must be signed by it",
+}
+
+
+def add_security_flags(flags: SettingsFlags) -> None:
+    for key, text in HELP.items():
+        flags.add("--" + key.replace("_", "-"), key, text, type=Path)
+
+
+def add_probe_security_args(p: argparse.ArgumentParser) -> None:
+    """probe has no settings object: TLS only (the health service needs no token, but TLS is the whole port)."""
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        p.add_argument("--" + key.replace("_", "-"), type=Path, help=HELP[key])
+
+
+def probe_security(args: argparse.Namespace) -> SecuritySettings:
+    return SecuritySettings.from_files(None, args.tls_cert, args.tls_key, args.tls_ca)

@@ -1,0 +1,89 @@
+"""`layerswarm train`: train one model and write a model directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layerswarm.models.config import VARIANTS  # torch-free: building the parser stays fast
+
+from .base import Subparsers, add_command, non_negative_int, positive_int
+
+DATA_HELP = "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH"
+
+
+def data_spec(text: str) -> str:
+    """argparse type: a data spec (DATA_HELP), checked before any work starts."""
+    from layerswarm.models.data import check_spec  # only when a data spec is given: that command needs torch
+
+    try:
+        return check_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "train",
+        run,
+        help="train one model (LayerShuffle and its variants, baselines)",
+        description="Train one model and write a model directory (manifest + safetensors per stem, block and head).",
+    )
+    p.add_argument("--data", required=True, type=data_spec, help=DATA_HELP)
+    p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach")
+    p.add_argument("--out", required=True, type=Path, help="model directory to write")
+    p.add_argument(
+        "--init",
+        help="start from a model directory (fine-tune: same family) or hf:PATH (a local Hugging Face ViT with "
+        "config.json + model.safetensors); none: from scratch",
+    )
+    p.add_argument("--epochs", type=positive_int, default=10, help="passes over the training data")
+    p.add_argument("--seed", type=int, default=0, help="training seed (order of batches, block orders, init)")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine-decayed after warm-up")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=100, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--no-augment", action="store_true", help="turn off flips and small shifts")
+    p.add_argument("--depth", type=positive_int, default=6, help="blocks (from scratch only)")
+    p.add_argument("--dim", type=positive_int, default=64, help="embedding size D (from scratch only)")
+    p.add_argument("--heads", type=positive_int, default=4, help="attention heads (from scratch only)")
+    p.add_argument("--patch-size", type=positive_int, default=8, help="patch side P (from scratch only)")
+    add_image_args(p)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
+    p.add_argument(
+        "--exit-loss",
+        type=float,
+        default=0.0,
+        help="weight of an early-exit loss: the shared head's cross-entropy after every truncation depth of "
+        "the batch's random order (LayerSkip-style; 0: off)",
+    )
+
+
+def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
+    """Image size (train only) and how image folders are decoded (train, family, eval)."""
+    if train:
+        p.add_argument(
+            "--image-size",
+            type=positive_int,
+            help="image side S the model takes (from scratch; none: 32); with --init, the model's own, "
+            "which this must match if given",
+        )
+    p.add_argument(
+        "--workers", type=non_negative_int, default=2, help="processes decoding image folders (0: the main process)"
+    )
+    p.add_argument(
+        "--data-memory-mb",
+        type=non_negative_int,
+        default=2048,
+        help="image folders larger than this once decoded stream from disk",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerswarm.models.commands import train_main
+
+    return train_main(args)

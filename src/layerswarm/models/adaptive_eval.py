@@ -1,0 +1,109 @@
+"""`layerswarm eval --calibrate`: adaptive-compute calibration per model directory, and its policy file."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .adaptive_policy import write_policy
+from .calibrate import (
+    CalibrationPlan,
+    accuracy_at_blocks,
+    calibrate_ensemble,
+    calibrate_exits,
+    policy_record,
+    prefix_logits,
+    repeats,
+)
+from .checkpoint import load_model
+from .data import Dataset
+
+log = logging.getLogger(__name__)
+
+
+@torch.inference_mode()
+def calibrate_model(model_dir: Path, data: Dataset, plan: CalibrationPlan, write: bool) -> dict[str, Any]:
+    model, manifest = load_model(model_dir)
+    robust = manifest.config.shuffle_robust
+    blocks, head = list(model.blocks), model.head
+    if not isinstance(data.test_x, torch.Tensor):
+        raise ValueError("calibration needs the test images in memory (this image folder streams from disk)")
+    x = model.stem(data.test_x)
+    y = data.test_y
+    rng = random.Random(plan.seed)
+    first = prefix_logits(blocks, head, x, robust, rng, plan.chunk)
+    second = prefix_logits(blocks, head, x, robust, rng, plan.chunk)  # the same images, other orders
+    exits = calibrate_exits(first, y, plan)
+    ensemble = calibrate_ensemble(first, second, y, plan)
+    half = len(y) // 2  # repeats: on the held-out half only (the costliest part: many full passes)
+    repeat = repeats(blocks, head, x[half:], y[half:], robust, plan)
+    policy = policy_record(exits, ensemble, repeat)
+    result: dict[str, Any] = {
+        "model_id": manifest.model_id,
+        "variant": manifest.variant,
+        "order": "arbitrary" if robust else "sequential",
+        "exits": exits,
+        "ensemble": ensemble,
+        "repeats": repeat,
+        "policy": policy,
+    }
+    if write:
+        policy["model_id"] = manifest.model_id
+        policy["dataset"] = data.spec
+        result["policy_sha256"] = write_policy(model_dir, policy)
+        log.info("wrote the adaptive policy of %s: %s", model_dir, policy)
+    return result
+
+
+def render_calibration(calibration: dict[str, Any]) -> str:
+    lines = [
+        "| model | rule | threshold | accuracy (held out) | mean blocks | reduction | full-path accuracy |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, c in calibration.items():
+        exits = c["exits"]
+        full = exits["full_accuracy"]["held_out"]
+        for rule, r in exits["rules"].items():
+            chosen = r["chosen"]
+            if chosen is None:
+                lines.append(f"| {name} | {rule} | none within the margin | | | | {full:.4f} |")
+                continue
+            held = chosen["held_out"]
+            lines.append(
+                f"| {name} | {rule} | {chosen['threshold']:g} | {held['accuracy']:.4f} | "
+                f"{held['mean_blocks']:.2f} | {exits['depth'] / held['mean_blocks']:.2f}x | {full:.4f} |"
+            )
+    depths = (3.0, 4.0, 5.0, 6.0)
+    lines += [
+        "",
+        "| model: accuracy at equal mean blocks (confidence rule) | " + " | ".join(f"{d:g}" for d in depths) + " |",
+    ]
+    lines.append("| --- |" + " --- |" * len(depths))
+    for name, c in calibration.items():
+        curve = c["exits"]["rules"]["confidence"]["curve"]
+        at = [accuracy_at_blocks(curve, d) for d in depths]
+        lines.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in at) + " |")
+    lines += ["", "| model | single path | adaptive ensemble (threshold, hops ratio) | two routes always |"]
+    lines.append("| --- | --- | --- | --- |")
+    for name, c in calibration.items():
+        ens = c["ensemble"]
+        chosen = ens["chosen"]
+        adaptive = (
+            f"{chosen['held_out']['accuracy']:.4f} ({chosen['threshold']:g}, {chosen['held_out']['hops_ratio']:.2f}x)"
+            if chosen and chosen["held_out"]
+            else "-"
+        )
+        lines.append(
+            f"| {name} | {ens['single_accuracy']['held_out']:.4f} | {adaptive} | "
+            f"{ens['parallel_2_accuracy']['held_out']:.4f} |"
+        )
+    lines += ["", "| model | order | k missing: skipped / repeated | repeats help |", "| --- | --- | --- | --- |"]
+    for name, c in calibration.items():
+        rep = c["repeats"]
+        cells = ", ".join(f"{k}: {v['skipped']:.3f} / {v['repeated']:.3f}" for k, v in rep["by_missing"].items())
+        lines.append(f"| {name} | {rep['order']} | {cells} | {rep['helps']} |")
+    return "\n".join(lines)

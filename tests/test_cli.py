@@ -1,0 +1,229 @@
+"""The command line: settings from defaults, a TOML file, the environment and flags, in that order;
+operator mistakes answered with one line naming the flag or file and exit status 2; zoo and samples."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from layerswarm.cli import build_parser, main
+from layerswarm.cli.base import load_settings
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.models.zoo import family_root
+from layerswarm.node.settings import NodeSettings
+
+SHIPPED = "zoo:shapes/layershuffle-0"
+
+
+def settings_of(argv: list[str]) -> object:
+    return load_settings(build_parser().parse_args(argv))
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real entry point in a child process: what an operator sees."""
+    cmd = [sys.executable, "-m", "layerswarm", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
+
+
+def test_defaults_come_from_the_settings_class() -> None:
+    node = settings_of(["node", "--model-dir", SHIPPED, "--block", "2"])
+    assert node == NodeSettings(model_dir=family_root() / "layershuffle-0", block=2)
+    coord = settings_of(["coordinator", "--model-dir", SHIPPED])
+    assert coord == CoordinatorSettings(model_dir=family_root() / "layershuffle-0")
+
+
+def test_help_shows_every_default_of_node_and_coordinator() -> None:
+    for command, cls in (("node", NodeSettings), ("coordinator", CoordinatorSettings)):
+        text = build_parser()._subparsers._group_actions[0].choices[command].format_help()  # type: ignore[union-attr]
+        flat = " ".join(text.split())
+        assert "default: 127.0.0.1; key host" in flat or "default: 127.0.0.1; key http_host" in flat
+        for key in ("grace_s",) if command == "node" else ("hop_timeout_s", "hedge_quantile", "max_upload_bytes"):
+            default = cls.model_fields[key].default
+            assert f"(default: {default}; key {key})" in flat, key
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "swarm.toml"
+    config.write_text(
+        f'[coordinator]\nmodel_dir = "{SHIPPED}"\nhttp_port = 9001\nhop_timeout_s = 3.5\nmin_blocks = 2\n'
+        'peers = ["10.0.0.1:50051"]\n[node]\nblock = 4\nport = 50060\n'
+    )
+    base = ["coordinator", "--config", str(config)]
+    from_file = settings_of(base)
+    assert (from_file.http_port, from_file.hop_timeout_s, from_file.min_blocks) == (9001, 3.5, 2)  # type: ignore[attr-defined]
+    assert from_file.peers == ("10.0.0.1:50051",)  # type: ignore[attr-defined]
+    monkeypatch.setenv("LAYERSWARM_COORDINATOR_HTTP_PORT", "9002")
+    monkeypatch.setenv("LAYERSWARM_COORDINATOR_HOP_TIMEOUT_S", "4.5")
+    from_env = settings_of(base)
+    assert (from_env.http_port, from_env.hop_timeout_s, from_env.min_blocks) == (9002, 4.5, 2)  # type: ignore[attr-defined]
+    from_flags = settings_of([*base, "--http-port", "9003"])
+    assert (from_flags.http_port, from_flags.hop_timeout_s) == (9003, 4.5)  # type: ignore[attr-defined]
+    node = settings_of(["node", "--config", str(config), "--model-dir", SHIPPED])
+    assert (node.block, node.port) == (4, 50060)  # type: ignore[attr-defined]  # one file, one table per process
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (["coordinator", "--model-dir", SHIPPED, "--peer", "notaport"], {}, "--peer (setting peers"),
+        (["node", "--model-dir", "zoo:nope", "--block", "0"], {}, "shipped: zoo:shapes/baseline, zoo:shapes/layer"),
+        (["coordinator", "--model-dir", "zoo:shapes/nope"], {}, "--model-dir (setting model_dir"),
+        (["node", "--model-dir", SHIPPED, "--block", "-1"], {}, "--block (setting block"),
+        (
+            ["node", "--block", "0"],
+            {},
+            "--model-dir (setting model_dir, env LAYERSWARM_NODE_MODEL_DIR): Field required",
+        ),
+        (["coordinator", "--model-dir", SHIPPED], {"LAYERSWARM_COORDINATOR_HTTP_PORT": "x"}, "http_port"),
+        (["coordinator", "--model-dir", SHIPPED, "--hedge-quantile", "1.5"], {}, "--hedge-quantile"),
+        (["train", "--data", "shapes:0:0", "--out", "x"], {}, "argument --data: "),
+        (["train", "--data", "shapes:abc", "--out", "x"], {}, "argument --data: "),
+        (
+            ["train", "--data", "shapes", "--out", "x", "--batch-size", "0"],
+            {},
+            "argument --batch-size: must be at least 1, got 0",
+        ),
+        (
+            ["train", "--data", "shapes", "--out", "x", "--epochs", "0"],
+            {},
+            "argument --epochs: must be at least 1, got 0",
+        ),
+        (["eval", "x", "--json", "r.json", "--orders", "2"], {}, "argument --orders: must be at least 10, got 2"),
+        (["samples", "out", "--family", "zoo:nope"], {}, "--family zoo:nope: no such shipped model"),
+    ],
+)
+def test_operator_mistakes_get_one_line_and_status_2(
+    argv: list[str],
+    env: dict[str, str],
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(f"layerswarm {argv[0]}: error:")
+
+
+def test_bad_config_files_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    unknown, broken = tmp_path / "unknown.toml", tmp_path / "broken.toml"
+    unknown.write_text('[node]\nmodel_dir = "x"\nblok = 1\n')
+    broken.write_text("[node\n")
+    for path, expected in ((unknown, "unknown setting 'blok' in [node]"), (broken, "not valid TOML")):
+        assert main(["node", "--config", str(path)]) == 2
+        assert f"layerswarm node: error: --config {path}: {expected}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["node", "coordinator"])
+def test_port_in_use_is_one_line_not_a_traceback(command: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        flag = "--port" if command == "node" else "--http-port"
+        extra = ["--block", "0", "--no-advertise"] if command == "node" else ["--no-mdns"]
+        result = run_cli(command, "--model-dir", SHIPPED, flag, port, *extra)
+    assert result.returncode == 2, result.stderr
+    assert (
+        result.stderr.strip()
+        == f"layerswarm {command}: error: {flag} {port}: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    )
+
+
+def test_zoo_lists_the_shipped_models(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zoo"]) == 0
+    out = capsys.readouterr().out
+    assert "zoo:shapes/layershuffle-0" in out and "zoo:shapes/baseline" in out and "layershuffle" in out
+    row = next(line for line in out.splitlines() if line.startswith("zoo:shapes/layershuffle-0 "))
+    assert float(row.split()[-1]) > 0.9  # the arbitrary-order accuracy recorded when it was trained
+
+
+def test_samples_writes_labelled_images_of_the_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["samples", str(tmp_path), "--count", "3"]) == 0
+    written = sorted(tmp_path.iterdir())
+    assert [p.name.split("-", 1)[0] for p in written] == ["000", "001", "002"]
+    classes = {"disc", "square", "triangle", "plus"}
+    for path in written:
+        assert set(path.stem.split("-", 1)[1].split("+")) <= classes  # the label names the shapes shown
+        with Image.open(path) as image:
+            assert image.size == (32, 32) and image.mode == "RGB"
+    assert capsys.readouterr().out.split() == [str(p) for p in written]
+
+
+def test_every_command_is_a_module_with_its_own_entry_point() -> None:
+    sub = build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
+    for name, parser in sub.choices.items():  # type: ignore[union-attr]
+        func = parser.get_default("func")
+        assert func is not None and func.__module__ == f"layerswarm.cli.{name}", name
+
+
+def test_the_documented_config_file_loads(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    config = tmp_path / "swarm.toml"
+    config.write_text(doc.split("```toml\n", 1)[1].split("```", 1)[0])
+    node = settings_of(["node", "--config", str(config), "--block", "3"])
+    assert (node.port, node.grace_s, node.block) == (50051, 10.0, 3)  # type: ignore[attr-defined]
+    coord = settings_of(["coordinator", "--config", str(config)])
+    assert coord.peers == ("10.0.0.7:50051", "10.0.0.8:50051") and not coord.mdns  # type: ignore[attr-defined]
+    assert coord.family_dirs == (family_root() / "layershuffle-1",)  # type: ignore[attr-defined]
+
+
+def test_log_format_json_writes_one_object_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import logging
+
+    from layerswarm.cli import logs
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        root.handlers[:] = []  # as in a fresh process (pytest's own capture handlers would stay otherwise)
+        logs.configure("INFO", "json")
+        logging.getLogger("layerswarm.test").info("node %s ejected", "10.0.0.1:50051")
+    finally:
+        root.handlers[:], root.level = saved
+    record = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert record["message"] == "node 10.0.0.1:50051 ejected" and record["level"] == "INFO"
+    assert record["logger"] == "layerswarm.test" and record["time"]
+
+
+@pytest.mark.parametrize(("status", "exit_status"), [(200, 0), (204, 0), (503, 1), (404, 1)])
+def test_probe_http_exit_status_follows_the_answer(status: int, exit_status: int) -> None:
+    """`layerswarm probe http URL` (the coordinator's container HEALTHCHECK) against a real HTTP server."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
+    try:
+        result = run_cli("probe", "http", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == exit_status and result.stdout.strip() == f"{url}: HTTP {status}"
+
+
+def test_probe_http_with_nothing_listening_is_unhealthy() -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    result = run_cli("probe", "http", f"http://127.0.0.1:{port}/readyz", "--timeout", "1")
+    assert result.returncode == 1 and result.stdout.startswith(f"http://127.0.0.1:{port}/readyz: ")
