@@ -80,9 +80,7 @@ def test_half_the_nodes_faulted_and_every_target_in_the_report(report: dict[str,
 
 def test_short_soak_reports_resources_and_loses_nothing() -> None:
     _lab_or_skip()
-    soak = run_soak(
-        SoakOptions(duration_s=20.0, concurrency=2, seed=3, hold_s=1.0, gap_s=0.5, sample_every_s=8.0, blocks=4)
-    )
+    soak = run_soak(SoakOptions(duration_s=20.0, concurrency=2, seed=3, hold_s=1.0, gap_s=0.5, sample_every_s=8.0))
     assert soak["lost"] == 0, soak["lost_examples"]
     assert soak["non_200_while_min_depth_reachable"] == 0
     assert sum(soak["faults"].values()) >= 1

@@ -39,12 +39,11 @@ class SoakOptions:
     hold_s: float = 3.0  # how long each fault lasts
     gap_s: float = 2.0  # calm between faults
     sample_every_s: float = 60.0  # resource samples
-    blocks: int | None = None  # only the first N blocks get nodes (a smaller swarm for smoke tests)
 
 
 def run_soak(opts: SoakOptions) -> dict[str, Any]:
     members = robust_members(family_root())
-    depth = opts.blocks or read_manifest(members[0]).config.depth
+    depth = read_manifest(members[0]).config.depth
     listed = tuple(f"--family-dir={m}" for m in members[2:])
     swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed), token=True)
     forger = ForgingDevice(swarm)
