@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from layerswarm.bench.nodes import process_memory
-from layerswarm.cli.up import png_bytes
+from layerswarm.harness.samples import png_bytes
 from layerswarm.models.data import load_dataset
 
 from . import docker_engine as de
