@@ -38,10 +38,15 @@ async def run_load(
     deadline_s: float,
     until: asyncio.Event | None = None,
     max_s: float = 600.0,
+    records: list[Record] | None = None,
+    connect_patience_s: float | None = None,
 ) -> list[Record]:
     """At least `requests` requests, and on until `until` is set (the fault schedule is done), but never
-    longer than `max_s`: bounded in count and time."""
-    records: list[Record] = []
+    longer than `max_s`: bounded in count and time. `records`, if given, fills as answers come (so a
+    schedule can wait for a number of requests). A client whose connection is refused retries for
+    `connect_patience_s` (default: the deadline) before the request counts as lost."""
+    patience = deadline_s if connect_patience_s is None else connect_patience_s
+    records = [] if records is None else records
     started = time.monotonic()
 
     def more() -> Iterator[int]:
@@ -57,13 +62,15 @@ async def run_load(
         async def worker() -> None:
             for i in queue:
                 image, label = samples[i % len(samples)]
-                records.append(await one_request(client, i, image, label, deadline_s))
+                records.append(await one_request(client, i, image, label, patience))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return sorted(records, key=lambda r: r.index)
 
 
-async def one_request(client: httpx.AsyncClient, index: int, image: bytes, label: str, deadline_s: float) -> Record:
+async def one_request(
+    client: httpx.AsyncClient, index: int, image: bytes, label: str, connect_patience_s: float
+) -> Record:
     started = time.monotonic()
     retries = 0
     while True:
@@ -85,7 +92,7 @@ async def one_request(client: httpx.AsyncClient, index: int, image: bytes, label
                     connect_retries=retries,
                 )
             retries += 1
-            if time.monotonic() - started > deadline_s:
+            if time.monotonic() - started > connect_patience_s:
                 return Record(
                     index, started, time.monotonic() - started, None, "connect: gave up", connect_retries=retries
                 )

@@ -3,6 +3,9 @@ with and without faults; how fast the coordinator routed around faults and re-ad
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
 import statistics
 from collections import Counter
 from dataclasses import asdict
@@ -53,6 +56,24 @@ def summarize(
         "connect_retries": sum(r.connect_retries for r in records),
         "faults": events,
     }
+
+
+def environment() -> dict[str, Any]:
+    """Where and when a run happened, and how busy the machine was (other work shares its cores)."""
+    return {
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{platform.machine()} {_cpu_model()}",
+        "cpus": os.cpu_count(),
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def _clear_error(r: Record) -> bool:

@@ -45,7 +45,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
 
 
 async def _drive(swarm: ChaosSwarm, members: list[Any], opts: ChaosOptions, tools: dict[str, bool]) -> dict[str, Any]:
-    samples = list(labelled_samples(task_data(members[0]), range(200)))
+    samples = load_samples(members[0])
     poller = Poller(swarm.url)
     await poller.wait_healthy(len(swarm.nodes))
     poll_task = asyncio.create_task(poller.run())
@@ -80,6 +80,11 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], opts: ChaosOptions, tool
         if any(abs(t - r["at_s"] - t0) < 1.0 for r in report["non_200_while_min_depth_reachable_examples"])
     ]
     return report
+
+
+def load_samples(model_dir: Any, count: int = 200) -> list[tuple[bytes, str]]:
+    """Test images of the family's dataset as PNG, with their labels."""
+    return list(labelled_samples(task_data(model_dir), range(count)))
 
 
 async def _fault_loop(
@@ -156,11 +161,11 @@ def _do(swarm: ChaosSwarm, kind: str, node: ChaosNode, members: list[Any], spare
         return (lambda: swarm.restart(node)), node
     if kind == "join":
         joiner = ChaosNode(f"join-{spare}", swarm.lab.add_host(f"join-{spare}"), members[-1], node.block)
-        swarm.nodes.append(joiner)
+        swarm.add_node(joiner)
         swarm.start_nodes([joiner])
         return (lambda: joiner.proc.stop(5) if joiner.proc else None), joiner
     if kind == "coordinator":
-        swarm.restart_coordinator()
+        swarm.last_restart = swarm.restart_coordinator()
         return (lambda: None), node
     raise ValueError(f"unknown fault {kind}")
 
@@ -173,8 +178,9 @@ async def _sleep_or_done(done: asyncio.Event, seconds: float) -> None:
 class Poller:
     """Reads /v1/nodes ten times a second: node states and reachable depth over time."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, keep_s: float | None = None) -> None:
         self.url = url
+        self.keep_s = keep_s  # a soak keeps only the last minutes of node states (bounded memory)
         self.timeline: list[tuple[float, dict[str, str]]] = []
         self.depth_timeline: list[tuple[float, int]] = []
         self._stop = asyncio.Event()
@@ -201,11 +207,16 @@ class Poller:
                     continue
                 now = time.monotonic()
                 self.timeline.append((now, {n["address"]: n["state"] for n in view["nodes"]}))
+                if self.keep_s is not None and now - self.timeline[0][0] > 2 * self.keep_s:
+                    self.timeline = [(t, s) for t, s in self.timeline if now - t <= self.keep_s]
                 self.depth_timeline.append((now, view["reachable_depth"]))
                 await asyncio.sleep(0.1)
 
     def stop(self) -> None:
         self._stop.set()
+
+    def latest_states(self) -> dict[str, str]:
+        return self.timeline[-1][1] if self.timeline else {}
 
     def reaction_times(self, event: dict[str, Any]) -> dict[str, float | None]:
         """Seconds from the fault until the node left the routable set, and from recovery until it was

@@ -3,10 +3,14 @@ on a bridge, discovering each other over mDNS; and the faults that can be done t
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,13 +30,17 @@ class ChaosNode:
     block: int
     faults: tuple[str, ...] = ()  # --fault-* arguments: run under harness/faults.py, not `layerswarm node`
     proc: Proc | None = None
+    token_file: Path | None = None  # the swarm token (calls signed with MACs derived from it)
 
     @property
     def address(self) -> str:
         return f"{self.host.address}:{NODE_PORT}"
 
     def command(self) -> list[str]:
-        cmd = node_cmd(self.model_dir, self.block, "--grace", "0.5", host=self.host.address, port=NODE_PORT)
+        extra = (
+            ("--grace", "0.5") if self.token_file is None else ("--grace", "0.5", "--token-file", str(self.token_file))
+        )
+        cmd = node_cmd(self.model_dir, self.block, *extra, host=self.host.address, port=NODE_PORT)
         if self.faults:  # the same node, built by the test-only fault wrapper
             cmd = [sys.executable, "-m", "layerswarm.harness.faults", *cmd[4:], *self.faults]
         return self.host.command(cmd)
@@ -45,6 +53,9 @@ class ChaosSwarm:
     coordinator_args: list[str]
     nodes: list[ChaosNode] = field(default_factory=list)
     coordinator: Proc | None = None
+    token: str | None = None
+    token_file: Path | None = None
+    last_restart: dict[str, float] = field(default_factory=dict)  # the last coordinator restart's timings
 
     @property
     def url(self) -> str:
@@ -67,6 +78,14 @@ class ChaosSwarm:
         procs = [n.proc for n in self.nodes if n.proc is not None]
         stop_all([p for p in [self.coordinator, *procs] if p is not None])
         self.lab.stop()
+        if self.token_file is not None:
+            self.token_file.unlink(missing_ok=True)
+            self.token_file.with_name(self.token_file.name + "-peers.json").unlink(missing_ok=True)
+
+    def add_node(self, node: ChaosNode) -> ChaosNode:
+        node.token_file = self.token_file
+        self.nodes.append(node)
+        return node
 
     # --- faults ------------------------------------------------------------------------------------------
 
@@ -106,10 +125,14 @@ class ChaosSwarm:
         )
         subprocess.run(node.host.command(["tc", "qdisc", *action]), check=True, capture_output=True)
 
-    def restart_coordinator(self) -> None:
+    def restart_coordinator(self) -> dict[str, float]:
+        """Stop and start the coordinator; returns how long each took (the outage clients see)."""
         assert self.coordinator is not None
+        started = time.monotonic()
         self.coordinator.stop(10)
+        stopped = time.monotonic()
         self.start_coordinator()
+        return {"stop_s": round(stopped - started, 3), "start_to_ready_s": round(time.monotonic() - stopped, 3)}
 
 
 def fault_tools() -> dict[str, bool]:
@@ -126,10 +149,20 @@ def fault_tools() -> dict[str, bool]:
     return {"nftables": nft, "netem": netem}
 
 
-def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = ()) -> ChaosSwarm:
-    """Hosts for every block of every member and one for the coordinator (not started yet)."""
+def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = (), token: bool = False) -> ChaosSwarm:
+    """Hosts for every block of every member and one for the coordinator (not started yet). With `token`,
+    every process gets the same fresh swarm token (a file only this process's user can read)."""
     lab = NetLab().start()
+    token_file = None
     try:
+        if token:
+            handle, name = tempfile.mkstemp(prefix="layerswarm-chaos-token-")
+            os.write(handle, secrets.token_hex(16).encode())
+            os.close(handle)
+            token_file = Path(name)
+            # The run's own peer memory, beside the token (never the user's default state file).
+            state = token_file.with_name(token_file.name + "-peers.json")
+            extra_coordinator = (*extra_coordinator, "--token-file", str(token_file), "--state-file", str(state))
         coordinator_host = lab.add_host("coordinator")
         args = [
             "coordinator",
@@ -148,12 +181,16 @@ def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = 
             *[f"--family-dir={m}" for m in members[1:]],
             *extra_coordinator,
         ]
-        swarm = ChaosSwarm(lab, coordinator_host, args)
+        swarm = ChaosSwarm(lab, coordinator_host, args, token_file=token_file)
+        if token_file is not None:
+            swarm.token = token_file.read_text()
         for m, model_dir in enumerate(members):
             for block in range(depth):
                 name = f"node-b{block}-m{m}"
-                swarm.nodes.append(ChaosNode(name, lab.add_host(name), model_dir, block))
+                swarm.add_node(ChaosNode(name, lab.add_host(name), model_dir, block))
     except Exception:
         lab.stop()
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)
         raise
     return swarm

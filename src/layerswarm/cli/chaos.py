@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
 
-from layerswarm.chaos.options import QUICK, ChaosOptions
+from layerswarm.chaos.options import ChaosOptions
 
 from .base import Subparsers, add_command, positive_int
 
@@ -22,15 +20,31 @@ def register(sub: Subparsers) -> None:
         help="failure injection: load plus faults on a one-host-per-node swarm, a report",
         description="Every node its own host (network namespace on a bridge), discovering over mDNS; a bounded "
         "load generator; faults on a seeded schedule (kill, freeze, pulled cable, dropped packets, netem delay "
-        "where the kernel has it, slow and malformed nodes, restarts, joins, coordinator restart). Needs root; "
-        "runs in a private namespace.",
+        "where the kernel has it, slow and malformed nodes, restarts, joins, coordinator restart), with rogue "
+        "nodes and a forging device (forged mDNS goodbyes and adverts, token theft) on a token-protected swarm; "
+        "a report with pass/fail per target. --soak: continuous churn for --duration. Needs root; runs in a "
+        "private namespace.",
     )
-    p.add_argument("--requests", type=positive_int, default=ChaosOptions.requests, help="requests to send")
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        help=f"requests to send (default: 5000; with --basic: {ChaosOptions.requests})",
+    )
     p.add_argument("--concurrency", type=positive_int, default=ChaosOptions.concurrency, help="concurrent clients")
     p.add_argument("--hold", type=float, default=ChaosOptions.hold_s, help="seconds each fault lasts")
     p.add_argument("--seed", type=int, default=ChaosOptions.seed, help="seed of the fault schedule")
-    p.add_argument("--quick", action="store_true", help=f"{QUICK.requests} requests, shorter faults (CI)")
+    p.add_argument("--quick", action="store_true", help="a short variant: fewer requests, shorter faults (CI)")
+    p.add_argument(
+        "--basic", action="store_true", help="the failure schedule alone (no rogue nodes, no forging device, no token)"
+    )
     p.add_argument("--json", type=Path, help="write the report as JSON here")
+    p.add_argument(
+        "--soak",
+        action="store_true",
+        help="continuous churn (faults, rogues, joins, forged adverts) for --duration seconds; reports "
+        "coordinator and node memory and open files at start and end",
+    )
+    p.add_argument("--duration", type=float, default=1800.0, help="soak length in seconds (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,14 +55,6 @@ def run(args: argparse.Namespace) -> int:
             print("layerswarm chaos: error: needs root and `unshare` (it builds network namespaces)", file=sys.stderr)
             return 2
         return netns.reexec_in_private_netns(args.argv)
-    from layerswarm.chaos.report import render
-    from layerswarm.chaos.run import run_chaos
+    from layerswarm.chaos.main import run_from_args
 
-    opts = ChaosOptions(requests=args.requests, concurrency=args.concurrency, seed=args.seed, hold_s=args.hold)
-    if args.quick:
-        opts = dataclasses.replace(QUICK, seed=args.seed)
-    report = run_chaos(opts)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(render(report))
-    return 0 if report["lost"] == 0 and report["non_200_while_min_depth_reachable"] == 0 else 1
+    return run_from_args(args)

@@ -1,0 +1,328 @@
+"""`layerswarm chaos` (the default run): the failure schedule of run.py extended with attackers.
+
+A token-protected swarm (both members' nodes, each its own host), a no-fault baseline of
+`baseline_requests`, then one fault at a time on a seeded schedule:
+
+- rogue nodes (harness/faults.py: zeros, other-block, noise), each on its own block index, lying until
+  the end of the run: verification must quarantine them;
+- a forging device on its own host (forging.py): forged goodbyes for every real node and adverts of
+  another family pointing at them; an impostor that advertises itself with real zeroconf, records what
+  the coordinator sends and replays it to the real node;
+- every fault kind of the basic run (kill, freeze, pulled cable, dropped packets, netem, slow,
+  malformed, restart, a joining node, a coordinator restart), each on a node not faulted before, never
+  on a block that holds a rogue (its other node must carry it).
+
+The report carries a `checks` table (target, measured, pass/fail) built by checks.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from layerswarm.models.checkpoint import read_manifest
+from layerswarm.models.zoo import family_root, robust_members
+
+from . import swarm as chaos_swarm
+from .checks import attack_checks, render_checks
+from .forging import ForgingDevice
+from .load import Record, run_load
+from .report import environment, render, summarize
+from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, load_samples
+from .swarm import ChaosNode, ChaosSwarm
+
+log = logging.getLogger(__name__)
+HOP_DEADLINE_S = 0.5  # the chaos coordinator's --hop-timeout
+ROGUE_MODES = ("zeros", "other-block", "noise")
+
+
+@dataclass
+class AttackOptions:
+    requests: int = 5000
+    baseline_requests: int = 1000  # fault-free requests first: the no-fault accuracy and p99
+    concurrency: int = 8
+    seed: int = 0
+    hold_s: float = 2.0
+    gap_s: float = 1.0  # calm between faults
+    tail_s: float = 3.0  # calm after the last fault
+    listen_s: float = 4.0  # how long the impostor listens for the coordinator
+    # How long a client retries a refused connection (the coordinator restarting) before the request
+    # counts as lost; None: the 5 s request deadline.
+    connect_patience_s: float | None = None
+    rogues: int = 3
+    basic_kinds: tuple[str, ...] = chaos_swarm.FAULT_KINDS
+    max_s: float = 1500.0
+
+
+def run_attack(opts: AttackOptions) -> dict[str, Any]:
+    members = robust_members(family_root())
+    depth = read_manifest(members[0]).config.depth
+    listed = tuple(f"--family-dir={m}" for m in members[2:])
+    swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed), token=True)
+    forger = ForgingDevice(swarm)
+    try:
+        swarm.start_nodes(swarm.nodes)
+        swarm.start_coordinator()
+        return asyncio.run(_drive(swarm, members, forger, opts))
+    finally:
+        swarm.stop()
+
+
+async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, opts: AttackOptions) -> dict[str, Any]:
+    samples = load_samples(members[0])
+    at_start = environment()
+    tools = chaos_swarm.fault_tools()
+    poller = Poller(swarm.url)
+    await poller.wait_healthy(len(swarm.nodes))
+    poll_task = asyncio.create_task(poller.run())
+    done, over = asyncio.Event(), asyncio.Event()
+    records: list[Record] = []
+    schedule = Schedule(swarm, members, forger, poller, opts, tools, records)
+    task = asyncio.create_task(schedule.run(done, over))
+    try:
+        await run_load(
+            swarm.url,
+            samples,
+            opts.requests,
+            opts.concurrency,
+            DEADLINE_S,
+            until=over,
+            max_s=opts.max_s,
+            records=records,
+            connect_patience_s=opts.connect_patience_s,
+        )
+    finally:
+        done.set()
+        await task
+        poller.stop()
+        await poll_task
+    records.sort(key=lambda r: r.index)
+    events = schedule.events
+    for event in events:
+        event.update(poller.reaction_times(event))
+    report = summarize(records, events, poller.depth_timeline, MIN_BLOCKS, DEADLINE_S)
+    report["baseline"] = _baseline(records[: opts.baseline_requests])
+    report["rogues"] = [_rogue_result(r, records, poller) for r in schedule.rogues]
+    report["after_detection"] = _after_detection(report["rogues"], records)
+    report["forging_device"] = {**forger.summary(), "attacks": schedule.attack_results}
+    report["nodes"] = len([n for n in swarm.nodes if n.name != "joiner" and not n.name.startswith("join-")])
+    report["nodes_faulted"] = len({e["target"] for e in events if e["target"].startswith("node")})
+    report["unavailable"] = {k: "not supported by this kernel or not installed" for k, ok in tools.items() if not ok}
+    report["hop_deadline_ms"] = HOP_DEADLINE_S * 1e3
+    report["options"] = {k: v for k, v in vars(opts).items()}
+    t0 = records[0].sent if records else 0.0
+    for event in events:
+        event["at_s"] = round(event["at"] - t0, 3)
+        event["recovered_at_s"] = None if event["recovered_at"] is None else round(event["recovered_at"] - t0, 3)
+        del event["at"], event["recovered_at"]
+    for rogue in report["rogues"]:
+        rogue["lying_from_s"] = round(rogue.pop("lying_from") - t0, 3)
+    report["environment"] = {"start": at_start, "end": environment()}
+    report["checks"] = attack_checks(report, opts)
+    return report
+
+
+class Schedule:
+    """The seeded fault and attack schedule; remembers what it did."""
+
+    def __init__(
+        self,
+        swarm: ChaosSwarm,
+        members: list[Any],
+        forger: ForgingDevice,
+        poller: Poller,
+        opts: AttackOptions,
+        tools: dict[str, bool],
+        records: list[Record],
+    ) -> None:
+        self.swarm, self.members, self.forger, self.poller = swarm, members, forger, poller
+        self.opts, self.records = opts, records
+        self.rng = random.Random(opts.seed)
+        self.kinds = [
+            k for k in opts.basic_kinds if (k != "drop" or tools["nftables"]) and (k != "netem" or tools["netem"])
+        ]
+        self.events: list[dict[str, Any]] = []
+        self.rogues: list[dict[str, Any]] = []
+        self.starting: list[asyncio.Task[None]] = []  # rogue redeployments under way
+        self.attack_results: list[dict[str, Any]] = []
+        blocks = sorted({n.block for n in swarm.nodes})
+        self.rng.shuffle(blocks)
+        self.rogue_blocks = blocks[: opts.rogues]
+        others = [n for n in swarm.nodes if n.block not in self.rogue_blocks]
+        self.rng.shuffle(others)
+        self.untouched = others
+
+    async def run(self, done: asyncio.Event, over: asyncio.Event) -> None:
+        while len(self.records) < self.opts.baseline_requests and not done.is_set():
+            await asyncio.sleep(0.1)
+        steps: list[str] = [f"rogue:{m}" for m in ROGUE_MODES[: self.opts.rogues]]
+        steps += ["forge", "steal", *self.rng.sample(self.kinds, len(self.kinds))]
+        # Rogues and attacks first, interleaved with the basic faults: the rest runs with rogues lying.
+        order = steps[: self.opts.rogues] + self.rng.sample(steps[self.opts.rogues :], len(steps) - self.opts.rogues)
+        order = _interleave(order[: self.opts.rogues], order[self.opts.rogues :])
+        for step in order:
+            if done.is_set():
+                break
+            await self._step(step, done)
+            await _sleep_or_done(done, self.opts.gap_s)
+        await asyncio.gather(*self.starting)
+        # A calm tail: re-admissions finish; then more requests until the count is reached.
+        await _sleep_or_done(done, self.opts.tail_s)
+        over.set()
+
+    async def _step(self, step: str, done: asyncio.Event) -> None:
+        if step.startswith("rogue:"):  # redeployed in the background: the schedule goes on meanwhile
+            block = self.rogue_blocks[len(self.starting)]
+            node = self.rng.choice([n for n in self.swarm.nodes if n.block == block])
+            self.starting.append(asyncio.create_task(self._rogue(node, step.partition(":")[2])))
+            await _sleep_or_done(done, self.opts.hold_s)
+            return
+        if step in ("forge", "steal"):
+            await self._attack(step)
+            return
+        node = (
+            self.untouched.pop()
+            if self.untouched
+            else self.rng.choice([n for n in self.swarm.nodes if n.block not in self.rogue_blocks])
+        )
+        event = self._event(step, node)
+        log.info("fault %s on %s", step, event["target"])
+        recover, target = await asyncio.to_thread(_do, self.swarm, step, node, self.members, len(self.events))
+        if target is not node:  # a node that joined: its reaction is admission
+            event["target"], event["address"] = target.name, target.address
+        if step == "coordinator":
+            event.update(self.swarm.last_restart)
+        await _sleep_or_done(done, self.opts.hold_s)
+        await asyncio.to_thread(recover)
+        event["recovered_at"] = time.monotonic()
+
+    async def _rogue(self, node: ChaosNode, mode: str) -> None:
+        """Redeploy `node` as a liar; it lies from its ready line until the end of the run."""
+        log.info("rogue %s on %s", mode, node.name)
+        await asyncio.to_thread(self.swarm.restart, node, ("--fault-mode", mode))
+        event = self._event("rogue", node, mode=mode)
+        self.rogues.append({"mode": mode, "target": node.name, "address": node.address, "lying_from": event["at"]})
+
+    async def _attack(self, kind: str) -> None:
+        before = self.poller.latest_states()
+        healthy = {a for a, s in before.items() if s == "healthy"}
+        started = time.monotonic()
+        result = await asyncio.to_thread(self.forger.run_round, kind, self.opts.listen_s, self.swarm.token)
+        await asyncio.sleep(1.5)  # several health rounds (0.25 s apart) after the last forged packet
+        # A real node that was healthy and is no longer, from the attack on: the forgery won.
+        flipped = sorted(
+            {
+                a
+                for t, states in self.poller.timeline
+                if t >= started
+                for a in healthy
+                if states and states.get(a) != "healthy"
+            }
+        )
+        summary = {k: v for k, v in result.items() if k != "captured"}
+        summary["methods_captured"] = sorted({m for m, _ in result.get("captured", [])})
+        summary["real_nodes_flipped"] = flipped
+        summary["healthy_before"] = len(healthy)
+        self.attack_results.append(summary)
+
+    def _event(self, kind: str, node: ChaosNode, **extra: Any) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "kind": kind,
+            "target": "coordinator" if kind == "coordinator" else node.name,
+            "address": node.address,
+            "at": time.monotonic(),
+            "recovered_at": None,
+            **extra,
+        }
+        if kind == "rogue":
+            event["recovered_at"] = None  # lies to the end: "during the fault" means after it started
+        self.events.append(event)
+        return event
+
+
+def _interleave(first: list[str], rest: list[str]) -> list[str]:
+    """The rogues spread over the first half of the schedule, so detection happens under other faults."""
+    out: list[str] = []
+    gap = max(1, len(rest) // (2 * max(1, len(first))))
+    for i, rogue in enumerate(first):
+        out.append(rogue)
+        out.extend(rest[i * gap : (i + 1) * gap])
+    out.extend(rest[len(first) * gap :])
+    return out
+
+
+def _baseline(records: list[Record]) -> dict[str, Any]:
+    ok = [r for r in records if r.status == 200]
+    lat = sorted(r.latency_s * 1e3 for r in ok)
+    return {
+        "requests": len(records),
+        "accuracy": round(sum(bool(r.correct) for r in ok) / len(ok), 4) if ok else None,
+        "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None,
+        "p50_ms": round(lat[len(lat) // 2], 1) if lat else None,
+    }
+
+
+def _rogue_result(rogue: dict[str, Any], records: list[Record], poller: Poller) -> dict[str, Any]:
+    """When the coordinator first showed the rogue quarantined: seconds and requests since it began lying."""
+    start = rogue["lying_from"]
+    caught = next(
+        (t for t, states in poller.timeline if t >= start and states.get(rogue["address"]) == "quarantined"), None
+    )
+    out = {**rogue}
+    out["detected_after_s"] = None if caught is None else round(caught - start, 3)
+    out["detected_after_requests"] = None if caught is None else sum(1 for r in records if start <= r.sent < caught)
+    out["detected_at"] = caught
+    return out
+
+
+def _after_detection(rogues: list[dict[str, Any]], records: list[Record]) -> dict[str, Any]:
+    """Requests sent after every rogue was shown quarantined: their accuracy and latency."""
+    times = [r.pop("detected_at") for r in rogues]
+    if not rogues or any(t is None for t in times):
+        return {"requests": 0, "accuracy": None, "note": "not every rogue was detected"}
+    after = [r for r in records if r.sent >= max(t for t in times if t is not None)]
+    ok = [r for r in after if r.status == 200]
+    return {
+        "requests": len(after),
+        "answered_200": len(ok),
+        "accuracy": round(sum(bool(r.correct) for r in ok) / len(ok), 4) if ok else None,
+    }
+
+
+def quick_options(seed: int = 0) -> AttackOptions:
+    """The CI variant: two rogues, the forging device, a kill, freezes, pulled cables and a coordinator
+    restart: half the nodes faulted, in about a minute of load."""
+    return AttackOptions(
+        requests=500,
+        baseline_requests=150,
+        concurrency=4,
+        seed=seed,
+        hold_s=1.0,
+        gap_s=0.5,
+        tail_s=2.0,
+        listen_s=3.0,
+        rogues=2,
+        # A starved CI machine restarts the coordinator slower than the 5 s request deadline (import
+        # time): clients wait for it longer here; the full run keeps the deadline.
+        connect_patience_s=15.0,
+        # Cheap faults (no process start) so that half the nodes are faulted in CI time.
+        basic_kinds=("kill", "freeze", "link", "freeze", "link", "freeze", "coordinator"),
+        max_s=300.0,
+    )
+
+
+def render_attack(report: dict[str, Any]) -> str:
+    lines = [
+        render(report),
+        "",
+        "| rogue | node | detected after (s) | requests until detected |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in report["rogues"]:
+        lines.append(f"| {r['mode']} | {r['target']} | {r['detected_after_s']} | {r['detected_after_requests']} |")
+    lines += ["", render_checks(report["checks"])]
+    return "\n".join(lines)
