@@ -24,15 +24,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.zoo import family_root, robust_members
+from layerswarm.wire.stats import quantile
 
 from . import swarm as chaos_swarm
 from .checks import attack_checks, render_checks
 from .forging import ForgingDevice
 from .load import Record, run_load
 from .report import environment, render, summarize
-from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, load_samples
+from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, family_swarm, load_samples, run_swarm
 from .swarm import ChaosNode, ChaosSwarm
 
 log = logging.getLogger(__name__)
@@ -59,17 +58,9 @@ class AttackOptions:
 
 
 def run_attack(opts: AttackOptions) -> dict[str, Any]:
-    members = robust_members(family_root())
-    depth = read_manifest(members[0]).config.depth
-    listed = tuple(f"--family-dir={m}" for m in members[2:])
-    swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed), token=True)
+    swarm, members = family_swarm(token=True)
     forger = ForgingDevice(swarm)
-    try:
-        swarm.start_nodes(swarm.nodes)
-        swarm.start_coordinator()
-        return asyncio.run(_drive(swarm, members, forger, opts))
-    finally:
-        swarm.stop()
+    return run_swarm(swarm, lambda: _drive(swarm, members, forger, opts))
 
 
 async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, opts: AttackOptions) -> dict[str, Any]:
@@ -257,12 +248,12 @@ def _interleave(first: list[str], rest: list[str]) -> list[str]:
 
 def _baseline(records: list[Record]) -> dict[str, Any]:
     ok = [r for r in records if r.status == 200]
-    lat = sorted(r.latency_s * 1e3 for r in ok)
+    lat = [r.latency_s * 1e3 for r in ok]
     return {
         "requests": len(records),
         "accuracy": round(sum(bool(r.correct) for r in ok) / len(ok), 4) if ok else None,
-        "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None,
-        "p50_ms": round(lat[len(lat) // 2], 1) if lat else None,
+        "p99_ms": round(quantile(lat, 0.99), 1) if lat else None,
+        "p50_ms": round(quantile(lat, 0.5), 1) if lat else None,
     }
 
 

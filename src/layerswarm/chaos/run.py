@@ -9,6 +9,8 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,16 +32,26 @@ DEADLINE_S = 5.0
 
 
 def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
+    tools = chaos_swarm.fault_tools()
+    swarm, members = family_swarm()
+    return run_swarm(swarm, lambda: _drive(swarm, members, opts, tools))
+
+
+def family_swarm(token: bool = False) -> tuple[ChaosSwarm, list[Path]]:
+    """The swarm every chaos run drives: the shipped family's first two members' nodes, each on its own
+    host; every member is listed (strict admission), so joiners can run members[-1]."""
     members = robust_members(family_root())
     depth = read_manifest(members[0]).config.depth
-    tools = chaos_swarm.fault_tools()
-    # Every member is listed (strict admission): joiners run members[-1].
     listed = tuple(f"--family-dir={m}" for m in members[2:])
-    swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed))
+    return chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed), token=token), members
+
+
+def run_swarm(swarm: ChaosSwarm, drive: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
+    """Start the swarm's nodes and coordinator, run `drive` to its end, and stop everything, however it ends."""
     try:
         swarm.start_nodes(swarm.nodes)
         swarm.start_coordinator()
-        return asyncio.run(_drive(swarm, members, opts, tools))
+        return asyncio.run(drive())
     finally:
         swarm.stop()
 

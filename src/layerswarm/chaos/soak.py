@@ -15,14 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.zoo import family_root, robust_members
-
-from . import swarm as chaos_swarm
 from .forging import ForgingDevice
 from .load import run_load
 from .report import environment, summarize
-from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, load_samples
+from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, family_swarm, load_samples, run_swarm
 from .swarm import ChaosNode, ChaosSwarm
 
 log = logging.getLogger(__name__)
@@ -42,17 +38,9 @@ class SoakOptions:
 
 
 def run_soak(opts: SoakOptions) -> dict[str, Any]:
-    members = robust_members(family_root())
-    depth = read_manifest(members[0]).config.depth
-    listed = tuple(f"--family-dir={m}" for m in members[2:])
-    swarm = chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed), token=True)
+    swarm, members = family_swarm(token=True)
     forger = ForgingDevice(swarm)
-    try:
-        swarm.start_nodes(swarm.nodes)
-        swarm.start_coordinator()
-        return asyncio.run(_drive(swarm, members, forger, opts))
-    finally:
-        swarm.stop()
+    return run_swarm(swarm, lambda: _drive(swarm, members, forger, opts))
 
 
 async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, opts: SoakOptions) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from layerswarm.models.checkpoint import Manifest, load_block
+from layerswarm.wire.stats import ewma
 
 
 def pick_device(name: str) -> torch.device:
@@ -73,7 +74,7 @@ class BlockRuntime:
         finally:
             self.in_flight -= 1
         self.served += 1
-        self.ewma_ms = ms if self.served == 1 else (1 - self.EWMA_ALPHA) * self.ewma_ms + self.EWMA_ALPHA * ms
+        self.ewma_ms = ewma(self.ewma_ms if self.served > 1 else None, ms, self.EWMA_ALPHA)
         return out, ms
 
     def _enqueue(self, x: torch.Tensor, position: int) -> asyncio.Future[tuple[torch.Tensor, float]]:
