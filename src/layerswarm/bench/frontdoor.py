@@ -13,7 +13,6 @@ attackers run, interleaved phase by phase, so each figure is a ratio against the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from layerswarm.bench import emit_report
 from layerswarm.harness.procs import Proc, coordinator_cmd, spawn, stop_all
 from layerswarm.models.zoo import family_root, robust_members
 
@@ -208,12 +208,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    report = run(args.quick)
-    text = json.dumps(report, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_report(run(args.quick), args.json)
 
 
 if __name__ == "__main__":

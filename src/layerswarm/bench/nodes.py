@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from layerswarm.bench import emit_report
 from layerswarm.harness.procs import launch, layerswarm_cmd, node_address, wait_for_ready_line
 from layerswarm.models.zoo import family_root, robust_members
 
@@ -103,7 +104,6 @@ def node_footprint(reps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m layerswarm.bench.nodes --json FILE`: this part alone (`layerswarm bench` runs it too)."""
     import argparse
-    import json
     import platform
     from datetime import datetime, timezone
 
@@ -116,12 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         **node_footprint(args.reps),
     }
-    text = json.dumps(report, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_report(report, args.json)
 
 
 if __name__ == "__main__":

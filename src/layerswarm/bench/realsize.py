@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from layerswarm.bench import emit_report
 from layerswarm.harness.procs import stop_all
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
@@ -214,11 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve: N HTTP requests per case")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    report = run(args.steps, args.batch_size, args.device, args.workers, args.serve)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
-    return 0
+    return emit_report(run(args.steps, args.batch_size, args.device, args.workers, args.serve), args.json)
 
 
 if __name__ == "__main__":

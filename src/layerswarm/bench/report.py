@@ -18,7 +18,15 @@ def render(r: dict[str, Any]) -> str:
 
 
 def _table(title: str, columns: list[str], rows: list[str]) -> list[str]:
-    return [title, "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns), *rows]
+    return [title, "", _row(*columns), "|" + " --- |" * len(columns), *rows]
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _cells(d: dict[str, Any], *keys: str) -> list[Any]:
+    return [d[k] for k in keys]
 
 
 def _header(r: dict[str, Any]) -> list[str]:
@@ -48,20 +56,21 @@ def _vitb(r: dict[str, Any]) -> list[str]:
 
 
 def _hop(r: dict[str, Any]) -> list[str]:
-    rows = [
-        f"| {h['shape']} {h['dtype']} | {h['payload_bytes']} | {h['tcp_floor_ms']} | "
-        f"{h['unary_overhead_ms']} | {h['unary_over_floor']} | {h['stream_overhead_ms']} | "
-        f"{h['stream_over_floor']} |"
-        for h in r["hop_vs_floor"]
-    ]
+    keys = ("payload_bytes", "tcp_floor_ms", "unary_overhead_ms", "unary_over_floor", "stream_overhead_ms")
+    rows = [_row(f"{h['shape']} {h['dtype']}", *_cells(h, *keys, "stream_over_floor")) for h in r["hop_vs_floor"]]
     columns = ["payload", "bytes", "TCP floor ms", "unary ms", "x floor", "stream ms", "x floor"]
     return _table("**One hop against the raw TCP floor** (round trip minus the node's compute time)", columns, rows)
 
 
 def _wire(r: dict[str, Any]) -> list[str]:
     rows = [
-        f"| {w['wire_dtype']} | {w['bytes_per_hop']} | {w['accuracy']} ({w['images']} images) | "
-        f"{w['points_lost']} | {w['latency_p50_ms']} |"
+        _row(
+            w["wire_dtype"],
+            w["bytes_per_hop"],
+            f"{w['accuracy']} ({w['images']} images)",
+            w["points_lost"],
+            w["latency_p50_ms"],
+        )
         for w in r["wire_formats"]
     ]
     title = "**Wire formats** (shipped family, shuffle policy, same paths for every format)"
@@ -69,23 +78,15 @@ def _wire(r: dict[str, Any]) -> list[str]:
 
 
 def _concurrency(r: dict[str, Any]) -> list[str]:
-    rows = [
-        f"| {'on' if c['micro_batching'] else 'off'} | {c['concurrency']} | {c['throughput_rps']} | "
-        f"{c['throughput_vs_1']} | {c['latency_p50_ms']} | {c['latency_p99_ms']} | {c['statuses']} |"
-        for c in r["concurrency"]
-    ]
+    keys = ("concurrency", "throughput_rps", "throughput_vs_1", "latency_p50_ms", "latency_p99_ms", "statuses")
+    rows = [_row("on" if c["micro_batching"] else "off", *_cells(c, *keys)) for c in r["concurrency"]]
     columns = ["micro-batching", "concurrent", "req/s", "x at 1", "p50 ms", "p99 ms", "statuses"]
     return _table("**Concurrency through HTTP** (shipped family, 16 nodes)", columns, rows)
 
 
 def _coordinator_cost(r: dict[str, Any]) -> list[str]:
-    rows = []
-    for name in ("vitb", "shipped"):
-        c = r[f"coordinator_cost_{name}"]
-        rows.append(
-            f"| {name} | {c['coordinator_cpu_ms_per_request']} | {c['nodes_cpu_ms_per_request']} | "
-            f"{c['coordinator_share']} |"
-        )
+    keys = ("coordinator_cpu_ms_per_request", "nodes_cpu_ms_per_request", "coordinator_share")
+    rows = [_row(name, *_cells(r[f"coordinator_cost_{name}"], *keys)) for name in ("vitb", "shipped")]
     columns = ["swarm", "coordinator ms", "all nodes ms", "coordinator share"]
     return _table("**Coordinator CPU per request** (HTTP end to end, sequential requests)", columns, rows)
 
@@ -98,59 +99,79 @@ def _footer(r: dict[str, Any]) -> list[str]:
 
 
 def render_adaptive(a: dict[str, Any]) -> list[str]:
-    out = [
-        f"**Adaptive compute through the swarm** (one node per block, batch 1, {a['images']} held-out images, "
-        "in-process coordinator, fp16 wire)",
-        "",
-        "| member | default exit | full: acc / blocks / p50 ms | calibrated: acc / blocks / p50 ms | blocks "
-        "reduction | points lost | mean latency ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, m in a["members"].items():
+    members = a["members"]
+    tables = [_calibrated(a, members), _ensembles(a, members), _live_vs_eval(members), _anytime(members)]
+    return [line for i, table in enumerate(tables) for line in ([""] if i else []) + table]
+
+
+def _calibrated(a: dict[str, Any], members: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, m in members.items():
         c, exit_ = m["calibrated_vs_full"], m["policy"]["exit"]
         rule = f"{exit_['rule']} {exit_['threshold']:g}" if exit_ else "none"
-        f, k = c["full"], c["calibrated"]
-        out.append(
-            f"| {name} | {rule} | {f['accuracy']} / {f['mean_blocks']} / {f['latency_p50_ms']} | {k['accuracy']} / "
-            f"{k['mean_blocks']} / {k['latency_p50_ms']} | {c['blocks_reduction']}x | {c['points_lost']} | "
-            f"{c['latency_mean_ratio']} |"
+        full, cal = (
+            " / ".join(str(c[k][f]) for f in ("accuracy", "mean_blocks", "latency_p50_ms"))
+            for k in ("full", "calibrated")
         )
-    out += [
-        "",
-        f"Adaptive ensembles (up to 2 routes) on the noisy split (noise std {a['noise']}), no early exit:",
-        "",
-        "| member | single: acc / blocks | adaptive: acc / blocks | threshold | second route | points gained | "
-        "hops ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, m in a["members"].items():
+        rows.append(_row(name, rule, full, cal, f"{c['blocks_reduction']}x", c["points_lost"], c["latency_mean_ratio"]))
+    title = (
+        f"**Adaptive compute through the swarm** (one node per block, batch 1, {a['images']} held-out images, "
+        "in-process coordinator, fp16 wire)"
+    )
+    columns = ["member", "default exit", "full: acc / blocks / p50 ms", "calibrated: acc / blocks / p50 ms"]
+    return _table(title, [*columns, "blocks reduction", "points lost", "mean latency ratio"], rows)
+
+
+def _ensembles(a: dict[str, Any], members: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, m in members.items():
         e = m["ensemble_noisy"]
-        out.append(
-            f"| {name} | {e['single']['accuracy']} / {e['single']['mean_blocks']} | {e['adaptive']['accuracy']} / "
-            f"{e['adaptive']['mean_blocks']} | {e['threshold']:g} | {e['second_route_share']} | "
-            f"{e['points_gained']} | {e['hops_ratio']} |"
+        single, adaptive = (f"{e[k]['accuracy']} / {e[k]['mean_blocks']}" for k in ("single", "adaptive"))
+        rows.append(
+            _row(
+                name,
+                single,
+                adaptive,
+                f"{e['threshold']:g}",
+                *_cells(e, "second_route_share", "points_gained", "hops_ratio"),
+            )
         )
-    out += ["", "Exit curves through the swarm against eval's on the same images (gaps over the threshold sweep):", ""]
-    out += ["| member | rule | orders | max accuracy gap | mean accuracy gap | max mean-blocks gap | 2 SE |"]
-    out += ["| --- | --- | --- | --- | --- | --- | --- |"]
-    for name, m in a["members"].items():
+    title = f"Adaptive ensembles (up to 2 routes) on the noisy split (noise std {a['noise']}), no early exit:"
+    columns = ["member", "single: acc / blocks", "adaptive: acc / blocks", "threshold", "second route"]
+    return _table(title, [*columns, "points gained", "hops ratio"], rows)
+
+
+def _live_vs_eval(members: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, m in members.items():
         agree = m["live_vs_eval"]
         for rule, by_orders in agree["rules"].items():
             for orders, g in by_orders.items():
-                out.append(
-                    f"| {name} | {rule} | {orders.replace('_', ' ')} | {g['max_accuracy_gap']} | "
-                    f"{g['mean_accuracy_gap']} | {g['max_blocks_gap']} | {agree['accuracy_2se']} |"
-                )
-    out += ["", "Anytime answers (deadline = half the full path's p50 latency):", ""]
-    out += ["| member | deadline ms | min blocks | answered | accuracy | mean blocks | blocks | p50 / max ms |"]
-    out += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, m in a["members"].items():
+                gaps = _cells(g, "max_accuracy_gap", "mean_accuracy_gap", "max_blocks_gap")
+                rows.append(_row(name, rule, orders.replace("_", " "), *gaps, agree["accuracy_2se"]))
+    title = "Exit curves through the swarm against eval's on the same images (gaps over the threshold sweep):"
+    columns = ["member", "rule", "orders", "max accuracy gap", "mean accuracy gap", "max mean-blocks gap", "2 SE"]
+    return _table(title, columns, rows)
+
+
+def _anytime(members: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, m in members.items():
         t = m["anytime"]
-        out.append(
-            f"| {name} | {t['deadline_ms']} | {t['min_blocks']} | {t['answered']}/{t['requests']} | {t['accuracy']} | "
-            f"{t['mean_blocks']} | {t['blocks_histogram']} | {t['latency_p50_ms']} / {t['latency_max_ms']} |"
+        answered, latency = f"{t['answered']}/{t['requests']}", f"{t['latency_p50_ms']} / {t['latency_max_ms']}"
+        rows.append(
+            _row(
+                name,
+                t["deadline_ms"],
+                t["min_blocks"],
+                answered,
+                *_cells(t, "accuracy", "mean_blocks", "blocks_histogram"),
+                latency,
+            )
         )
-    return out
+    title = "Anytime answers (deadline = half the full path's p50 latency):"
+    columns = ["member", "deadline ms", "min blocks", "answered", "accuracy", "mean blocks", "blocks", "p50 / max ms"]
+    return _table(title, columns, rows)
 
 
 def _node_footprint(f: dict[str, Any]) -> list[str]:
@@ -163,9 +184,7 @@ def _node_footprint(f: dict[str, Any]) -> list[str]:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in (("node", node), ("python + torch only", torch_only)):
-        rows.append(
-            f"| {name} | {m['start_s']} | {m['rss_mib']} | {m['rss_anon_mib']} | {m['rss_file_mib']} | {m['pss_mib']} |"
-        )
+        rows.append(_row(name, *_cells(m, "start_s", "rss_mib", "rss_anon_mib", "rss_file_mib", "pss_mib")))
     rows += [
         "",
         f"Node RSS x torch-only: {f['node_rss_over_torch_only']}; `layerswarm probe grpc`: {f['probe_s']} s "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import tempfile
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from layerswarm.bench import emit_report
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode, forge_model_dir
@@ -175,12 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
-    report = asyncio.run(run(args.requests, args.only))
-    text = json.dumps(report, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_report(asyncio.run(run(args.requests, args.only)), args.json)
 
 
 if __name__ == "__main__":

@@ -9,24 +9,14 @@ import httpx
 from tenacity import AsyncRetrying
 from typing_extensions import Unpack
 
-from .bodies import ImageInput, Options, batch_body, checked, retry_policy, single_body
+from .bodies import ClientBase, ImageInput, Options, batch_body, checked, single_body
 from .results import BatchClassification, Classification, SwarmView
 
 
-class AsyncSwarmClient:
+class AsyncSwarmClient(ClientBase[httpx.AsyncClient]):
     """A coordinator's native API for asyncio code. Retries connect errors, 429 and 503 with backoff."""
 
-    def __init__(
-        self,
-        base_url: str = "http://127.0.0.1:8080",
-        *,
-        timeout: float = 30.0,
-        attempts: int = 4,
-        max_backoff_s: float = 2.0,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
-        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
-        self._retry = retry_policy(attempts, max_backoff_s)
+    http_class = httpx.AsyncClient
 
     async def classify(
         self, image: ImageInput, *, label: str | None = None, **options: Unpack[Options]

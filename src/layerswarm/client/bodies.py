@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import httpx
 from tenacity import retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -13,6 +13,25 @@ from tenacity import retry_if_exception, stop_after_attempt, wait_random_exponen
 from .results import SwarmError
 
 ImageInput = str | os.PathLike[str] | bytes  # a file path, or the encoded image itself
+HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
+
+
+class ClientBase(Generic[HttpT]):
+    """The connection and retry policy both clients are built from; each subclass names its httpx class."""
+
+    http_class: type[HttpT]
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8080",
+        *,
+        timeout: float = 30.0,
+        attempts: int = 4,
+        max_backoff_s: float = 2.0,
+        http: HttpT | None = None,
+    ) -> None:
+        self._http: HttpT = http or self.http_class(base_url=base_url, timeout=timeout)
+        self._retry = retry_policy(attempts, max_backoff_s)
 
 
 class Options(TypedDict, total=False):

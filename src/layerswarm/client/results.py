@@ -51,6 +51,12 @@ class Trace:
         return cls(hops, tuple(data["unreachable_blocks"]), data["substituted"], data["skipped"])
 
 
+def _path_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """What a single and a batch answer share: the path taken through the swarm and how it ended."""
+    keys = ("policy", "seed", "depth", "exited_early", "elapsed_ms")
+    return {**{k: data[k] for k in keys}, "trace": Trace.from_json(data["trace"])}
+
+
 @dataclass(frozen=True)
 class Classification:
     prediction: str
@@ -67,12 +73,7 @@ class Classification:
         return cls(
             prediction=data["prediction"],
             labels=tuple(Label(**label) for label in data["labels"]),
-            policy=data["policy"],
-            seed=data["seed"],
-            depth=data["depth"],
-            exited_early=data["exited_early"],
-            elapsed_ms=data["elapsed_ms"],
-            trace=Trace.from_json(data["trace"]),
+            **_path_fields(data),
         )
 
 
@@ -103,15 +104,7 @@ class BatchClassification:
         results = tuple(
             ItemResult(r["prediction"], tuple(Label(**label) for label in r["labels"])) for r in data["results"]
         )
-        return cls(
-            results=results,
-            policy=data["policy"],
-            seed=data["seed"],
-            depth=data["depth"],
-            exited_early=data["exited_early"],
-            elapsed_ms=data["elapsed_ms"],
-            trace=Trace.from_json(data["trace"]),
-        )
+        return cls(results=results, **_path_fields(data))
 
 
 @dataclass(frozen=True)

@@ -9,28 +9,18 @@ import httpx
 from tenacity import Retrying
 from typing_extensions import Unpack
 
-from .bodies import ImageInput, Options, batch_body, checked, retry_policy, single_body
+from .bodies import ClientBase, ImageInput, Options, batch_body, checked, single_body
 from .results import BatchClassification, Classification, SwarmView
 
 
-class SwarmClient:
+class SwarmClient(ClientBase[httpx.Client]):
     """A coordinator's native API. Retries connect errors, 429 and 503 with backoff (tenacity).
 
     >>> with SwarmClient("http://127.0.0.1:8080") as swarm:
     ...     print(swarm.classify("image.png", top_k=3).prediction)
     """
 
-    def __init__(
-        self,
-        base_url: str = "http://127.0.0.1:8080",
-        *,
-        timeout: float = 30.0,
-        attempts: int = 4,
-        max_backoff_s: float = 2.0,
-        http: httpx.Client | None = None,
-    ) -> None:
-        self._http = http or httpx.Client(base_url=base_url, timeout=timeout)
-        self._retry = retry_policy(attempts, max_backoff_s)
+    http_class = httpx.Client
 
     def classify(self, image: ImageInput, *, label: str | None = None, **options: Unpack[Options]) -> Classification:
         """One image (a path or its bytes); `label`, if you know the true class, counts in the page's accuracy."""
