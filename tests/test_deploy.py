@@ -227,13 +227,15 @@ def test_compose_topology_serves() -> None:
 
 def test_probe_never_imports_torch() -> None:
     """The HEALTHCHECK runs `layerswarm probe` every few seconds in every container: through the real
-    entry point, both kinds, it must not pull in torch (seconds of CPU and a hundred MB per probe)."""
+    entry point, both kinds, it must not pull in torch (seconds of CPU and a hundred MB per probe), nor
+    the settings library or other commands' modules (a tenth of a second each)."""
     script = (
         "import sys\n"
         "from layerswarm.cli import main\n"
         "codes = [main(['probe', 'grpc', '127.0.0.1:1', '--timeout', '0.5']),\n"
         "         main(['probe', 'http', 'http://127.0.0.1:1/readyz', '--timeout', '0.5'])]\n"
-        "heavy = sorted(m for m in ('torch', 'numpy', 'fastapi', 'httpx') if m in sys.modules)\n"
+        "light = ('torch', 'numpy', 'fastapi', 'httpx', 'pydantic', 'layerswarm.cli.coordinator', 'layerswarm.chaos')\n"
+        "heavy = sorted(m for m in light if m in sys.modules)\n"
         "print(codes, heavy)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

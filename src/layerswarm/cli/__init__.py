@@ -8,17 +8,20 @@ servers) inside their entry points, so that building the parser stays fast.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Any
 
 from layerswarm import __version__
 
-from . import bench, chaos, coordinator, family, logs, node, probe, samples, train, up, zoo
-from . import eval as eval_
+from . import logs
 from .base import Parser, UsageError
 
-COMMANDS = (train, family, eval_, node, coordinator, up, chaos, bench, probe, zoo, samples)
+# Command name -> its module, in --help's order. Only the module of the command being run is imported
+# (a health probe every few seconds must not pay for the coordinator's settings or the chaos harness);
+# --help and unknown commands import them all.
+COMMANDS = ("train", "family", "eval", "node", "coordinator", "up", "chaos", "bench", "probe", "zoo", "samples")
 
 EXAMPLES = """\
 examples:
@@ -33,7 +36,8 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only` the top level and that one command (faster to build)."""
     parser = Parser(
         prog="layerswarm",
         description="Distributed edge inference: every transformer block is its own network node, and a "
@@ -55,14 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="log lines as text, or one JSON object per line (default: %(default)s, or $LAYERSWARM_LOG_FORMAT)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    for command in COMMANDS:
-        command.register(sub)
+    for name in (only,) if only in COMMANDS else COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The command argv names (the first word that is one), if any: the only parser worth building."""
+    return next((word for word in argv if word in COMMANDS), None)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    args = build_parser(_command_in(argv)).parse_args(argv)
     args.argv = argv  # commands that re-execute themselves in a private network namespace need it
     args.command_line = "layerswarm " + " ".join(argv)  # recorded in manifests: how a model was made
     logs.configure(args.log_level, args.log_format)
@@ -87,6 +96,6 @@ def node_settings_from_argv(argv: list[str]) -> Any:
     test-only faulty node, which must parse exactly what the real node parses)."""
     from .base import load_settings
 
-    args = build_parser().parse_args(["node", *argv])
+    args = build_parser("node").parse_args(["node", *argv])
     logs.configure(args.log_level, args.log_format)
     return load_settings(args)

@@ -13,14 +13,15 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import tomllib
-from pydantic import ValidationError
 
-from layerswarm.wire.settings import ProcessSettings
+if TYPE_CHECKING:  # pydantic-settings costs ~0.1 s to import: only commands with settings pay it
+    from pydantic import ValidationError
 
-S = TypeVar("S", bound=ProcessSettings)
+    from layerswarm.wire.settings import ProcessSettings
+
 Subparsers = Any  # argparse's _SubParsersAction is private; its add_parser is all a command module needs
 
 
@@ -106,6 +107,8 @@ class SettingsFlags:
 
     def load(self, args: argparse.Namespace, **fixed: Any) -> Any:
         """The settings: defaults < --config < environment < flags given. Mistakes become UsageError."""
+        from pydantic import ValidationError
+
         given = {k: _tupled(getattr(args, k)) for k in self.flag_of if hasattr(args, k)}
         config: Path | None = getattr(args, "config", None)
         try:

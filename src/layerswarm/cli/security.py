@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from layerswarm.wire.security import SecuritySettings
+from typing import TYPE_CHECKING
 
 from .base import SettingsFlags
+
+if TYPE_CHECKING:  # grpc and the crypto: only a probe with TLS pays for them
+    from layerswarm.wire.security import SecuritySettings
 
 HELP = {
     "token_file": "file holding the shared swarm token; it is never sent: calls are signed with MACs derived "
@@ -29,5 +31,10 @@ def add_probe_security_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--" + key.replace("_", "-"), type=Path, help=HELP[key])
 
 
-def probe_security(args: argparse.Namespace) -> SecuritySettings:
+def probe_security(args: argparse.Namespace) -> SecuritySettings | None:
+    """The probe's TLS settings, None without --tls-* (the plain channel needs nothing imported)."""
+    if not (args.tls_cert or args.tls_key or args.tls_ca):
+        return None
+    from layerswarm.wire.security import SecuritySettings
+
     return SecuritySettings.from_files(None, args.tls_cert, args.tls_key, args.tls_ca)
