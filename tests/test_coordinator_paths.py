@@ -1,6 +1,6 @@
-"""Coordinator behaviours on real in-process nodes (gRPC on loopback): the busy answer, readiness, the
-per-request deadline, unary transport, the `fastest` policy, a lying node refused end to end, early exit
-at a threshold that is not trivially met, and the idle-stream cap."""
+"""Coordinator behaviours on real in-process nodes (gRPC on loopback): the busy answer (HTTP and the
+serving layer), readiness, the per-request deadline, unary transport, the `fastest` policy, a lying node
+refused end to end, early exit at a threshold that is not trivially met, and the idle-stream cap."""
 
 from __future__ import annotations
 
@@ -85,6 +85,26 @@ async def test_past_the_limit_requests_get_429_busy(family_dirs: list[Path]) -> 
         busy = next(r for r in replies if r.status_code == 429).json()
         assert busy["error"] == "busy" and "in flight" in busy["detail"]
         assert coord.in_flight == 0  # every admitted request was let go
+
+
+async def test_the_serving_layer_holds_the_limit_for_every_api(family_dirs: list[Path], images: torch.Tensor) -> None:
+    """/v1's gate answers 429 before reading a body; the serving layer under every API (KServe v2 has no
+    gate) holds the same limit: past it a request is refused as busy, recorded, and nothing leaks."""
+    from layerswarm.coordinator.activity import Activity
+    from layerswarm.coordinator.serving import Busy, classify_batch
+
+    async with (
+        nodes((family_dirs[0], 0, 600.0)) as served,
+        coordinator(family_dirs[0], served, 1, max_concurrent_requests=1) as coord,
+    ):
+        activity = Activity()
+        first = asyncio.ensure_future(classify_batch(coord, activity, images, SEQ, api="v2"))
+        await wait_until(lambda: coord.in_flight == 1, what="the first request admitted")
+        with pytest.raises(Busy, match="in flight"):
+            await classify_batch(coord, activity, images, SEQ, api="v2")
+        await first
+        assert coord.in_flight == 0
+        assert (activity.totals.requests, activity.totals.errors) == (2, 1)
 
 
 async def test_readyz_is_503_with_the_reason_below_the_minimum_depth(family_dirs: list[Path]) -> None:
