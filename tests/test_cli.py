@@ -18,6 +18,7 @@ from layerswarm.models.zoo import family_root
 from layerswarm.node.settings import NodeSettings
 
 SHIPPED = "zoo:shapes/layershuffle-0"
+EXIT_CONFIDENCE_5 = ("--exit-rule", "confidence", "--exit-threshold", "5")
 
 
 def settings_of(argv: list[str]) -> object:
@@ -95,6 +96,18 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         ),
         (["eval", "x", "--json", "r.json", "--orders", "2"], {}, "argument --orders: must be at least 10, got 2"),
         (["samples", "out", "--family", "zoo:nope"], {}, "--family zoo:nope: no such shipped model"),
+        (["coordinator", "--model-dir", SHIPPED, "--max-upload-bytes", "0"], {}, "--max-upload-bytes (setting"),
+        (["coordinator", "--model-dir", SHIPPED, "--peer-dns", "svc"], {}, "'svc' is not NAME:PORT"),
+        (["coordinator", "--model-dir", SHIPPED, "--hedge-min-ms", "-1"], {}, "--hedge-min-ms (setting"),
+        (["coordinator", "--model-dir", SHIPPED], {"LAYERSWARM_COORDINATOR_EJECT_AFTER": "0"}, "eject_after"),
+        (["coordinator", "--model-dir", SHIPPED], {"LAYERSWARM_COORDINATOR_EXIT_RULE": "often"}, "'often' is not one"),
+        (
+            ["coordinator", "--model-dir", SHIPPED, "--no-mdns", "--http-port", "0", *EXIT_CONFIDENCE_5],
+            {},
+            "--exit-threshold 5: confidence threshold must be in (0, 1]",
+        ),
+        (["node", "--model-dir", SHIPPED, "--block", "0", "--device", "gpu"], {}, "'gpu' is not one of auto, cpu"),
+        (["node", "--model-dir", SHIPPED, "--block", "0", "--metrics-port", "70000"], {}, "--metrics-port (setting"),
     ],
 )
 def test_operator_mistakes_get_one_line_and_status_2(

@@ -69,7 +69,7 @@ def register(sub: Subparsers) -> None:
         "exit_rule",
         "default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval --calibrate`, none "
         "without one), none, or a rule",
-        choices=["calibrated", "none", "confidence", "entropy", "patience"],
+        choices=CHOICES["exit_rule"],
     )
     f.add("--exit-threshold", "exit_threshold", "threshold of --exit-rule (none: its calibrated one)", type=float)
     f.add("--verify-probation", "verify_probation", "hops of each new node always re-executed", type=int)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from layerswarm.models.adaptive_policy import read_policy
-from layerswarm.models.exits import ExitPolicy, ExitRule, ExitTracker
+from layerswarm.models.exits import ExitPolicy, ExitRule, ExitTracker, threshold_problem
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ def load_defaults(model_dir: Path, exit_setting: str, threshold: float | None) -
         value = threshold if threshold is not None else thresholds.get(exit_setting)
         if value is None:
             raise ValueError(f"--exit-rule {exit_setting} needs --exit-threshold (no calibrated threshold)")
+        problem = threshold_problem(ExitRule(exit_setting), value)
+        if problem:
+            source = "--exit-threshold" if threshold is not None else f"calibrated {exit_setting} threshold"
+            raise ValueError(f"{source} {value:g}: {problem}")
         exit_policy = ExitPolicy(ExitRule(exit_setting), value)
     return AdaptiveDefaults(exit_policy, thresholds, base.ensemble_confidence, base.repeats, base.source)
 

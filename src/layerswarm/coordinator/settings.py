@@ -19,6 +19,7 @@ CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest"),
     "wire_dtype": ("fp32", "fp16", "bf16"),
     "transport": ("stream", "unary"),
+    "exit_rule": ("calibrated", "none", "confidence", "entropy", "patience"),
 }
 
 
@@ -36,10 +37,10 @@ class CoordinatorSettings(ProcessSettings):
     http_port: int = Field(default=8080, ge=0, le=65535)
     health_interval_s: float = Field(default=1.0, gt=0)
     health_timeout_s: float = Field(default=0.5, gt=0)
-    eject_after: int = 2
-    quarantine_s: float = 30.0
+    eject_after: int = Field(default=2, ge=1)  # failed health checks in a row that eject a node
+    quarantine_s: float = Field(default=30.0, ge=0)
     hedge_quantile: float | None = Field(default=0.95, gt=0, lt=1)  # None (0 from the CLI): no hedged requests
-    hedge_min_ms: float = 10.0
+    hedge_min_ms: float = Field(default=10.0, ge=0)
     hop_timeout_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=10.0, gt=0)
     min_blocks: int | None = Field(default=None, ge=1)  # None: the model's evaluated minimum depth, else 1
@@ -53,7 +54,7 @@ class CoordinatorSettings(ProcessSettings):
     # fp16 halves the bytes per hop; on the shipped family it loses no accuracy (bench: wire formats)
     wire_dtype: str = "fp16"
     transport: str = "stream"  # stream: reused ForwardStream calls; unary: one Forward call per hop
-    max_batch: int = 64
+    max_batch: int = Field(default=64, ge=1)
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     max_concurrent_requests: int = Field(default=64, ge=1)  # past this: 429, answered before any body is read
     # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
@@ -102,11 +103,12 @@ class CoordinatorSettings(ProcessSettings):
             raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
         return value
 
-    @field_validator("peers")
+    @field_validator("peers", "peer_dns")
     @classmethod
-    def _host_port(cls, peers: tuple[str, ...]) -> tuple[str, ...]:
+    def _host_port(cls, peers: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        shape = "HOST:PORT" if info.field_name == "peers" else "NAME:PORT"
         for peer in peers:
             host, _, port = peer.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"{peer!r} is not HOST:PORT (a port from 1 to 65535)")
+                raise ValueError(f"{peer!r} is not {shape} (a port from 1 to 65535)")
         return peers

@@ -14,6 +14,8 @@ from pydantic_settings import SettingsConfigDict
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
+DEVICE_KINDS = ("auto", "cpu", "cuda", "mps")
+
 
 class NodeSettings(ProcessSettings):
     model_config = SettingsConfigDict(env_prefix="LAYERSWARM_NODE_")
@@ -30,8 +32,8 @@ class NodeSettings(ProcessSettings):
     max_in_flight: int = Field(default=64, ge=1)  # past this, RESOURCE_EXHAUSTED (the coordinator admits 64 at once)
     max_batch: int = Field(default=64, ge=1)
     micro_batch: bool = True  # run requests that queue up together as one batch
-    max_message_bytes: int = 64 * 1024 * 1024
-    metrics_port: int | None = None  # Prometheus /metrics; None: off
+    max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # Prometheus /metrics; None: off
     advertise: bool = True  # mDNS (DNS-SD) announcement
     advertise_address: str | None = None  # address put in the mDNS record; default: the bound host
     mdns_interfaces: tuple[str, ...] = ()  # empty: all interfaces
@@ -43,6 +45,15 @@ class NodeSettings(ProcessSettings):
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
 
     _security = model_validator(mode="before")(security_from_files)
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        # Checked here, not by torch.device(), which raises a RuntimeError listing twenty device kinds.
+        kind, _, index = value.partition(":")
+        if kind not in DEVICE_KINDS or (index and (kind != "cuda" or not index.isdigit())):
+            raise ValueError(f"{value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+        return value
 
     @field_validator("model_dir", mode="before")
     @classmethod
