@@ -23,6 +23,29 @@ from layerswarm.harness.procs import launch, layerswarm_cmd, node_address, wait_
 from layerswarm.models.zoo import family_root, robust_members
 
 TORCH_ONLY = "import json, time, torch; print(json.dumps({'event': 'ready'}), flush=True); time.sleep(600)"
+# What a node process imports, in the order it does, grouped: RSS is read after each group, in a fresh
+# interpreter, so each step's figure is what that group adds on top of the ones before it.
+IMPORT_STEPS = (
+    ("numpy (torch imports it)", "numpy"),
+    ("torch", "torch"),
+    ("grpc, health service, protobuf", "grpc grpc_health.v1.health_pb2 layerswarm.wire.v1.block_pb2_grpc"),
+    ("pydantic, pydantic-settings", "pydantic pydantic_settings"),
+    ("zeroconf", "zeroconf.asyncio"),
+    ("prometheus_client", "prometheus_client"),
+    ("layerswarm node modules", "layerswarm.cli.node layerswarm.node.server"),
+)
+STEP_SCRIPT = """
+import importlib, json, sys
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+steps, before = [], rss()
+for name, modules in json.loads(sys.argv[1]):
+    for module in modules.split():
+        importlib.import_module(module)
+    steps.append({"step": name, "adds_mib": round(rss() - before, 1)})
+    before = rss()
+print(json.dumps({"interpreter_mib": round(rss() - sum(s["adds_mib"] for s in steps), 1), "steps": steps}))
+"""
 
 
 def process_memory(pid: int) -> dict[str, float]:
@@ -66,6 +89,16 @@ def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
         proc.stop(5)
 
 
+def import_breakdown() -> dict[str, Any]:
+    """RSS each group of a node's imports adds, in a fresh interpreter (where a node's memory goes)."""
+    import json
+
+    cmd = [sys.executable, "-c", STEP_SCRIPT, json.dumps(IMPORT_STEPS)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
+    result: dict[str, Any] = json.loads(out.splitlines()[-1])
+    return result
+
+
 def _median(rows: list[dict[str, Any]], key: str) -> float:
     return round(statistics.median(float(r[key]) for r in rows), 3)
 
@@ -98,6 +131,7 @@ def node_footprint(reps: int) -> dict[str, Any]:
         "probe_ok": all(n["probe_ok"] for n in nodes),
         "bare_python_s": bare,
         "probe_over_bare_python": round(probe_s / bare, 2),
+        "imports": import_breakdown(),
     }
 
 

@@ -190,4 +190,7 @@ def _node_footprint(f: dict[str, Any]) -> list[str]:
         f"Node RSS x torch-only: {f['node_rss_over_torch_only']}; `layerswarm probe grpc`: {f['probe_s']} s "
         f"({f['probe_over_bare_python']} x a bare `python -c pass`, ok: {f['probe_ok']}).",
     ]
+    if "imports" in f:  # where the node's RSS goes, import by import (reports before it lack it)
+        steps = ", ".join(f"{s['step']} +{s['adds_mib']}" for s in f["imports"]["steps"])
+        rows += ["", f"RSS by import (MiB): interpreter {f['imports']['interpreter_mib']}, {steps}."]
     return rows

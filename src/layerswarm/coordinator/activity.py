@@ -55,8 +55,7 @@ class RequestRecord:
 
 
 @dataclass
-class _Bucket:
-    second: int
+class Totals:
     requests: int = 0
     items: int = 0
     errors: int = 0
@@ -65,12 +64,10 @@ class _Bucket:
 
 
 @dataclass
-class Totals:
-    requests: int = 0
-    items: int = 0
-    errors: int = 0
-    correct: int = 0
-    labelled: int = 0
+class _Bucket(Totals):
+    """The counts of one second (the page's rates are sums over the last WINDOW_S buckets)."""
+
+    second: int = 0
 
 
 @dataclass
@@ -151,7 +148,7 @@ class Activity:
 
     def _bucket(self, second: int) -> _Bucket:
         if not self._buckets or self._buckets[-1].second != second:
-            self._buckets.append(_Bucket(second))
+            self._buckets.append(_Bucket(second=second))
         return self._buckets[-1]
 
     def stats(self) -> dict[str, Any]:
