@@ -31,7 +31,7 @@ from .checks import attack_checks, render_checks
 from .forging import ForgingDevice
 from .load import Record, run_load
 from .report import environment, render, summarize
-from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, family_swarm, load_samples, run_swarm
+from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, family_swarm, fault_event, load_samples, run_swarm
 from .swarm import ChaosNode, ChaosSwarm
 
 log = logging.getLogger(__name__)
@@ -221,14 +221,7 @@ class Schedule:
         self.attack_results.append(summary)
 
     def _event(self, kind: str, node: ChaosNode, **extra: Any) -> dict[str, Any]:
-        event: dict[str, Any] = {
-            "kind": kind,
-            "target": "coordinator" if kind == "coordinator" else node.name,
-            "address": node.address,
-            "at": time.monotonic(),
-            "recovered_at": None,
-            **extra,
-        }
+        event = fault_event(kind, node, **extra)
         if kind == "rogue":
             event["recovered_at"] = None  # lies to the end: "during the fault" means after it started
         self.events.append(event)

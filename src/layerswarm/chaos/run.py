@@ -94,6 +94,19 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], opts: ChaosOptions, tool
     return report
 
 
+def fault_event(kind: str, node: ChaosNode, **extra: Any) -> dict[str, Any]:
+    """A fault's report entry, as every chaos run writes it; `recovered_at` is filled in when it ends."""
+    target = "coordinator" if kind == "coordinator" else node.name
+    return {
+        "kind": kind,
+        "target": target,
+        "address": node.address,
+        "at": time.monotonic(),
+        "recovered_at": None,
+        **extra,
+    }
+
+
 def load_samples(model_dir: Any, count: int = 200) -> list[tuple[bytes, str]]:
     """Test images of the family's dataset as PNG, with their labels."""
     return list(labelled_samples(task_data(model_dir), range(count)))
@@ -121,13 +134,7 @@ async def _fault_loop(
         if done.is_set():
             break
         node = untouched.pop() if untouched else rng.choice(swarm.nodes)
-        event: dict[str, Any] = {
-            "kind": kind,
-            "target": "coordinator" if kind == "coordinator" else node.name,
-            "address": node.address,
-            "at": time.monotonic(),
-            "recovered_at": None,
-        }
+        event = fault_event(kind, node)
         events.append(event)
         log.info("fault %s on %s", kind, event["target"])
         recover, target = await asyncio.to_thread(_apply, swarm, kind, node, members, spare)
