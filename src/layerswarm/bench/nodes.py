@@ -99,6 +99,53 @@ def import_breakdown() -> dict[str, Any]:
     return result
 
 
+TORCH_PYTHON_SHARE = """
+import json, sys, tracemalloc
+tracemalloc.start()
+import torch
+traced = tracemalloc.get_traced_memory()[0]
+modules = sum(name.split(".")[0] == "torch" for name in sys.modules)
+print(json.dumps({"python_objects_mib": round(traced / 2**20, 1), "torch_modules": modules}))
+"""
+
+
+def torch_python_share() -> dict[str, Any]:
+    """How much of `import torch` is Python objects (traced by tracemalloc; the rest of its RSS is native:
+    libraries and operator registrations) and how many torch modules it loads."""
+    import json
+
+    cmd = [sys.executable, "-c", TORCH_PYTHON_SHARE]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
+    result: dict[str, Any] = json.loads(out.splitlines()[-1])
+    return result
+
+
+def probe_http_s(reps: int) -> float:
+    """Median seconds of `layerswarm probe http` (the coordinator's HEALTHCHECK) against a local server
+    answering 200: the interpreter, the CLI and one HTTP round trip."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Ready(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:  # quiet: the benchmark prints JSON
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Ready) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        cmd = layerswarm_cmd("probe", "http", f"http://127.0.0.1:{server.server_address[1]}/readyz")
+        times = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            times.append(time.perf_counter() - started)
+        server.shutdown()
+    return round(statistics.median(times), 3)
+
+
 def _median(rows: list[dict[str, Any]], key: str) -> float:
     return round(statistics.median(float(r[key]) for r in rows), 3)
 
@@ -129,9 +176,10 @@ def node_footprint(reps: int) -> dict[str, Any]:
         "node_start_over_torch_only": round(node["start_s"] / torch_only["start_s"], 2),
         "probe_s": probe_s,
         "probe_ok": all(n["probe_ok"] for n in nodes),
+        "probe_http_s": probe_http_s(max(3, reps)),
         "bare_python_s": bare,
         "probe_over_bare_python": round(probe_s / bare, 2),
-        "imports": import_breakdown(),
+        "imports": {**import_breakdown(), "torch": torch_python_share()},
     }
 
 

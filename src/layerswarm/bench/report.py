@@ -188,9 +188,13 @@ def _node_footprint(f: dict[str, Any]) -> list[str]:
     rows += [
         "",
         f"Node RSS x torch-only: {f['node_rss_over_torch_only']}; `layerswarm probe grpc`: {f['probe_s']} s "
-        f"({f['probe_over_bare_python']} x a bare `python -c pass`, ok: {f['probe_ok']}).",
+        f"({f['probe_over_bare_python']} x a bare `python -c pass`, ok: {f['probe_ok']})"
+        + (f"; `layerswarm probe http`: {f['probe_http_s']} s." if "probe_http_s" in f else "."),
     ]
     if "imports" in f:  # where the node's RSS goes, import by import (reports before it lack it)
         steps = ", ".join(f"{s['step']} +{s['adds_mib']}" for s in f["imports"]["steps"])
         rows += ["", f"RSS by import (MiB): interpreter {f['imports']['interpreter_mib']}, {steps}."]
+        if "torch" in f["imports"]:
+            t = f["imports"]["torch"]
+            rows[-1] += f" Of torch's: {t['python_objects_mib']} MiB Python objects of {t['torch_modules']} modules."
     return rows
