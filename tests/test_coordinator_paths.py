@@ -144,10 +144,13 @@ async def test_unary_transport_gives_the_stream_transport_answers(
         answers = {}
         for transport in ("stream", "unary"):
             async with coordinator(family_dirs[0], served, 3, transport=transport) as coord:
-                assert coord.pool.get(f"127.0.0.1:{served[0].port}").transport == transport
+                client = coord.pool.get(f"127.0.0.1:{served[0].port}")
+                assert client.transport == transport
                 result = await coord.classify(images, SEQ)
                 assert [h.block for h in result.path.hops] == [0, 1, 2]
                 answers[transport] = result.probs
+                streams_kept = len(client._idle)  # unary calls open no ForwardStream to keep
+                assert streams_kept == (0 if transport == "unary" else 1), (transport, streams_kept)
         model, _ = load_model(family_dirs[0])
         with torch.inference_mode():
             local = model(images).softmax(-1)
