@@ -89,9 +89,14 @@ class SettingsFlags:
             f"(environment: {settings.env_name('KEY')}); the command line overrides both (default: none)",
         )
 
-    def add(self, flag: str, key: str, help: str, **kw: Any) -> None:
-        """A flag for setting `key`; absent from the namespace unless given (so lower sources still count)."""
+    def add(self, flag: str, key: str, help: str | None = None, **kw: Any) -> None:
+        """A flag for setting `key`; absent from the namespace unless given (so lower sources still count).
+        Its help is the setting's description (stated once, in the settings class) unless the flag says
+        something of its own (a --no-X flag)."""
         field = self.settings.model_fields[key]
+        help = help or field.description
+        if not help:
+            raise ValueError(f"setting {key} has no description for {flag}'s help")
         if kw.get("action") in ("store_true", "store_false"):
             note = f"key {key}"
         elif field.is_required():

@@ -20,25 +20,25 @@ def register(sub: Subparsers) -> None:
         "and advertise it as _layerswarm._tcp.local.",
     )
     f = SettingsFlags(p, NodeSettings)
-    f.add("--model-dir", "model_dir", "model directory holding the block (or zoo:shapes/layershuffle-0)")
-    f.add("--block", "block", "index of the block to serve", type=int)
-    f.add("--host", "host", "address to bind (0.0.0.0 on a LAN)")
-    f.add("--port", "port", "gRPC port (0: any free port)", type=int)
-    f.add("--device", "device", "auto | cpu | cuda | cuda:N")
-    f.add("--threads", "threads", "torch threads", type=int)
-    f.add("--max-in-flight", "max_in_flight", "past this: RESOURCE_EXHAUSTED", type=int)
-    f.add("--max-batch", "max_batch", "largest batch accepted", type=int)
+    f.add("--model-dir", "model_dir")
+    f.add("--block", "block", type=int)
+    f.add("--host", "host")
+    f.add("--port", "port", type=int)
+    f.add("--device", "device")
+    f.add("--threads", "threads", type=int)
+    f.add("--max-in-flight", "max_in_flight", type=int)
+    f.add("--max-batch", "max_batch", type=int)
     f.add(
         "--no-micro-batch",
         "micro_batch",
         "compute each request alone, not queued ones as a batch",
         action="store_false",
     )
-    f.add("--metrics-port", "metrics_port", "serve Prometheus metrics on this port", type=int)
+    f.add("--metrics-port", "metrics_port", type=int)
     f.add("--no-advertise", "advertise", "do not announce over mDNS (static peers only)", action="store_false")
-    f.add("--advertise-address", "advertise_address", "address to put in the mDNS record (none: the bound host)")
-    f.add("--mdns-interface", "mdns_interfaces", "IP of an interface for mDNS (repeatable; none: all)", action="append")
-    f.add("--grace", "grace_s", "seconds to drain on SIGTERM", type=float)
+    f.add("--advertise-address", "advertise_address")
+    f.add("--mdns-interface", "mdns_interfaces", action="append")
+    f.add("--grace", "grace_s", type=float)
     add_security_flags(f)
 
 

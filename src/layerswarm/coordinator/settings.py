@@ -27,50 +27,100 @@ class CoordinatorSettings(ProcessSettings):
     model_config = SettingsConfigDict(env_prefix="LAYERSWARM_COORDINATOR_")
     section: ClassVar[str] = "coordinator"
 
-    model_dir: Path
-    family_dirs: tuple[Path, ...] = ()  # sibling model dirs whose manifests vouch for nodes' weights
-    peers: tuple[str, ...] = ()  # static HOST:PORT nodes (networks without multicast)
-    peer_dns: tuple[str, ...] = ()  # NAME:PORT resolved periodically (Kubernetes headless services)
+    model_dir: Path = Field(description="model directory: stem, head and family (or zoo:FAMILY/MEMBER)")
+    family_dirs: tuple[Path, ...] = Field(
+        default=(),
+        description="another member's model directory, whose manifest vouches for its nodes' weights (repeatable)",
+    )
+    # Static peers serve networks without multicast; DNS names, Kubernetes headless services.
+    peers: tuple[str, ...] = Field(default=(), description="static node (repeatable)")
+    peer_dns: tuple[str, ...] = Field(
+        default=(),
+        description="resolve NAME periodically, every address a node (a Kubernetes headless service; repeatable)",
+    )
     mdns: bool = True
-    mdns_interfaces: tuple[str, ...] = ()
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(default=8080, ge=0, le=65535)
-    health_interval_s: float = Field(default=1.0, gt=0)
+    mdns_interfaces: tuple[str, ...] = Field(
+        default=(), description="IP of an interface for mDNS (repeatable; none: all)"
+    )
+    http_host: str = Field(default="127.0.0.1", description="HTTP bind address")
+    http_port: int = Field(default=8080, ge=0, le=65535, description="HTTP port (0: any free port)")
+    health_interval_s: float = Field(default=1.0, gt=0, description="seconds between health checks")
     health_timeout_s: float = Field(default=0.5, gt=0)
     eject_after: int = Field(default=2, ge=1)  # failed health checks in a row that eject a node
     quarantine_s: float = Field(default=30.0, ge=0)
-    hedge_quantile: float | None = Field(default=0.95, gt=0, lt=1)  # None (0 from the CLI): no hedged requests
-    hedge_min_ms: float = Field(default=10.0, ge=0)
-    hop_timeout_s: float = Field(default=2.0, gt=0)
-    request_timeout_s: float = Field(default=10.0, gt=0)
-    min_blocks: int | None = Field(default=None, ge=1)  # None: the model's evaluated minimum depth, else 1
+    hedge_quantile: float | None = Field(  # None (0 from the CLI): no hedged requests
+        default=0.95,
+        gt=0,
+        lt=1,
+        description="hedge a hop slower than this quantile of its node's recent latencies: send it to another "
+        "node too, first answer wins (0: off)",
+    )
+    hedge_min_ms: float = Field(default=10.0, ge=0, description="never hedge sooner than this")
+    hop_timeout_s: float = Field(default=2.0, gt=0, description="seconds per hop before substituting")
+    request_timeout_s: float = Field(default=10.0, gt=0, description="seconds per request, all hops")
+    min_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="fail (503) below this depth (none: the model's evaluated minimum useful depth, else 1)",
+    )
     strict: bool | None = None  # admit only listed model ids and hashes; None: strict when family_dirs given
-    verify_rate: float | None = Field(default=0.05, ge=0, le=1)  # share of hops re-executed; None: no verification
-    verify_probation: int = Field(default=2, ge=0)  # hops of each new node incarnation that are all re-executed
-    # early exit by default: calibrated (the model dir's adaptive policy, if any), none, or a rule name
-    exit_rule: str = "calibrated"
-    exit_threshold: float | None = None  # with a rule name; None: that rule's calibrated threshold
-    default_policy: str = "auto"  # auto: shuffle for shuffle-robust families, else sequential
-    # fp16 halves the bytes per hop; on the shipped family it loses no accuracy (bench: wire formats)
-    wire_dtype: str = "fp16"
-    transport: str = "stream"  # stream: reused ForwardStream calls; unary: one Forward call per hop
+    verify_rate: float | None = Field(  # None: no verification
+        default=0.05,
+        ge=0,
+        le=1,
+        description="share of hops the coordinator re-executes to catch lying nodes, after each new node's probation",
+    )
+    verify_probation: int = Field(default=2, ge=0, description="hops of each new node always re-executed")
+    exit_rule: str = Field(
+        default="calibrated",
+        description="default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval "
+        "--calibrate`, none without one), none, or a rule",
+    )
+    exit_threshold: float | None = Field(
+        default=None, description="threshold of --exit-rule (none: its calibrated one)"
+    )
+    default_policy: str = Field(
+        default="auto", description="default path policy (auto: shuffle for shuffle-robust families)"
+    )
+    wire_dtype: str = Field(  # measured: bench, wire formats
+        default="fp16",
+        description="activations on the wire (fp16: half the bytes, no accuracy lost on the shipped family; "
+        "fp32 for bit-exact outputs)",
+    )
+    transport: str = Field(
+        default="stream", description="stream: reused bidirectional streams; unary: one call per hop"
+    )
     max_batch: int = Field(default=64, ge=1)
-    max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
-    max_concurrent_requests: int = Field(default=64, ge=1)  # past this: 429, answered before any body is read
+    max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="largest image accepted")
+    # Answered from the headers, before any body is read (and again by the serving layer, for every API).
+    max_concurrent_requests: int = Field(default=64, ge=1, description="past this many in flight: 429 busy")
     # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
-    max_image_pixels: int = Field(default=4096 * 1024, ge=1)  # from the image header, before decoding (resize too)
-    header_timeout_s: float = Field(default=10.0, gt=0)  # request line and headers must arrive within this
-    body_timeout_s: float = Field(default=30.0, gt=0)  # the whole body must arrive within this
-    max_connections: int = Field(default=512, ge=1)  # open HTTP connections; past this new ones get 503
-    max_body_reads: int = Field(default=16, ge=1)  # bodies read at once (each up to max_upload_bytes in memory)
-    api_keys: tuple[str, ...] = ()  # when set, inference endpoints need one (Authorization: Bearer KEY)
+    max_image_pixels: int = Field(
+        default=4096 * 1024,
+        ge=1,
+        description="largest image (width x height, read from its header before decoding; with resize too)",
+    )
+    header_timeout_s: float = Field(default=10.0, gt=0, description="seconds for a client's request line and headers")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="seconds for a client to send a whole request body")
+    max_connections: int = Field(default=512, ge=1, description="open HTTP connections; past this a new one gets 503")
+    # Each body read holds up to max_upload_bytes in memory.
+    max_body_reads: int = Field(default=16, ge=1, description="request bodies read at once")
+    api_keys: tuple[str, ...] = Field(
+        default=(),
+        description="file of API keys, one a line (several: rotation); /v1/* then needs `Authorization: Bearer "
+        "KEY` or `X-API-Key: KEY` (/healthz, /readyz, /metrics stay open)",
+    )
     threads: int = Field(default=1, ge=1)
     token_file: Path | None = None  # these four load `security` (keep secrets out of command lines)
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
-    state_file: Path | None = None  # last known peers (hints for a restart); None: not remembered
+    state_file: Path | None = Field(
+        default=None,
+        description="where to remember the last known peers, looked at first after a restart (hints only; none "
+        "given: $XDG_STATE_HOME/layerswarm/coordinator-HTTP_PORT.json, none with --http-port 0)",
+    )
     startup_wait_s: float = Field(default=5.0, ge=0)  # longest wait for the first discovery round
     mdns_settle_s: float = Field(default=1.5, ge=0)  # with mDNS the first round lasts at least this long
 

@@ -21,23 +21,28 @@ class NodeSettings(ProcessSettings):
     model_config = SettingsConfigDict(env_prefix="LAYERSWARM_NODE_")
     section: ClassVar[str] = "node"
 
-    model_dir: Path
-    block: int = Field(ge=0)
-    host: str = "127.0.0.1"
-    port: int = Field(default=0, ge=0, le=65535)  # 0: any free port (reported on stdout when ready)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = Field(
-        default=1, ge=1
-    )  # torch threads; idle nodes' spinning OpenMP threads steal cores from busy ones
-    max_in_flight: int = Field(default=64, ge=1)  # past this, RESOURCE_EXHAUSTED (the coordinator admits 64 at once)
-    max_batch: int = Field(default=64, ge=1)
+    model_dir: Path = Field(description="model directory holding the block (or zoo:shapes/layershuffle-0)")
+    block: int = Field(ge=0, description="index of the block to serve")
+    host: str = Field(default="127.0.0.1", description="address to bind (0.0.0.0 on a LAN)")
+    # The port is reported on stdout in the ready line (with 0, the one the system chose).
+    port: int = Field(default=0, ge=0, le=65535, description="gRPC port (0: any free port)")
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    # One by default: idle nodes' spinning OpenMP threads steal cores from busy ones.
+    threads: int = Field(default=1, ge=1, description="torch threads")
+    # The coordinator admits 64 requests at once by default; past this a node answers RESOURCE_EXHAUSTED.
+    max_in_flight: int = Field(default=64, ge=1, description="past this: RESOURCE_EXHAUSTED")
+    max_batch: int = Field(default=64, ge=1, description="largest batch accepted")
     micro_batch: bool = True  # run requests that queue up together as one batch
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # Prometheus /metrics; None: off
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
     advertise: bool = True  # mDNS (DNS-SD) announcement
-    advertise_address: str | None = None  # address put in the mDNS record; default: the bound host
-    mdns_interfaces: tuple[str, ...] = ()  # empty: all interfaces
-    grace_s: float = Field(default=5.0, ge=0)  # drain time on SIGTERM
+    advertise_address: str | None = Field(
+        default=None, description="address to put in the mDNS record (none: the bound host)"
+    )
+    mdns_interfaces: tuple[str, ...] = Field(
+        default=(), description="IP of an interface for mDNS (repeatable; none: all)"
+    )
+    grace_s: float = Field(default=5.0, ge=0, description="seconds to drain on SIGTERM")
     token_file: Path | None = None  # these four load `security` (keep secrets out of command lines)
     tls_cert: Path | None = None
     tls_key: Path | None = None
