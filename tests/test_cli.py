@@ -127,6 +127,17 @@ def test_operator_mistakes_get_one_line_and_status_2(
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(f"layerswarm {argv[0]}: error:")
 
 
+def test_an_image_folder_in_no_known_layout_lists_the_layouts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "only").mkdir()
+    assert main(["train", "--data", f"imagefolder:{tmp_path}", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"layerswarm train: error: imagefolder: {tmp_path} needs at least two class"), err
+    assert "accepted layouts: ROOT/train/<class>/<image> with ROOT/val/" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
 def test_bad_config_files_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     unknown, broken = tmp_path / "unknown.toml", tmp_path / "broken.toml"
     unknown.write_text('[node]\nmodel_dir = "x"\nblok = 1\n')
