@@ -108,6 +108,8 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         ),
         (["node", "--model-dir", SHIPPED, "--block", "0", "--device", "gpu"], {}, "'gpu' is not one of auto, cpu"),
         (["node", "--model-dir", SHIPPED, "--block", "0", "--metrics-port", "70000"], {}, "--metrics-port (setting"),
+        (["node", "--model-dir", SHIPPED, "--block", "0", "--token-file", "/nonexistent"], {}, "--token-file: /nonex"),
+        (["samples", __file__], {}, "argument dir: " + __file__ + " is a file, not a folder"),
     ],
 )
 def test_operator_mistakes_get_one_line_and_status_2(

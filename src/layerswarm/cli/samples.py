@@ -17,13 +17,21 @@ def register(sub: Subparsers) -> None:
         description="Write test images of the data a model was trained on as DIR/NNN-LABEL.png, the label "
         "being the class the image shows: inputs for curl, the HTTP API and the clients.",
     )
-    p.add_argument("dir", type=Path, help="folder to write into (created if missing)")
+    p.add_argument("dir", type=folder, help="folder to write into (created if missing)")
     p.add_argument(
         "--family",
         default="zoo:shapes",
         help="a family folder, a model directory or zoo:FAMILY[/MEMBER] whose task the samples show",
     )
     p.add_argument("--count", type=positive_int, default=10, help="how many images")
+
+
+def folder(text: str) -> Path:
+    """argparse type: a folder, or a path where one can be made (not a file)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    return path
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import SettingsFlags
+from .base import SettingsFlags, existing_file
 
 if TYPE_CHECKING:  # grpc and the crypto: only a probe with TLS pays for them
     from layerswarm.wire.security import SecuritySettings
@@ -22,13 +21,13 @@ HELP = {
 
 def add_security_flags(flags: SettingsFlags) -> None:
     for key, text in HELP.items():
-        flags.add("--" + key.replace("_", "-"), key, text, type=Path)
+        flags.add("--" + key.replace("_", "-"), key, text, type=existing_file)
 
 
 def add_probe_security_args(p: argparse.ArgumentParser) -> None:
     """probe has no settings object: TLS only (the health service needs no token, but TLS is the whole port)."""
     for key in ("tls_cert", "tls_key", "tls_ca"):
-        p.add_argument("--" + key.replace("_", "-"), type=Path, help=HELP[key])
+        p.add_argument("--" + key.replace("_", "-"), type=existing_file, help=HELP[key])
 
 
 def probe_security(args: argparse.Namespace) -> SecuritySettings | None:
