@@ -100,3 +100,14 @@ def test_generated_stubs_match_the_proto() -> None:
         [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_service_name_written_once_is_the_protos() -> None:
+    """Health checks, call signing and the coordinator-only interceptor all name the gRPC service by
+    wire.discovery's constant: it must be the name the generated stubs serve under."""
+    from layerswarm.wire.discovery import HEALTH_SERVICE, METHOD_PREFIX
+    from layerswarm.wire.v1 import block_pb2
+
+    service = block_pb2.DESCRIPTOR.services_by_name["BlockNode"]
+    assert service.full_name == HEALTH_SERVICE
+    assert f"/{service.full_name}/" == METHOD_PREFIX

@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, identity_string, metadata_value
+from layerswarm.wire.discovery import METHOD_PREFIX
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -27,7 +28,6 @@ KEEPALIVE_OPTIONS = [
     ("grpc.enable_retries", 0),  # the coordinator decides what to retry, and where
 ]
 MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
-SERVICE = "/layerswarm.v1.BlockNode/"
 
 
 class NodeNotProven(Exception):
@@ -99,7 +99,7 @@ class NodeClient:
         if self.signer is None:
             return ()
         try:
-            return (self.signer.sign(SERVICE + method),)
+            return (self.signer.sign(METHOD_PREFIX + method),)
         except AuthError as exc:  # never sign for an unproven node: the executor sees a failed hop
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAUTHENTICATED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=str(exc)

@@ -21,11 +21,12 @@ from typing import Any
 import grpc
 
 from .auth import AUTH_KEY, NONCE_KEY, AuthError, NodeAuthenticator, identity_string, metadata_value
+from .discovery import METHOD_PREFIX
 
 log = logging.getLogger(__name__)
 NODE_TLS_NAME = "layerswarm-node"
 COORDINATOR_TLS_NAME = "layerswarm-coordinator"  # the only client certificate that may call BlockNode
-PROTECTED_PREFIX = "/layerswarm.v1.BlockNode/"
+PROTECTED_PREFIX = METHOD_PREFIX
 
 
 @dataclass(frozen=True)
