@@ -110,6 +110,8 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         (["node", "--model-dir", SHIPPED, "--block", "0", "--metrics-port", "70000"], {}, "--metrics-port (setting"),
         (["node", "--model-dir", SHIPPED, "--block", "0", "--token-file", "/nonexistent"], {}, "--token-file: /nonex"),
         (["samples", __file__], {}, "argument dir: " + __file__ + " is a file, not a folder"),
+        (["eval", "/nonexistent"], {}, "/nonexistent: no manifest.json"),
+        (["up", "--nodes", "4", "--kill", "4", "--network", "loopback"], {}, "--kill 4 must leave a node alive"),
     ],
 )
 def test_operator_mistakes_get_one_line_and_status_2(

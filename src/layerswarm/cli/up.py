@@ -61,6 +61,10 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kill is not None and args.nodes is not None and args.kill >= args.nodes:
+        message = f"--kill {args.kill} must leave a node alive (--nodes {args.nodes})"
+        print(f"layerswarm up: error: {message}", file=sys.stderr)
+        return 2
     mdns = network_with_mdns(args.network, args.argv)
     if not isinstance(mdns, bool):
         return mdns  # the exit status: re-executed in a private namespace, or refused

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .checkpoint import ModelDirError, read_manifest, save_model
+from .checkpoint import read_manifest, save_model
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
 from .train import Trainer, TrainRecipe, build_model, evaluate_loss, init_image_size
@@ -191,13 +191,10 @@ def _run_parallel(cmds: list[list[str]], jobs: int) -> int:
 
 
 def eval_main(args: argparse.Namespace) -> int:
-    try:
-        first = read_manifest(args.model_dirs[0])
-    except ModelDirError as exc:
-        raise SystemExit(f"layerswarm eval: {exc}") from exc
+    first = read_manifest(args.model_dirs[0])  # a ModelDirError (ValueError) is the CLI's exit 2 with its message
     spec = args.data or first.dataset.get("spec")
     if not spec:
-        raise SystemExit("layerswarm eval: --data is needed (the manifest names no dataset)")
+        raise ValueError("--data is needed (the manifest names no dataset)")
     data = load_dataset(
         spec,
         seed=int(first.dataset.get("data_seed", 0)),
