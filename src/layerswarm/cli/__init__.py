@@ -21,7 +21,20 @@ from .base import Parser, UsageError
 # Command name -> its module, in --help's order. Only the module of the command being run is imported
 # (a health probe every few seconds must not pay for the coordinator's settings or the chaos harness);
 # --help and unknown commands import them all.
-COMMANDS = ("train", "family", "eval", "node", "coordinator", "up", "chaos", "bench", "probe", "zoo", "samples")
+COMMANDS = (
+    "train",
+    "family",
+    "eval",
+    "node",
+    "coordinator",
+    "up",
+    "chaos",
+    "bench",
+    "probe",
+    "zoo",
+    "samples",
+    "datasets",
+)
 
 EXAMPLES = """\
 examples:

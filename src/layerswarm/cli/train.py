@@ -45,7 +45,26 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine-decayed after warm-up")
     p.add_argument("--warmup-steps", type=non_negative_int, default=100, help="linear warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--no-augment", action="store_true", help="turn off flips and small shifts")
+    p.add_argument("--no-augment", action="store_true", help="turn off augmentation (small shifts, and flips if asked)")
+    p.add_argument(
+        "--hflip",
+        action="store_true",
+        help="also mirror images left-right in augmentation (off by default: it changes the label of digits, text "
+        "and left/right relations)",
+    )
+    p.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="skip the reference: by default a small CNN is trained on the same split for the same time and the "
+        "ViT's validation accuracy is reported against it (and against chance), with a warning when far behind",
+    )
+    p.add_argument(
+        "--reference-seconds",
+        type=float,
+        default=0.0,
+        help="the reference CNN's training budget in seconds (0: the ViT's own training time)",
+    )
     p.add_argument("--depth", type=positive_int, default=6, help="blocks (from scratch only)")
     p.add_argument("--dim", type=positive_int, default=64, help="embedding size D (from scratch only)")
     p.add_argument("--heads", type=positive_int, default=4, help="attention heads (from scratch only)")

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from .checkpoint import read_manifest, save_model
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
+from .reference import compare, far_behind_warning, train_reference
 from .train import Trainer, TrainRecipe, build_model, evaluate_loss, init_image_size
 from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
@@ -58,16 +59,21 @@ def train_main(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         seed=args.seed,
         augment=not args.no_augment,
+        hflip=args.hflip,
         threads=args.threads,
         exit_loss=args.exit_loss,
     )
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
         trainer.load_state()
+    fit_started = time.perf_counter()
     trainer.fit(on_epoch=lambda record: tqdm.write(describe_epoch(record, recipe.epochs), file=sys.stderr))
     _report_run(trainer, len(data.class_names))
     model = trainer.model.eval()
-    metrics = _quick_metrics(model, data, args.workers)
+    metrics: dict[str, Any] = dict(_quick_metrics(model, data, args.workers))
+    if args.reference:
+        budget = args.reference_seconds or time.perf_counter() - fit_started
+        metrics["learned"] = _against_reference(trainer, data, budget, args.workers)
     model = model.cpu()
     recipe_record = {
         **asdict(recipe),
@@ -100,6 +106,35 @@ def _report_run(trainer: Trainer, num_classes: int) -> None:
     warning = near_chance_warning(history, num_classes, trainer.model.cfg.shuffle_robust)
     if warning:
         log.warning("%s", warning)
+
+
+def _against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers: int) -> dict[str, Any]:
+    """Train the reference CNN on the trainer's own split for `budget_s`, compare, warn when far behind."""
+    x = data.train_x
+    train_x = x[trainer.train_idx] if isinstance(x, torch.Tensor) else x.subset(trainer.train_idx)
+    tqdm.write(f"reference: a small CNN on the same split for {budget_s:.0f} s...", file=sys.stderr)
+    reference = train_reference(
+        (train_x, data.train_y[trainer.train_idx]),
+        (trainer.val_x, trainer.val_y),
+        len(data.class_names),
+        budget_s,
+        seed=trainer.recipe.seed,
+        workers=workers,
+    )
+    kept = next(r for r in trainer.history if int(r["epoch"]) == best_epoch(trainer.history))
+    vit = {"val_sequential": kept["val_acc"]}
+    if trainer.model.cfg.shuffle_robust:
+        vit["val_arbitrary"] = kept["val_acc_arbitrary"]
+    record = compare(vit, reference, len(data.class_names))
+    tqdm.write(
+        f"learned: chance {record['chance']:.3f}, reference CNN {reference.val_acc:.3f} in {reference.seconds:.0f} s, "
+        + ", ".join(f"ViT {k} {v:.3f}" for k, v in vit.items()),
+        file=sys.stderr,
+    )
+    warning = far_behind_warning(vit, reference)
+    if warning:
+        log.warning("%s", warning)
+    return record
 
 
 def _quick_metrics(model: ViT, data: Dataset, workers: int, orders: int = 5) -> dict[str, float]:

@@ -43,7 +43,8 @@ class TrainRecipe:
     warmup_steps: int = 100
     seed: int = 0
     val_fraction: float = 0.1
-    augment: bool = True
+    augment: bool = True  # small random shifts
+    hflip: bool = False  # mirror images in augmentation: wrong wherever left and right carry meaning
     threads: int = 0  # 0: leave torch's default
     # Early-exit loss weight (LayerSkip-style): cross-entropy through the shared head after every
     # truncation depth of the batch's random order, so early answers are usable. 0: off.
@@ -86,10 +87,12 @@ def training_loss(model: ViT, images: Tensor, labels: Tensor, order: list[int], 
     return loss
 
 
-def _augment(images: Tensor, gen: torch.Generator) -> Tensor:
-    """Random flips and small translations: cheap, and they keep tiny models from memorising."""
-    flip = torch.rand(images.shape[0], generator=gen) < 0.5
-    images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+def _augment(images: Tensor, gen: torch.Generator, hflip: bool) -> Tensor:
+    """Small translations (and mirror flips where asked for): cheap, and they keep tiny models from
+    memorising. Flips are off by default: they silently change the label of digits, text and relations."""
+    if hflip:
+        flip = torch.rand(images.shape[0], generator=gen) < 0.5
+        images = torch.where(flip[:, None, None, None], images.flip(-1), images)
     dy, dx = (int(v) for v in torch.randint(-2, 3, (2,), generator=gen))
     return torch.roll(images, shifts=(dy, dx), dims=(-2, -1))
 
@@ -194,7 +197,7 @@ class Trainer:
             disable=None,
         )
         for step, (idx, batch) in enumerate(bar):
-            images = _augment(batch, self.gen) if self.recipe.augment else batch
+            images = _augment(batch, self.gen, self.recipe.hflip) if self.recipe.augment else batch
             order = batch_order(self.model, self.recipe.variant, self.gen)
             labels = self.data.train_y[idx].to(self.device)
             loss = training_loss(self.model, images.to(self.device), labels, order, self.recipe.exit_loss)

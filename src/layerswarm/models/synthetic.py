@@ -1,0 +1,159 @@
+"""Generated image-folder datasets for trying the trainer on tasks it was not tuned for.
+
+Three 8-class tasks at 32 x 32, each hard in a different way, written as PNG class folders
+(DIR/train/CLASS/*.png, DIR/val/CLASS/*.png) and read back through `imagefolder:DIR` exactly as a
+user's own data would be:
+
+- `relations`: a circle and a square; the class is where the circle is relative to the square (left,
+  right, above, below) and whether it is the larger of the two. A horizontal mirror swaps left and
+  right, so flip augmentation would silently corrupt the labels.
+- `textures`: stripes (horizontal, vertical, two diagonals), checks, dots, rings and smooth noise at
+  random frequency, phase and colour. The two diagonals are mirror images of each other.
+- `counting`: one to eight small blobs of random colour and size on a cluttered background.
+
+Every image is a pure function of (task, seed, split, index): rerunning writes the same files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+SIZE = 32
+Rng = np.random.Generator
+Draw = Callable[[Rng, int], Image.Image]  # (rng, label) -> one RGB image
+
+
+def _background(rng: Rng) -> Image.Image:
+    """Low-contrast noise with a random tint: no task can be solved from the background alone."""
+    base = rng.integers(40, 200, size=3)
+    noise = rng.normal(0, 18, size=(SIZE, SIZE, 3))
+    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+
+
+def _colour(rng: Rng) -> tuple[int, int, int]:
+    r, g, b = (int(v) for v in rng.integers(0, 256, size=3))
+    return r, g, b
+
+
+# --- relations ---------------------------------------------------------------------------------------
+
+RELATIONS = ("left", "right", "above", "below")
+RELATION_CLASSES = tuple(f"circle-{r}-{s}" for s in ("larger", "smaller") for r in RELATIONS)
+
+
+def _relation_centres(rng: Rng, relation: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Centres (x, y) of circle and square, the circle on `relation`'s side with a clear margin."""
+    near, far = int(rng.integers(6, 12)), int(rng.integers(20, 26))
+    other = (int(rng.integers(6, 26)), int(rng.integers(6, 26)))
+    if relation in ("left", "right"):
+        circle_x, square_x = (near, far) if relation == "left" else (far, near)
+        return (circle_x, other[0]), (square_x, other[1])
+    circle_y, square_y = (near, far) if relation == "above" else (far, near)
+    return (other[0], circle_y), (other[1], square_y)
+
+
+def draw_relation(rng: Rng, label: int) -> Image.Image:
+    relation, larger = RELATIONS[label % 4], label < 4
+    img = _background(rng)
+    draw = ImageDraw.Draw(img)
+    big, small = int(rng.integers(5, 7)), int(rng.integers(2, 4))
+    circle_r, square_r = (big, small) if larger else (small, big)
+    (cx, cy), (sx, sy) = _relation_centres(rng, relation)
+    draw.ellipse((cx - circle_r, cy - circle_r, cx + circle_r, cy + circle_r), fill=_colour(rng))
+    draw.rectangle((sx - square_r, sy - square_r, sx + square_r, sy + square_r), fill=_colour(rng))
+    return img
+
+
+# --- textures ----------------------------------------------------------------------------------------
+
+TEXTURE_CLASSES = ("horizontal", "vertical", "diagonal-down", "diagonal-up", "checks", "dots", "rings", "blotches")
+
+
+def _texture_field(rng: Rng, name: str) -> np.ndarray:
+    """A pattern in [0, 1] of shape (SIZE, SIZE)."""
+    y, x = np.mgrid[0:SIZE, 0:SIZE].astype(np.float64)
+    period, phase = float(rng.uniform(4, 9)), float(rng.uniform(0, 2 * np.pi))
+    wave: dict[str, Callable[[], np.ndarray]] = {
+        "horizontal": lambda: np.sin(2 * np.pi * y / period + phase),
+        "vertical": lambda: np.sin(2 * np.pi * x / period + phase),
+        "diagonal-down": lambda: np.sin(2 * np.pi * (x + y) / (period * 1.4) + phase),
+        "diagonal-up": lambda: np.sin(2 * np.pi * (x - y) / (period * 1.4) + phase),
+        "checks": lambda: np.sign(np.sin(2 * np.pi * x / period + phase) * np.sin(2 * np.pi * y / period)),
+        "dots": lambda: (np.sin(2 * np.pi * x / period + phase) * np.sin(2 * np.pi * y / period + phase)) ** 8 * 2 - 1,
+        "rings": lambda: np.sin(2 * np.pi * np.hypot(x - rng.uniform(8, 24), y - rng.uniform(8, 24)) / period),
+    }
+    if name == "blotches":  # smooth noise: a coarse grid upsampled
+        coarse = rng.normal(size=(5, 5))
+        field = np.asarray(Image.fromarray(coarse.astype(np.float32)).resize((SIZE, SIZE), Image.Resampling.BICUBIC))
+        return np.asarray((field - field.min()) / (np.ptp(field) + 1e-6))
+    return np.asarray((wave[name]() + 1) / 2)
+
+
+def draw_texture(rng: Rng, label: int) -> Image.Image:
+    field = _texture_field(rng, TEXTURE_CLASSES[label])[..., None]
+    a, b = np.array(_colour(rng), dtype=np.float64), np.array(_colour(rng), dtype=np.float64)
+    if np.abs(a - b).sum() < 150:  # two near-equal colours would erase the pattern
+        b = 255 - a
+    pixels = a * field + b * (1 - field) + rng.normal(0, 12, size=(SIZE, SIZE, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+# --- counting ----------------------------------------------------------------------------------------
+
+COUNT_CLASSES = tuple(str(n) for n in range(1, 9))
+
+
+def draw_count(rng: Rng, label: int) -> Image.Image:
+    img = _background(rng)
+    draw = ImageDraw.Draw(img)
+    placed: list[tuple[int, int]] = []
+    while len(placed) < label + 1:  # blobs at least 6 px apart, so each is countable
+        x, y = (int(v) for v in rng.integers(3, SIZE - 3, size=2))
+        if all((x - px) ** 2 + (y - py) ** 2 >= 36 for px, py in placed):
+            placed.append((x, y))
+    for x, y in placed:
+        r = int(rng.integers(1, 3))
+        draw.ellipse((x - r, y - r, x + r, y + r), fill=_colour(rng))
+    return img
+
+
+@dataclass(frozen=True)
+class Task:
+    classes: tuple[str, ...]
+    draw: Draw
+    about: str
+
+
+TASKS: dict[str, Task] = {
+    "relations": Task(RELATION_CLASSES, draw_relation, "where a circle is relative to a square, and which is larger"),
+    "textures": Task(TEXTURE_CLASSES, draw_texture, "stripes, diagonals, checks, dots, rings, blotches"),
+    "counting": Task(COUNT_CLASSES, draw_count, "how many blobs (1-8) on a cluttered background"),
+}
+SPLIT_SEEDS = {"train": 0, "val": 1}
+
+
+def image(task: str, seed: int, split: str, index: int) -> tuple[Image.Image, int]:
+    """Image `index` of a split and its label; balanced classes (index modulo the class count)."""
+    spec = TASKS[task]
+    label = index % len(spec.classes)
+    rng = np.random.default_rng([seed, SPLIT_SEEDS[split], index])
+    return spec.draw(rng, label), label
+
+
+def write(task: str, out: Path, train: int, val: int, seed: int = 0) -> dict[str, int]:
+    """Write OUT/train/CLASS/NNNNNN.png and OUT/val/CLASS/NNNNNN.png; returns images per split."""
+    if task not in TASKS:
+        raise ValueError(f"no generated task {task!r}: one of {', '.join(TASKS)}")
+    spec = TASKS[task]
+    for split, count in (("train", train), ("val", val)):
+        for name in spec.classes:
+            (out / split / name).mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            img, label = image(task, seed, split, index)
+            img.save(out / split / spec.classes[label] / f"{index:06d}.png")
+    return {"train": train, "val": val}

@@ -1,0 +1,98 @@
+"""A user's own data: generated image-folder tasks, flips off by default, and the honest report of
+what a trained ViT learned against chance and a reference CNN trained for the same time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from layerswarm.cli import main
+from layerswarm.models.checkpoint import read_manifest
+from layerswarm.models.data import load_dataset
+from layerswarm.models.reference import ReferenceResult, far_behind_warning, train_reference
+from layerswarm.models.synthetic import RELATION_CLASSES, RELATIONS, TASKS, _relation_centres, image, write
+from layerswarm.models.train import TrainRecipe, _augment
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_generated_tasks_are_deterministic_balanced_and_read_as_image_folders(task: str, tmp_path: Path) -> None:
+    write(task, tmp_path / "a", train=24, val=8, seed=3)
+    write(task, tmp_path / "b", train=24, val=8, seed=3)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.png"))
+    assert len(files) == 32
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    data = load_dataset(f"imagefolder:{tmp_path / 'a'}", seed=0)
+    assert data.class_names == tuple(sorted(TASKS[task].classes)) and len(data.train_y) == 24
+    assert torch.bincount(data.train_y).tolist() == [3] * 8  # balanced: chance is 1/8
+    other, _ = image(task, 4, "train", 0)
+    assert np.asarray(other).tobytes() != np.asarray(image(task, 3, "train", 0)[0]).tobytes()
+
+
+def test_relation_labels_follow_the_geometry_and_a_mirror_swaps_left_and_right() -> None:
+    """Why flips are off by default: the circle of a 'left' image is left of the square; mirrored
+    (x -> 31 - x) it is right of it, which is another class."""
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        for relation in RELATIONS:
+            (cx, cy), (sx, sy) = _relation_centres(rng, relation)
+            gap = {"left": sx - cx, "right": cx - sx, "above": sy - cy, "below": cy - sy}[relation]
+            assert gap >= 8, (relation, gap)  # a clear margin: the label is never ambiguous
+            mirrored_gap = {"left": (31 - cx) - (31 - sx), "right": (31 - sx) - (31 - cx)}.get(relation)
+            if mirrored_gap is not None:
+                assert mirrored_gap > 0  # in the mirror image the relation is the opposite one
+    assert {c.split("-")[1] for c in RELATION_CLASSES} == set(RELATIONS)
+
+
+def test_flips_are_off_by_default_and_on_when_asked() -> None:
+    assert TrainRecipe().hflip is False
+    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(10):  # never a mirror image without hflip: only shifts (rolls) of the original
+        out = _augment(images, gen, hflip=False)
+        rolls = [torch.roll(images, (dy, dx), (-2, -1)) for dy in range(-2, 3) for dx in range(-2, 3)]
+        assert any(torch.equal(out, r) for r in rolls)
+    flipped = any(
+        not any(torch.equal(_augment(images, gen, hflip=True)[i], r[i]) for r in rolls for i in (0,)) for _ in range(20)
+    )
+    assert flipped
+
+
+def test_reference_cnn_learns_and_the_far_behind_warning_fires(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 4, (384,), generator=gen)
+    colours = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
+    images = colours[labels][:, :, None, None] * 0.6 + torch.rand(384, 3, 16, 16, generator=gen) * 0.4
+    result = train_reference((images[:256], labels[:256]), (images[256:], labels[256:]), 4, budget_s=3.0)
+    assert result.val_acc > 0.9 and result.steps > 0
+    warning = far_behind_warning({"val_sequential": 0.5}, result)
+    assert warning and "below 90% of a small CNN" in warning
+    assert far_behind_warning({"val_sequential": result.val_acc}, result) is None
+    fake = ReferenceResult("cnn", 0.5, 1.0, 1, 0.1)
+    assert far_behind_warning({"val_sequential": 0.46}, fake) is None  # 0.92 of the reference: not far behind
+
+
+def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write("textures", tmp_path / "data", train=160, val=40)
+    argv = ["train", "--data", f"imagefolder:{tmp_path / 'data'}", "--out", str(tmp_path / "m"), "--epochs", "1"]
+    argv += ["--depth", "2", "--dim", "16", "--heads", "2", "--reference-seconds", "1", "--workers", "0"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "reference CNN" in err and "chance 0.125" in err
+    manifest = read_manifest(tmp_path / "m")
+    learned = manifest.metrics["learned"]
+    assert learned["chance"] == 0.125 and 0 <= learned["reference"]["val_acc"] <= 1
+    assert {"vit_val_sequential", "vit_val_arbitrary", "ratio_val_sequential"} <= set(learned)
+    assert manifest.recipe["hflip"] is False
+    json.dumps(learned)  # plain JSON in the manifest
+
+
+def test_datasets_command_writes_a_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["datasets", "counting", str(tmp_path / "c"), "--train", "16", "--val", "8"]) == 0
+    assert "16 training and 8 validation images of counting" in capsys.readouterr().out
+    assert len(list((tmp_path / "c" / "train").rglob("*.png"))) == 16
+    assert Image.open(next((tmp_path / "c" / "val").rglob("*.png"))).size == (32, 32)
