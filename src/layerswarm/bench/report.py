@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from .edgelan import render as render_edge_lan
+
 
 def render(r: dict[str, Any]) -> str:
-    if "vitb_swarm_vs_monolith" not in r:  # --only adaptive
+    if "vitb_swarm_vs_monolith" not in r and "edge_lan" in r:  # --only edge-lan
+        sections = [_header(r), [render_edge_lan(r["edge_lan"])]]
+    elif "vitb_swarm_vs_monolith" not in r:  # --only adaptive
         sections = [_header(r), render_adaptive(r["adaptive"])]
     else:
         sections = [_header(r), _vitb(r), _hop(r), _wire(r), _concurrency(r), _coordinator_cost(r), _footer(r)]
@@ -14,6 +18,8 @@ def render(r: dict[str, Any]) -> str:
             sections.append(_node_footprint(r["node_footprint"]))
         if "adaptive" in r:
             sections.append(render_adaptive(r["adaptive"]))
+        if "edge_lan" in r:
+            sections.append([render_edge_lan(r["edge_lan"])])
     return "\n\n".join("\n".join(lines) for lines in sections)
 
 
@@ -93,7 +99,7 @@ def _coordinator_cost(r: dict[str, Any]) -> list[str]:
 
 def _footer(r: dict[str, Any]) -> list[str]:
     return [
-        f"Topologies: star measured; relay {r['topologies']['relay'].split(':')[0]}.",
+        "Topologies: star above (loopback); star vs relay chains on a shaped LAN: Edge LAN below.",
         f"`vitb_swarm_vs_monolith_ratio` = {r['vitb_swarm_vs_monolith_ratio']}",
     ]
 

@@ -21,7 +21,7 @@ import torch
 from layerswarm import __version__
 from layerswarm.models.zoo import family_root, robust_members
 
-from . import adaptive, shipped, vitb
+from . import adaptive, edgelan, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .report import render
@@ -46,6 +46,10 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         report["adaptive"] = run_adaptive(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
+    if only == "edge-lan":
+        report["edge_lan"] = edgelan.run(quick)
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
     with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
         model_dir = vitb_model_dir(Path(tmp))
         with nodes([(model_dir, b) for b in range(12)]) as procs:
@@ -65,10 +69,7 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     report["concurrency"] = asyncio.run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
     report["adaptive"] = run_adaptive(quick)
     report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
-    report["topologies"] = {
-        "star": "measured above (the coordinator calls every node)",
-        "relay": "not built: nodes do not forward to each other",
-    }
+    report["edge_lan"] = edgelan.run(quick)  # star vs relay on a shaped LAN (namespaces; needs root)
     headline = report["vitb_swarm_vs_monolith"]
     report["vitb_swarm_vs_monolith_ratio"] = headline["ratio_fp16_stream"]  # the default configuration
     report["seconds"] = round(time.perf_counter() - started, 1)

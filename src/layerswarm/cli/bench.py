@@ -20,7 +20,11 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="fewer repetitions (CI runs this)")
     p.add_argument("--json", type=Path, help="write the report as JSON here")
     p.add_argument("--markdown", type=Path, help="write the tables as markdown here")
-    p.add_argument("--only", choices=["adaptive"], help="run one suite alone (adaptive compute)")
+    p.add_argument(
+        "--only",
+        choices=["adaptive", "edge-lan"],
+        help="run one suite alone (adaptive compute; edge-lan: star vs relay on a shaped LAN of namespaces)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

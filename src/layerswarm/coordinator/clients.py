@@ -129,6 +129,24 @@ class NodeClient:
             raise NodeNotProven("no valid proof of our swarm token in its Info reply (impostor, or another swarm)")
         return reply
 
+    async def relay(self, request: pb.RelayRequest, timeout: float) -> list[pb.RelayEvent]:
+        """Start a relay chain at this node; its events (acknowledgement, then the final one)."""
+        call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
+        try:
+            return [event async for event in call]
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+
+    async def collect(self, request_id: str, timeout: float) -> pb.ForwardResponse:
+        """The result a chain's last node kept for us."""
+        request = pb.CollectRequest(request_id=request_id)
+        try:
+            return await self.block.Collect(request, timeout=timeout, metadata=self._signed("Collect"))
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+
     @staticmethod
     async def _exchange(call: Any, request: pb.ForwardRequest) -> pb.ForwardResponse:
         await call.write(request)

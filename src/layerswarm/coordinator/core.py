@@ -17,6 +17,7 @@ from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
 from layerswarm.models.checkpoint import load_stem_head as load_parts
 from layerswarm.models.exits import ExitPolicy
 from layerswarm.wire import codec
+from layerswarm.wire.auth import derive_key
 
 from .clients import ClientPool
 from .discovery import DnsDiscovery, MdnsDiscovery
@@ -25,11 +26,14 @@ from .executor import ExecOptions, PathExecutor, PathResult
 from .exits import RouteExit, load_defaults, request_policy
 from .health import HealthMonitor
 from .metrics import CoordinatorMetrics
+from .netorder import NetPlan, plan_from_registry
 from .peer_memory import load_peers, save_peers
 from .periodic import Periodic
-from .planner import Policy, plan_path, with_repeats
+from .planner import Plan, Policy, plan_path, with_repeats
 from .registry import FamilySpec, NodeEvent, NodeState, Registry
+from .relay import RelayRunner
 from .settings import CoordinatorSettings
+from .topology import TopologyChooser
 from .verify import Verifier, VerifySettings
 
 log = logging.getLogger(__name__)
@@ -133,6 +137,13 @@ class Coordinator:
         self.min_blocks = default_min_blocks(settings, self.manifest)
         self.verifier = make_verifier(settings)
         self.executor = PathExecutor(self.registry, self.pool, self.verifier)
+        token = settings.security.token
+        self.relay = (
+            RelayRunner(self.registry, self.pool, self.executor, derive_key(token), self.verifier)
+            if settings.topology in ("relay", "auto") and token
+            else None
+        )
+        self.topology = TopologyChooser() if settings.topology == "auto" and self.relay is not None else None
         self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
         verify = self.monitor.verify_soon
         self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces, verify) if settings.mdns else None
@@ -306,6 +317,10 @@ class Coordinator:
             setup.opts.max_blocks,
             preferred_model=self.manifest.model_id,
         )
+        topology = self._topology(len(plan.steps))
+        netplan = self._network_plan(plan, setup.x, topology) if setup.policy is Policy.NETWORK else None
+        if netplan is not None:
+            plan = Plan(netplan.plan.steps, plan.unreachable)
         repeats = setup.opts.repeats if setup.opts.repeats is not None else self.adaptive.repeats
         if repeats:
             plan = with_repeats(plan, setup.min_blocks, rng, shuffle=setup.policy is not Policy.SEQUENTIAL)
@@ -323,10 +338,41 @@ class Coordinator:
             hedge_quantile=self.settings.hedge_quantile,
             hedge_min_ms=self.settings.hedge_min_ms,
         )
-        path = await self.executor.run(setup.x, plan, exec_opts, rng)
+        started = time.monotonic()
+        if topology == "relay" and self.relay is not None:
+            path = await self.relay.run(setup.x, plan, exec_opts, rng)  # no per-hop exit inside a chain
+        else:
+            path = await self.executor.run(setup.x, plan, exec_opts, rng)
+        if self.topology is not None:
+            self.topology.observe(topology, (time.monotonic() - started) * 1e3, path.depth)
+        if netplan is not None:
+            path.network = {
+                "predicted_ms": round(netplan.predicted_ms, 3),
+                "actual_ms": round((time.monotonic() - started) * 1e3, 3),
+                "order": [s.block for s in plan.steps],
+                "nodes": [s.candidates[0].address for s in plan.steps],
+            }
         for hop in path.hops:
             self.metrics.hops.labels(hop.outcome).inc()
         return Route(index, path, await self._head_logits(path.activations))
+
+    def _topology(self, steps: int) -> str:
+        """star or relay for this route: the setting, or under `auto` the measured faster one."""
+        if self.relay is None or steps < 2:
+            return "star"
+        return self.topology.choose() if self.topology is not None else "relay"
+
+    def _network_plan(self, plan: Plan, x: torch.Tensor, topology: str) -> NetPlan:
+        """The planned blocks, ordered (robust families) and placed to minimise expected time."""
+        nbytes = x.numel() * torch.empty(0, dtype=self.wire_dtype).element_size()
+        return plan_from_registry(
+            self.registry.routable_by_block(),
+            [s.block for s in plan.steps],
+            self.registry.links,
+            nbytes,
+            keep_order=not self.shuffle_robust,
+            relay=topology == "relay",
+        )
 
     async def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return await self._run_local(self.head, x)

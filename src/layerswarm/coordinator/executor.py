@@ -22,6 +22,7 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
+from .linkmap import COORDINATOR
 from .planner import Plan, substitutes
 from .registry import NodeRecord, Registry
 from .verify import Lie, Verifier, hard_range_problem
@@ -45,10 +46,11 @@ class Hop:
     node: str | None = None
     model_id: str | None = None
     latency_ms: float = 0.0
-    outcome: str = "ok"  # ok | hedged (a second node answered first) | substituted | skipped
+    outcome: str = "ok"  # ok | hedged (a second node answered first) | substituted | skipped | relayed
     hedged_to: str | None = None  # the node a slow hop was also sent to
     repeat: bool = False  # a block index that already ran, run again on purpose (too few indices reachable)
     attempts: list[Attempt] = field(default_factory=list)
+    send_ms: float | None = None  # relayed hops: forwarding to the next node (less its compute)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -63,10 +65,20 @@ class PathResult:
     unreachable: list[int]
     exited_early: bool = False
     anytime: bool = False  # answered early because the deadline left no time for the next hop
+    topology: str = "star"  # star | relay (coordinator/relay.py)
+    handbacks: list[dict[str, Any]] = field(default_factory=list)  # relay chains that ended early, and why
+    network: dict[str, Any] | None = None  # network-aware plan: predicted vs actual time
 
     @property
     def depth(self) -> int:
         return sum(1 for h in self.hops if h.block is not None)
+
+    def topology_trace(self) -> dict[str, Any]:
+        """Relay chains' hand-backs and the network-aware plan, for the request's trace."""
+        data: dict[str, Any] = {"topology": self.topology, "handbacks": self.handbacks}
+        if self.network is not None:
+            data["network"] = self.network
+        return data
 
 
 class DepthError(RuntimeError):
@@ -89,6 +101,10 @@ class ExecOptions:
     anytime_reserve_ms: float = 5.0  # kept free for the head and the reply
     hedge_quantile: float | None = None  # hedge a hop slower than this quantile of the node's latency
     hedge_min_ms: float = 10.0  # ... but never sooner than this
+    first_position: int = 0  # position of the first hop (a relay run continuing a path part-way)
+    used_blocks: frozenset[int] = frozenset()  # block indices that already ran earlier in the path
+    force_verify: bool = False  # re-execute every hop (a hop sampled out of a relay chain)
+    path_length: int | None = None  # blocks in the whole path (None: this plan's)
 
 
 DEADLINE_REACHED = "request deadline reached"
@@ -140,9 +156,10 @@ class PathExecutor:
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         hops: list[Hop] = []
-        state = _RequestState(opts, rng, path_length=len(plan.steps))
+        length = opts.path_length if opts.path_length is not None else len(plan.steps)
+        state = _RequestState(opts, rng, used=set(opts.used_blocks), path_length=length)
         for step_index, step in enumerate(plan.steps):
-            position = sum(1 for h in hops if h.block is not None)
+            position = opts.first_position + sum(1 for h in hops if h.block is not None)
             hop = Hop(position=position, planned_block=step.block, repeat=step.repeat)
             hops.append(hop)
             if step.block in state.used and not step.repeat:  # a substitute already ran this block index
@@ -260,6 +277,7 @@ class PathExecutor:
             request_id=opts.request_id, activations=activations, position=position, path_length=state.path_length
         )
         record.begin_call()
+        started = time.monotonic()
         try:
             reply = await self.pool.get(record.address).forward(request, timeout)
         except grpc.aio.AioRpcError as exc:
@@ -268,6 +286,7 @@ class PathExecutor:
             raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
         finally:
             record.end_call()
+        self._observe_links(record, (time.monotonic() - started) * 1e3, reply, len(activations.data))
         try:
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:
@@ -281,6 +300,13 @@ class PathExecutor:
         await self._verify(record, x, out, position, opts)
         return out
 
+    def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
+        """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
+        half each way (passive: real traffic only)."""
+        one_way = max(round_trip_ms - reply.compute_ms, 0.0) / 2
+        self.registry.links.observe(COORDINATOR, record.address, sent, one_way)
+        self.registry.links.observe(record.address, COORDINATOR, len(reply.activations.data), one_way)
+
     async def _verify(
         self, record: NodeRecord, x: torch.Tensor, out: torch.Tensor, position: int, opts: ExecOptions
     ) -> None:
@@ -292,6 +318,6 @@ class PathExecutor:
                 raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
             return
         try:
-            await self.verifier.check(record, x, out, position, opts.wire_dtype)
+            await self.verifier.check(record, x, out, position, opts.wire_dtype, force=opts.force_verify)
         except Lie as exc:
             raise HopFailed(str(exc), quarantine=True, evidence=exc.evidence) from exc

@@ -448,6 +448,7 @@ def _trace(path: PathResult, result: Classification | None = None) -> dict[str, 
         "unreachable_blocks": path.unreachable,
         "substituted": sum(h.outcome == "substituted" for h in path.hops),
         "skipped": sum(h.outcome == "skipped" for h in path.hops),
+        **path.topology_trace(),
         **(_adaptive_trace(result) if result is not None else {}),
     }
 

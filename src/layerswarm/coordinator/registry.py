@@ -22,6 +22,8 @@ from typing import Any
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.stats import ewma, quantile
 
+from .linkmap import LinkMap
+
 MDNS = "mdns"
 
 
@@ -186,6 +188,7 @@ class Registry:
         self.max_unproven = max_unproven
         self.max_unproven_per_host = max_unproven_per_host
         self.nodes: dict[str, NodeRecord] = {}
+        self.links = LinkMap()  # measured transfer costs (coordinator <-> node, node -> node)
 
     # --- membership --------------------------------------------------------------------------------------
 
@@ -233,6 +236,7 @@ class Registry:
         record = self.nodes.get(address)
         if record is not None and not record.hints:
             del self.nodes[address]
+            self.links.forget(address)
             self._emit(NodeEvent(address, record.state, None, reason))
 
     def _room_for_mdns(self, address: str) -> bool:
@@ -378,4 +382,5 @@ class Registry:
         return len(self.routable_by_block())
 
     def snapshot(self) -> list[dict[str, Any]]:
-        return [r.to_json() for r in sorted(self.nodes.values(), key=lambda r: (r.block, r.address))]
+        ordered = sorted(self.nodes.values(), key=lambda r: (r.block, r.address))
+        return [{**r.to_json(), "links": self.links.from_node(r.address)} for r in ordered]

@@ -16,10 +16,11 @@ from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
 CHOICES = {
-    "default_policy": ("auto", "sequential", "shuffle", "fastest"),
+    "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
     "wire_dtype": ("fp32", "fp16", "bf16"),
     "transport": ("stream", "unary"),
     "exit_rule": ("calibrated", "none", "confidence", "entropy", "patience"),
+    "topology": ("star", "relay", "auto"),
 }
 
 
@@ -90,6 +91,13 @@ class CoordinatorSettings(ProcessSettings):
     transport: str = Field(
         default="stream", description="stream: reused bidirectional streams; unary: one call per hop"
     )
+    # Star stays the default: relay pays only where links are slow (bench: edge LAN) and gives up per-hop
+    # early exit, hedging and anytime answers inside a chain.
+    topology: str = Field(
+        default="star",
+        description="star: every hop through the coordinator; relay: nodes forward to each other along a MACed "
+        "chain (needs --token-file; docs/relay.md); auto: per request, whichever has been faster here",
+    )
     max_batch: int = Field(default=64, ge=1)
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="largest image accepted")
     # Answered from the headers, before any body is read (and again by the serving layer, for every API).
@@ -125,6 +133,14 @@ class CoordinatorSettings(ProcessSettings):
     mdns_settle_s: float = Field(default=1.5, ge=0)  # with mDNS the first round lasts at least this long
 
     _security = model_validator(mode="before")(security_from_files)
+
+    @model_validator(mode="after")
+    def _relay_needs_token(self) -> CoordinatorSettings:
+        if self.topology != "star" and not self.security.token:
+            raise ValueError(f"topology {self.topology} needs a swarm token (--token-file): nodes check chains with it")
+        if self.topology != "star" and self.security.tls:
+            raise ValueError(f"topology {self.topology} does not work with TLS yet (node certificates are server-only)")
+        return self
 
     @field_validator("model_dir", mode="before")
     @classmethod

@@ -113,10 +113,25 @@ class Verifier:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.counters = VerifyStats()
 
+    def wants(self, record: NodeRecord) -> bool:
+        """Would a hop of `record` be re-executed (on probation, or sampled now)? Relay chains ask this
+        before they plan: a hop that is to be checked runs star, where the coordinator sees it."""
+        seen = self._seen.get(record.address)
+        boot = record.identity.boot_id if record.identity else None
+        on_probation = seen is None or seen.boot_id != boot or seen.passed < self.settings.probation_hops
+        return on_probation or self._rng.random() < self.settings.rate
+
     async def check(
-        self, record: NodeRecord, x: torch.Tensor, out: torch.Tensor, position: int, wire: torch.dtype
+        self,
+        record: NodeRecord,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        position: int,
+        wire: torch.dtype,
+        force: bool = False,
     ) -> None:
-        """Raise Lie when `out` (the node's reply to `x` at `position`) is wrong; return when it passes."""
+        """Raise Lie when `out` (the node's reply to `x` at `position`) is wrong; return when it passes.
+        `force`: re-execute whatever the sampling rate says (the hop was sampled already)."""
         ident = record.identity
         if ident is None:
             return
@@ -130,7 +145,7 @@ class Verifier:
         on_probation = seen.passed < self.settings.probation_hops
         if soft is not None:
             self.counters.flagged += 1
-        if soft is None and not on_probation and self._rng.random() >= self.settings.rate:
+        if soft is None and not on_probation and not force and self._rng.random() >= self.settings.rate:
             return
         evidence = await self._reexecute(ident.model_id, ident.block, x, out, position, wire)
         if evidence is not None:

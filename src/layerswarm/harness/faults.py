@@ -167,7 +167,9 @@ class FaultyNode(Node):
             depth = self.manifest.config.depth
             index = self.fault.other_block if self.fault.other_block is not None else (self.settings.block + 1) % depth
             other = load_block(self.settings.model_dir, index, self.manifest)
-        return FaultyService(self.runtime, self.settings, self.metrics, self.boot_id, spec=self.fault, other=other)
+        return FaultyService(
+            self.runtime, self.settings, self.metrics, self.boot_id, self.relayer, spec=self.fault, other=other
+        )
 
 
 def forge_model_dir(src: Path, dst: Path, scale: float = 0.5, seed: int = 0) -> Path:

@@ -23,6 +23,7 @@ from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertiser, routable_addresses
 from .metrics import NodeMetrics
+from .relay import Relayer
 from .runtime import BlockRuntime, pick_device
 from .service import BlockService
 from .settings import NodeSettings
@@ -51,6 +52,7 @@ class Node:
         self.manifest = read_manifest(settings.model_dir)
         device = pick_device(settings.device)
         self.runtime = self.make_runtime(device)
+        self.relayer = Relayer(settings.security.token, settings.max_message_bytes)
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
         self.health = HealthServicer()
         token = settings.security.token
@@ -74,7 +76,7 @@ class Node:
     def make_service(self) -> BlockService:
         """The servicer. The test-only fault harness (harness/faults.py) overrides this and
         make_runtime to build a lying node from the real parts; production code never does."""
-        return BlockService(self.runtime, self.settings, self.metrics, self.boot_id)
+        return BlockService(self.runtime, self.settings, self.metrics, self.boot_id, self.relayer)
 
     async def start(self) -> None:
         s = self.settings
@@ -115,6 +117,7 @@ class Node:
         if self._metrics_server is not None:
             server, _thread = self._metrics_server
             server.shutdown()
+        await self.relayer.close()
         self.runtime.close()
 
     def ready_line(self) -> str:

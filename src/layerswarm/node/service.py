@@ -15,6 +15,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .metrics import NodeMetrics
+from .relay import Relayer, RelayRefused
 from .runtime import BlockRuntime
 from .settings import NodeSettings
 
@@ -51,8 +52,16 @@ class RequestError(Exception):
 
 
 class BlockService(pb_grpc.BlockNodeServicer):
-    def __init__(self, runtime: BlockRuntime, settings: NodeSettings, metrics: NodeMetrics, boot_id: str) -> None:
+    def __init__(
+        self,
+        runtime: BlockRuntime,
+        settings: NodeSettings,
+        metrics: NodeMetrics,
+        boot_id: str,
+        relayer: Relayer | None = None,
+    ) -> None:
         self.runtime = runtime
+        self.relayer = relayer or Relayer(None, settings.max_message_bytes)
         self.settings = settings
         self.metrics = metrics
         self.boot_id = boot_id
@@ -81,6 +90,25 @@ class BlockService(pb_grpc.BlockNodeServicer):
                 self.metrics.errors.labels(exc.code.name).inc()
                 await context.abort(exc.code, str(exc))
 
+    async def Relay(self, request: pb.RelayRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RelayEvent]:
+        """This hop, then on along the coordinator's chain (node/relay.py)."""
+        self.metrics.requests.labels("Relay").inc()
+        try:
+            async for event in self.relayer.relay(request, self._handle):
+                yield event
+        except (RequestError, RelayRefused) as exc:
+            self.metrics.errors.labels(exc.code.name).inc()
+            await context.abort(exc.code, str(exc))
+
+    async def Collect(self, request: pb.CollectRequest, context: grpc.aio.ServicerContext) -> pb.ForwardResponse:
+        """The result a chain left here for the coordinator."""
+        self.metrics.requests.labels("Collect").inc()
+        reply = await self.relayer.collect(request, context.time_remaining())
+        if reply is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no relay result for request {request.request_id!r}")
+        assert reply is not None
+        return reply
+
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.NodeInfo:
         rt, cfg = self.runtime, self.runtime.manifest.config
         return pb.NodeInfo(
@@ -105,6 +133,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
                 ewma_latency_ms=rt.ewma_ms,
                 served=rt.served,
             ),
+            links=self.relayer.peers.link_stats() if self.relayer.peers else [],
         )
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:

@@ -71,7 +71,7 @@ class Load(_message.Message):
     def __init__(self, in_flight: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., served: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("family_id", "model_id", "block_index", "variant", "weights_sha256", "device", "compute_dtype", "software_version", "protocol_version", "boot_id", "load", "depth", "tokens", "dim", "max_batch", "shuffle_robust")
+    __slots__ = ("family_id", "model_id", "block_index", "variant", "weights_sha256", "device", "compute_dtype", "software_version", "protocol_version", "boot_id", "load", "depth", "tokens", "dim", "max_batch", "shuffle_robust", "links")
     FAMILY_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class NodeInfo(_message.Message):
     DIM_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_ROBUST_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     family_id: str
     model_id: str
     block_index: int
@@ -104,4 +105,87 @@ class NodeInfo(_message.Message):
     dim: int
     max_batch: int
     shuffle_robust: bool
-    def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[LinkStat]
+    def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkStat, _Mapping]]] = ...) -> None: ...
+
+class LinkStat(_message.Message):
+    __slots__ = ("peer", "ewma_send_ms", "ewma_mbps", "samples")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    EWMA_SEND_MS_FIELD_NUMBER: _ClassVar[int]
+    EWMA_MBPS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    ewma_send_ms: float
+    ewma_mbps: float
+    samples: int
+    def __init__(self, peer: _Optional[str] = ..., ewma_send_ms: _Optional[float] = ..., ewma_mbps: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class RelayStep(_message.Message):
+    __slots__ = ("address", "position", "block")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    position: int
+    block: int
+    def __init__(self, address: _Optional[str] = ..., position: _Optional[int] = ..., block: _Optional[int] = ...) -> None: ...
+
+class RelayRequest(_message.Message):
+    __slots__ = ("forward", "chain", "index", "plan_mac", "issued_ms", "hop_timeout_s", "deadline_s", "collect")
+    FORWARD_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PLAN_MAC_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_MS_FIELD_NUMBER: _ClassVar[int]
+    HOP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    COLLECT_FIELD_NUMBER: _ClassVar[int]
+    forward: ForwardRequest
+    chain: _containers.RepeatedCompositeFieldContainer[RelayStep]
+    index: int
+    plan_mac: str
+    issued_ms: int
+    hop_timeout_s: float
+    deadline_s: float
+    collect: bool
+    def __init__(self, forward: _Optional[_Union[ForwardRequest, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[RelayStep, _Mapping]]] = ..., index: _Optional[int] = ..., plan_mac: _Optional[str] = ..., issued_ms: _Optional[int] = ..., hop_timeout_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., collect: _Optional[bool] = ...) -> None: ...
+
+class HopTrace(_message.Message):
+    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    SEND_MS_FIELD_NUMBER: _ClassVar[int]
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    block: int
+    position: int
+    compute_ms: float
+    send_ms: float
+    sent_bytes: int
+    input_sha256: str
+    output_sha256: str
+    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ...) -> None: ...
+
+class RelayEvent(_message.Message):
+    __slots__ = ("request_id", "ack", "trace", "activations", "handback_reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    HANDBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    ack: bool
+    trace: _containers.RepeatedCompositeFieldContainer[HopTrace]
+    activations: Tensor
+    handback_reason: str
+    def __init__(self, request_id: _Optional[str] = ..., ack: _Optional[bool] = ..., trace: _Optional[_Iterable[_Union[HopTrace, _Mapping]]] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., handback_reason: _Optional[str] = ...) -> None: ...
+
+class CollectRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,16 @@ class BlockNodeStub:
                 request_serializer=layerswarm_dot_v1_dot_block__pb2.InfoRequest.SerializeToString,
                 response_deserializer=layerswarm_dot_v1_dot_block__pb2.NodeInfo.FromString,
                 _registered_method=True)
+        self.Relay = channel.unary_stream(
+                '/layerswarm.v1.BlockNode/Relay',
+                request_serializer=layerswarm_dot_v1_dot_block__pb2.RelayRequest.SerializeToString,
+                response_deserializer=layerswarm_dot_v1_dot_block__pb2.RelayEvent.FromString,
+                _registered_method=True)
+        self.Collect = channel.unary_unary(
+                '/layerswarm.v1.BlockNode/Collect',
+                request_serializer=layerswarm_dot_v1_dot_block__pb2.CollectRequest.SerializeToString,
+                response_deserializer=layerswarm_dot_v1_dot_block__pb2.ForwardResponse.FromString,
+                _registered_method=True)
 
 
 class BlockNodeServicer:
@@ -75,6 +85,20 @@ class BlockNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Relay(self, request, context):
+        """This node's hop, then forward along a coordinator-MACed chain; events: ack, then the final one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Collect(self, request, context):
+        """The output a chain's last node kept for this request (waits for it, bounded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlockNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +116,16 @@ def add_BlockNodeServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=layerswarm_dot_v1_dot_block__pb2.InfoRequest.FromString,
                     response_serializer=layerswarm_dot_v1_dot_block__pb2.NodeInfo.SerializeToString,
+            ),
+            'Relay': grpc.unary_stream_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=layerswarm_dot_v1_dot_block__pb2.RelayRequest.FromString,
+                    response_serializer=layerswarm_dot_v1_dot_block__pb2.RelayEvent.SerializeToString,
+            ),
+            'Collect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Collect,
+                    request_deserializer=layerswarm_dot_v1_dot_block__pb2.CollectRequest.FromString,
+                    response_serializer=layerswarm_dot_v1_dot_block__pb2.ForwardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +209,60 @@ class BlockNode:
             '/layerswarm.v1.BlockNode/Info',
             layerswarm_dot_v1_dot_block__pb2.InfoRequest.SerializeToString,
             layerswarm_dot_v1_dot_block__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/layerswarm.v1.BlockNode/Relay',
+            layerswarm_dot_v1_dot_block__pb2.RelayRequest.SerializeToString,
+            layerswarm_dot_v1_dot_block__pb2.RelayEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Collect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/layerswarm.v1.BlockNode/Collect',
+            layerswarm_dot_v1_dot_block__pb2.CollectRequest.SerializeToString,
+            layerswarm_dot_v1_dot_block__pb2.ForwardResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,333 @@
+"""The emulated edge LAN: star vs relay chains against the physical lower bound, and network-aware
+order against a random one on a mixed LAN (docs/relay.md).
+
+    python -m layerswarm.bench.edgelan [--quick] [--json out.json] [--markdown out.md]
+
+One network namespace per host on a bridge (harness/netlab.py), every host link shaped with tc tbf in
+both directions (harness/shaping.py) and checked with a raw TCP transfer. The coordinator runs in this
+process, on the bridge. Needs root; re-executes itself in a private network namespace (nothing here
+touches a real interface).
+
+Bound: the one-thread compute of stem + every block + head (measured here, interleaved with the swarm
+requests) plus (blocks + 1) activation transfers at the nominal link rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.netlab import Host, NetLab
+from layerswarm.harness.netns import in_private_netns
+from layerswarm.harness.procs import Proc, node_address, node_cmd, spawn_many, stop_all
+from layerswarm.harness.shaping import measure_mbps, shape, slow_start_after_idle
+from layerswarm.models.checkpoint import Lineage, load_model, save_model
+from layerswarm.models.config import ViTConfig
+from layerswarm.models.vit import ViT
+
+from .fixtures import VITB, median_ms
+
+log = logging.getLogger(__name__)
+TOKEN = "edge-lan-bench-token"
+
+
+def model_dir(root: Path, depth: int) -> Path:
+    """ViT-B/16's width and tokens, `depth` blocks, random weights (time is measured, not accuracy)."""
+    torch.manual_seed(0)
+    out = root / f"vitb16-depth{depth}"
+    save_model(
+        ViT(ViTConfig(**{**VITB, "depth": depth}, variant="layershuffle", pos_embed_init_std=0.02)), out, Lineage()
+    )
+    return out
+
+
+def start_nodes(hosts: list[Host], placement: list[int], model: Path, token_file: Path) -> list[Proc]:
+    """Block b on hosts[placement[b]]: each node process inside its host's namespace."""
+    specs = []
+    for block, h in enumerate(placement):
+        host = hosts[h]
+        cmd = node_cmd(
+            model, block, "--no-advertise", "--grace", "0.2", "--token-file", str(token_file), host=host.address
+        )
+        specs.append((f"lan-node-{block}", host.command(cmd)))
+    return spawn_many(specs, timeout=300)
+
+
+def coordinator(model: Path, procs: list[Proc], token_file: Path, topology: str) -> Coordinator:
+    settings = CoordinatorSettings(
+        model_dir=model,
+        peers=tuple(node_address(p) for p in procs),
+        mdns=False,
+        wire_dtype="fp16",
+        topology=topology,
+        token_file=token_file,
+        hop_timeout_s=60,
+        request_timeout_s=300,
+        health_interval_s=30,
+        verify_rate=None,  # off for both topologies: re-execution would add coordinator compute to both
+        exit_rule="none",
+        hedge_quantile=None,
+    )
+    return Coordinator(settings)
+
+
+class Monolith:
+    """The bound's compute: stem, every block and head in this process, one thread."""
+
+    def __init__(self, model: Path) -> None:
+        self.model, _ = load_model(model)
+        self.images = torch.rand(1, 3, 224, 224)
+
+    def seconds(self) -> float:
+        with torch.inference_mode():
+            started = time.perf_counter()
+            self.model(self.images)
+            return time.perf_counter() - started
+
+
+Samples = dict[str, list[float]]
+Plans = dict[str, list[dict[str, Any]]]
+
+
+async def interleaved(
+    runs: dict[str, tuple[Coordinator, ClassifyOptions]], monolith: Monolith, reps: int, depth: int
+) -> tuple[Samples, Plans]:
+    """Every configuration once per round, in a rotating order; two warm-up rounds."""
+    images = monolith.images
+    samples: dict[str, list[float]] = {"compute": [], **{k: [] for k in runs}}
+    names = list(samples)
+    extras: dict[str, list[dict[str, Any]]] = {k: [] for k in runs}
+    for rep in range(reps + 2):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            if name == "compute":
+                elapsed = monolith.seconds()
+            else:
+                coord, opts = runs[name]
+                opts = ClassifyOptions(policy=opts.policy, seed=random.randrange(2**31), exit_rule="none")
+                started = time.perf_counter()
+                result = await coord.classify(images, opts)
+                elapsed = time.perf_counter() - started
+                if result.path.depth != depth:
+                    raise RuntimeError(f"{name}: only {result.path.depth} of {depth} blocks ran")
+                if rep >= 2 and result.path.network is not None:
+                    extras[name].append(result.path.network)
+            if rep >= 2:
+                samples[name].append(elapsed)
+    return samples, extras
+
+
+async def uniform(
+    root: Path, model: Path, depth: int, token_file: Path, rates: list[int], reps: int
+) -> list[dict[str, Any]]:
+    """One node per host, every link at the same rate: star vs relay vs the bound."""
+    monolith = Monolith(model)
+    nbytes = 197 * 768 * 2  # one fp16 activation at batch 1
+    rows = []
+    with NetLab() as lab:
+        hosts = [lab.add_host(f"h{i}") for i in range(depth)]
+        procs = start_nodes(hosts, list(range(depth)), model, token_file)
+        try:
+            for restart, mbit in itertools.product((True, False), rates):
+                for host in hosts:
+                    shape(host, mbit)
+                    slow_start_after_idle(restart, host)
+                slow_start_after_idle(restart)  # the coordinator's side (this private namespace)
+                tcp = measure_mbps(hosts[0], 4_000_000 if mbit <= 100 else 20_000_000)
+                coords = {t: coordinator(model, procs, token_file, t) for t in ("star", "relay")}
+                for c in coords.values():
+                    await c.start()
+                    await c.wait_first_round(30)
+                try:
+                    seq = ClassifyOptions(policy=Policy.SEQUENTIAL)
+                    runs = {f"{t}_fp16": (c, seq) for t, c in coords.items()}
+                    samples, _ = await interleaved(runs, monolith, reps, depth)
+                finally:
+                    for c in coords.values():
+                        await c.stop()
+                rows.append({"tcp_slow_start_after_idle": restart, **_uniform_row(mbit, tcp, nbytes, depth, samples)})
+        finally:
+            stop_all(procs)
+    return rows
+
+
+def _uniform_row(mbit: int, tcp: float, nbytes: int, depth: int, samples: Samples) -> dict[str, Any]:
+    compute = median_ms(samples["compute"])
+    transfers = depth + 1
+    bound = compute + transfers * nbytes * 8 / (mbit * 1e3)
+    bound_tcp = compute + transfers * nbytes * 8 / (tcp * 1e3)
+    row: dict[str, Any] = {
+        "link_mbit": mbit,
+        "raw_tcp_mbit": round(tcp, 1),
+        "activation_bytes": nbytes,
+        "compute_ms": compute,
+        "bound_ms": round(bound, 3),
+        "bound_at_raw_tcp_ms": round(bound_tcp, 3),
+        "reps": len(samples["compute"]),
+    }
+    for name in ("star_fp16", "relay_fp16"):
+        row[f"{name}_ms"] = median_ms(samples[name])
+        row[f"{name}_over_bound"] = round(row[f"{name}_ms"] / bound, 3)
+    return row
+
+
+async def mixed(root: Path, model: Path, depth: int, token_file: Path, hosts_n: int, reps: int) -> dict[str, Any]:
+    """Several nodes per host, blocks interleaved over hosts; half the hosts' links 10x slower.
+    Relay chains in a random order (shuffle) against the network-aware order."""
+    monolith = Monolith(model)
+    fast, slow = 100, 10
+    with NetLab() as lab:
+        hosts = [lab.add_host(f"m{i}") for i in range(hosts_n)]
+        rates = [fast if i < hosts_n // 2 else slow for i in range(hosts_n)]
+        for host, mbit in zip(hosts, rates, strict=True):
+            shape(host, mbit)
+        procs = start_nodes(hosts, [b % hosts_n for b in range(depth)], model, token_file)
+        try:
+            coord = coordinator(model, procs, token_file, "relay")
+            await coord.start()
+            await coord.wait_first_round(30)
+            try:
+                runs = {
+                    "random_order": (coord, ClassifyOptions(policy=Policy.SHUFFLE)),
+                    "network_order": (coord, ClassifyOptions(policy=Policy.NETWORK)),
+                }
+                samples, all_plans = await interleaved(runs, monolith, reps, depth)
+                links = {a: coord.registry.links.from_node(a) for a in coord.registry.nodes}
+            finally:
+                await coord.stop()
+        finally:
+            stop_all(procs)
+    plans = all_plans["network_order"]
+    result: dict[str, Any] = {
+        "hosts": hosts_n,
+        "host_link_mbit": rates,
+        "nodes_per_host": depth // hosts_n,
+        "random_order_ms": median_ms(samples["random_order"]),
+        "network_order_ms": median_ms(samples["network_order"]),
+        "compute_ms": median_ms(samples["compute"]),
+        "reps": len(samples["compute"]),
+        "network_predicted_ms": round(sorted(p["predicted_ms"] for p in plans)[len(plans) // 2], 3) if plans else None,
+        "network_actual_ms": round(sorted(p["actual_ms"] for p in plans)[len(plans) // 2], 3) if plans else None,
+        "network_plan_example": plans[-1] if plans else None,
+        "links_measured": sum(len(v) for v in links.values()),
+    }
+    result["random_over_network"] = round(result["random_order_ms"] / result["network_order_ms"], 3)
+    return result
+
+
+async def run_here(quick: bool) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    depth = 4 if quick else 12
+    reps = 3 if quick else 10
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="layerswarm-edgelan-") as tmp:
+        root = Path(tmp)
+        token_file = root / "token"
+        token_file.write_text(TOKEN + "\n")
+        model = model_dir(root, depth)
+        report: dict[str, Any] = {
+            "quick": quick,
+            "blocks": depth,
+            "shaping": "tc tbf, both directions of every host link",
+        }
+        report["uniform"] = await uniform(root, model, depth, token_file, [100, 1000], reps)
+        report["mixed"] = await mixed(root, model, depth, token_file, 2 if quick else 4, reps)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """The benchmark, in a private network namespace (re-executed there when this one is not)."""
+    if in_private_netns():
+        return asyncio.run(run_here(quick))
+    if os.geteuid() != 0:
+        return {"skipped": "needs root (network namespaces, veth pairs, tc)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "edgelan.json"
+        cmd = [
+            "unshare",
+            "-n",
+            "sh",
+            "-c",
+            'ip link set lo up; exec "$@"',
+            "sh",
+            sys.executable,
+            "-m",
+            "layerswarm.bench.edgelan",
+        ]
+        cmd += ["--json", str(out), *(["--quick"] if quick else [])]
+        done = subprocess.run(cmd, check=False)
+        if done.returncode != 0 or not out.is_file():
+            return {"skipped": f"edge LAN run failed (exit {done.returncode})"}
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def render(r: dict[str, Any]) -> str:
+    if "skipped" in r:
+        return f"Edge LAN: skipped ({r['skipped']})"
+    lines = [
+        f"Edge LAN ({r['blocks']} ViT-B/16-shaped blocks, batch 1, fp16, {r['shaping']}; {r['seconds']} s)",
+        "",
+        "| link | TCP slow start after idle | raw TCP Mbit/s | compute ms | bound ms | star ms | star / bound "
+        "| relay ms | relay / bound |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for u in r["uniform"]:
+        lines.append(
+            f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} "
+            f"| {u['raw_tcp_mbit']} | {u['compute_ms']} | {u['bound_ms']} | "
+            f"{u['star_fp16_ms']} | {u['star_fp16_over_bound']} | {u['relay_fp16_ms']} | {u['relay_fp16_over_bound']} |"
+        )
+    m = r["mixed"]
+    lines += [
+        "",
+        f"Mixed LAN: {m['hosts']} hosts x {m['nodes_per_host']} nodes, host links {m['host_link_mbit']} Mbit/s, "
+        "relay chains",
+        "",
+        "| order | ms | random / network |",
+        "| --- | --- | --- |",
+        f"| random (shuffle) | {m['random_order_ms']} | {m['random_over_network']} |",
+        f"| network-aware (predicted {m['network_predicted_ms']}, actual {m['network_actual_ms']}) | "
+        f"{m['network_order_ms']} | 1.000 |",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="4 blocks, 3 requests per configuration")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from .runner import environment  # here: the runner imports this module
+
+    report = {"environment": environment(), **run(args.quick)}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    text = render(report)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

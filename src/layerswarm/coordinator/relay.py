@@ -1,0 +1,286 @@
+"""Relay chains on the coordinator side (docs/relay.md): nodes forward activations to each other.
+
+The path is cut into chains of consecutive hops. A chain goes to its first node with the whole chain
+MACed (wire/relay_plan.py); each node forwards its output to the next; the last keeps the result,
+which the coordinator collects from it directly (a Collect call opened when the chain starts), while
+the trace (compute and send times, digests of every hop's input and output) comes back along the
+chain. When a node fails, the node before it hands back its own output with the reason, and the
+coordinator continues from there with star hops (substitutes, verification: executor.py), then chains
+again.
+
+Trust: a hop the verifier wants to check (probation, sampled) runs star, where the coordinator sees
+its input and output; chains are cut around it. For relayed hops the coordinator checks the digest
+chain (each hop's input digest is the previous hop's output digest, the first is what we sent, the
+last is what we collected) and the result's range; a break in it throws the chain's result away, marks
+both nodes at the break as failed and goes on star from the last activation the coordinator held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import grpc
+import torch
+
+from layerswarm.wire import codec
+from layerswarm.wire.relay_plan import digest, plan_mac
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .clients import ClientPool
+from .executor import DepthError, ExecOptions, Hop, PathExecutor, PathResult
+from .linkmap import COORDINATOR
+from .planner import Plan, Step
+from .registry import NodeRecord, Registry
+from .verify import Verifier, hard_range_problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChainResult:
+    x: torch.Tensor  # the activations to continue from (the chain's result, or the hand-back)
+    hops: list[Hop]  # the hops the coordinator accepts as run
+    handback: dict[str, Any] | None = None  # why the chain stopped early
+
+
+@dataclass
+class _Run:
+    """One request's relay run: what ran, what failed, where we are."""
+
+    x: torch.Tensor
+    opts: ExecOptions
+    hops: list[Hop] = field(default_factory=list)
+    handbacks: list[dict[str, Any]] = field(default_factory=list)
+    avoid: set[str] = field(default_factory=set)  # nodes that failed in this request
+    chains: int = 0
+
+    @property
+    def depth(self) -> int:
+        return sum(1 for h in self.hops if h.block is not None)
+
+    @property
+    def used(self) -> frozenset[int]:
+        return frozenset(h.block for h in self.hops if h.block is not None)
+
+
+class RelayRunner:
+    def __init__(
+        self,
+        registry: Registry,
+        pool: ClientPool,
+        executor: PathExecutor,
+        key: bytes,
+        verifier: Verifier | None = None,
+    ) -> None:
+        self.registry = registry
+        self.pool = pool
+        self.executor = executor
+        self.key = key
+        self.verifier = verifier
+
+    async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
+        run = _Run(x, opts)
+        steps = list(plan.steps)
+        i = 0
+        while i < len(steps) and time.monotonic() < opts.deadline:
+            segment = self._segment(steps, i, run)
+            if len(segment) >= 2:
+                result = await self._chain(run, segment, len(steps))
+                run.x = result.x
+                run.hops.extend(result.hops)
+                i += len(result.hops)
+                if result.handback is not None:
+                    run.handbacks.append(result.handback)
+                    if not result.hops:  # the first node itself failed: that step goes star
+                        i = await self._star(run, steps, i, len(steps), rng, force=False)
+                continue
+            i = await self._star(run, steps, i, len(steps), rng, force=bool(segment) is False)
+        path = PathResult(run.x, run.hops, plan.unreachable, topology="relay", handbacks=run.handbacks)
+        if path.depth < opts.min_blocks:
+            raise DepthError(f"only {path.depth} blocks could run (minimum {opts.min_blocks}) in relay mode")
+        return path
+
+    def _pick(self, step: Step, run: _Run) -> NodeRecord | None:
+        return next((r for r in step.candidates if r.routable and r.address not in run.avoid), None)
+
+    def _segment(self, steps: list[Step], start: int, run: _Run) -> list[tuple[Step, NodeRecord]]:
+        """The longest run of steps from `start` whose chosen nodes may be relayed through: routable,
+        not failed in this request, not wanted by the verifier (those run star). Empty: step `start`
+        runs star because the verifier wants it; one element: too short to chain."""
+        segment: list[tuple[Step, NodeRecord]] = []
+        for step in steps[start:]:
+            record = self._pick(step, run)
+            if record is None or step.block in run.used:
+                break
+            if self.verifier is not None and self.verifier.wants(record):
+                break
+            segment.append((step, record))
+        return segment
+
+    async def _star(self, run: _Run, steps: list[Step], i: int, length: int, rng: random.Random, force: bool) -> int:
+        """Step i as a star hop, with the executor's substitutes, deadlines and verification."""
+        step = steps[i]
+        candidates = [r for r in step.candidates if r.address not in run.avoid]
+        opts = replace(
+            run.opts,
+            min_blocks=0,
+            first_position=run.depth,
+            used_blocks=run.used,
+            force_verify=force and self.verifier is not None,
+            path_length=length,
+            early_exit=None,
+        )
+        sub = await self.executor.run(run.x, Plan([Step(step.block, candidates, step.repeat)], []), opts, rng)
+        run.x = sub.activations
+        run.hops.extend(sub.hops)
+        for attempt in (a for h in sub.hops for a in h.attempts):
+            run.avoid.add(attempt.node)
+        return i + 1
+
+    async def _chain(self, run: _Run, segment: list[tuple[Step, NodeRecord]], length: int) -> ChainResult:
+        opts = run.opts
+        first_position = run.depth
+        chain = [
+            pb.RelayStep(address=r.address, position=first_position + k, block=r.block)
+            for k, (_, r) in enumerate(segment)
+        ]
+        run.chains += 1
+        rid = f"{opts.request_id}-c{run.chains}"
+        issued = int(time.time() * 1000)
+        activations = codec.encode(run.x, opts.wire_dtype)
+        left = max(0.001, opts.deadline - time.monotonic())
+        request = pb.RelayRequest(
+            forward=pb.ForwardRequest(
+                request_id=rid, activations=activations, position=first_position, path_length=length
+            ),
+            chain=chain,
+            index=0,
+            plan_mac=plan_mac(self.key, rid, issued, chain),
+            issued_ms=issued,
+            hop_timeout_s=opts.hop_timeout_s,
+            deadline_s=left,
+            collect=True,
+        )
+        started = time.monotonic()
+        collect = asyncio.ensure_future(self.pool.get(chain[-1].address).collect(rid, left))
+        try:
+            events = await self.pool.get(chain[0].address).relay(request, left)
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            collect.cancel()
+            await asyncio.gather(collect, return_exceptions=True)
+            reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else "timeout"
+            return self._failed_start(run, segment[0][1], reason)
+        result = await self._accept(run, segment, events, activations.data, collect)
+        if result.handback is None and len(result.hops) == len(segment):
+            self._observe_ends(chain, result.hops, (time.monotonic() - started) * 1e3, len(activations.data))
+        return result
+
+    def _observe_ends(self, chain: list[pb.RelayStep], hops: list[Hop], elapsed_ms: float, nbytes: int) -> None:
+        """A whole chain measures its two coordinator legs together: its time less every hop's compute
+        and forwarding, half each way (passive: the request's own traffic)."""
+        legs = max(elapsed_ms - sum(h.latency_ms for h in hops), 0.0) / 2
+        self.registry.links.observe(COORDINATOR, chain[0].address, nbytes, legs)
+        self.registry.links.observe(chain[-1].address, COORDINATOR, nbytes, legs)
+
+    def _failed_start(self, run: _Run, record: NodeRecord, reason: str) -> ChainResult:
+        self.registry.record_failure(record.address, reason)
+        run.avoid.add(record.address)
+        return ChainResult(run.x, [], {"after_step": -1, "reason": f"step 0 ({record.address}): {reason}"})
+
+    async def _accept(
+        self,
+        run: _Run,
+        segment: list[tuple[Step, NodeRecord]],
+        events: list[pb.RelayEvent],
+        sent: bytes,
+        collect: asyncio.Future[pb.ForwardResponse],
+    ) -> ChainResult:
+        """Check the chain's trace and result; give the hops and activations to continue from."""
+        final = events[-1] if events else None
+        trace = list(final.trace) if final is not None else []
+        problem = _trace_problem(trace, segment, run.depth, sent)
+        result: pb.Tensor | None = None
+        if problem is None and final is not None and final.handback_reason:
+            result = final.activations
+        elif problem is None:
+            try:
+                result = (await collect).activations
+            except (grpc.aio.AioRpcError, TimeoutError) as exc:
+                problem = f"collect from the last node failed: {exc}"
+        if not collect.done():
+            collect.cancel()
+            await asyncio.gather(collect, return_exceptions=True)
+        if problem is None and result is not None and digest(result.data) != trace[-1].output_sha256:
+            problem = "the result's digest differs from the last hop's output digest"
+        x = self._decode(result, run) if problem is None and result is not None else None
+        if x is None:
+            return self._discard(run, segment, trace, problem or "malformed result")
+        hops = [self._hop(t, step, record) for t, (step, record) in zip(trace, segment, strict=False)]
+        for sender, receiver in itertools.pairwise(trace):  # node -> node links, measured by the sender
+            self.registry.links.observe(sender.node, receiver.node, sender.sent_bytes, sender.send_ms)
+        handback = None
+        if final is not None and final.handback_reason:
+            failed = segment[len(trace)][1] if len(trace) < len(segment) else None
+            if failed is not None:
+                self.registry.record_failure(failed.address, final.handback_reason)
+                run.avoid.add(failed.address)
+            handback = {"after_step": run.depth + len(trace) - 1, "reason": final.handback_reason}
+        return ChainResult(x, hops, handback)
+
+    def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:
+        try:
+            out = codec.decode(tensor, run.opts.spec)
+        except codec.TensorError as exc:
+            log.warning("relay result malformed: %s", exc)
+            return None
+        if out.shape != run.x.shape or hard_range_problem(out, run.depth, run.opts.wire_dtype) is not None:
+            return None
+        return out.to(torch.float32)
+
+    def _hop(self, t: pb.HopTrace, step: Step, record: NodeRecord) -> Hop:
+        self.registry.record_success(record.address, t.compute_ms)
+        ident = record.identity
+        return Hop(
+            position=t.position,
+            planned_block=step.block,
+            block=t.block,
+            node=t.node,
+            model_id=ident.model_id if ident else None,
+            latency_ms=t.compute_ms + max(t.send_ms, 0.0),
+            outcome="relayed",
+            repeat=step.repeat,
+            send_ms=round(t.send_ms, 3) if t.send_ms else None,
+        )
+
+    def _discard(
+        self, run: _Run, segment: list[tuple[Step, NodeRecord]], trace: list[pb.HopTrace], problem: str
+    ) -> ChainResult:
+        """The chain's result cannot be trusted: none of its hops count; the nodes around the break fail."""
+        log.warning("relay chain %s discarded: %s", [r.address for _, r in segment], problem)
+        at = min(len(trace), len(segment) - 1)
+        for _, record in segment[max(0, at - 1) : at + 1]:
+            self.registry.record_failure(record.address, f"relay chain discarded: {problem}")
+            run.avoid.add(record.address)
+        return ChainResult(run.x, [], {"after_step": -1, "reason": f"chain discarded: {problem}"})
+
+
+def _trace_problem(
+    trace: list[pb.HopTrace], segment: list[tuple[Step, NodeRecord]], first_position: int, sent: bytes
+) -> str | None:
+    """Why the trace is not one of this chain (steps, positions, the digest chain), or None."""
+    if not trace or len(trace) > len(segment):
+        return f"trace of {len(trace)} hops for a chain of {len(segment)}"
+    if trace[0].input_sha256 != digest(sent):
+        return "the first hop's input digest differs from what was sent"
+    for k, (t, (_, record)) in enumerate(zip(trace, segment, strict=False)):
+        if t.node != record.address or t.block != record.block or t.position != first_position + k:
+            return f"trace step {k} is not the planned one"
+        if k and t.input_sha256 != trace[k - 1].output_sha256:
+            return f"digest break between steps {k - 1} and {k} ({trace[k - 1].node} -> {t.node})"
+    return None

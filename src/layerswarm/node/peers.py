@@ -1,0 +1,135 @@
+"""A node's calls to the next node of a relay chain: one channel per peer, signed like the coordinator's.
+
+The same handshake as coordinator -> node (wire/auth.py): Info with a fresh nonce must come back with
+the peer's proof of the swarm token, for the block the chain names, before anything is signed for it;
+a refusal with a new challenge (the peer restarted) makes it prove itself again on the next call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, identity_string
+from layerswarm.wire.v1 import block_pb2 as pb
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+SERVICE = "/layerswarm.v1.BlockNode/"
+MAX_PEERS = 64  # channels kept open; the least recently used goes first
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.enable_retries", 0),
+]
+
+
+class PeerRefused(Exception):
+    """The peer is not one we may forward to (no proof of the token, or another block)."""
+
+
+@dataclass
+class LinkEstimate:
+    """Passive estimate of one node -> node link from forwarded activations (EWMA)."""
+
+    send_ms: float = 0.0
+    mbps: float = 0.0
+    samples: int = 0
+    ALPHA = 0.2
+
+    def observe(self, nbytes: int, ms: float) -> None:
+        ms = max(ms, 0.01)
+        mbps = nbytes * 8 / 1e3 / ms
+        if self.samples == 0:
+            self.send_ms, self.mbps = ms, mbps
+        else:
+            self.send_ms += self.ALPHA * (ms - self.send_ms)
+            self.mbps += self.ALPHA * (mbps - self.mbps)
+        self.samples += 1
+
+
+class PeerClient:
+    def __init__(self, address: str, token: str, max_message_bytes: int) -> None:
+        options: list[tuple[str, Any]] = [
+            *CHANNEL_OPTIONS,
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.stub = pb_grpc.BlockNodeStub(self.channel)  # type: ignore[no-untyped-call]
+        self.signer = CallSigner(token)
+        self.block: int | None = None
+
+    async def prove(self, block: int, timeout: float) -> None:
+        """Make sure the peer proved it holds the token and serves `block` (once per peer boot)."""
+        if self.signer.proven and self.block == block:
+            return
+        nonce = CallSigner.new_nonce()
+        call = self.stub.Info(pb.InfoRequest(), timeout=timeout, metadata=((NONCE_KEY, nonce),))
+        reply = await call
+        trailing = await call.trailing_metadata()
+        identity = identity_string(
+            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
+        )
+        if not self.signer.accept_info(trailing, nonce, identity):
+            raise PeerRefused(f"{self.address} gave no proof of our swarm token")
+        if reply.block_index != block:
+            raise PeerRefused(f"{self.address} serves block {reply.block_index}, the chain says {block}")
+        self.block = block
+
+    def relay(self, request: pb.RelayRequest, timeout: float) -> Any:
+        """Open the signed Relay stream to the peer (a grpc.aio call: read() its events)."""
+        try:
+            header = self.signer.sign(SERVICE + "Relay")
+        except AuthError as exc:
+            raise PeerRefused(str(exc)) from exc
+        return self.stub.Relay(request, timeout=timeout, metadata=(header,))
+
+    def refused(self, exc: grpc.aio.AioRpcError) -> None:
+        """A refusal carries the peer's challenge: a new one (a restart) must prove itself again."""
+        if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+            self.signer.learn(exc.trailing_metadata())
+
+
+class PeerPool:
+    def __init__(self, token: str, max_message_bytes: int) -> None:
+        self.token = token
+        self.max_message_bytes = max_message_bytes
+        self._peers: OrderedDict[str, PeerClient] = OrderedDict()
+        self.links: dict[str, LinkEstimate] = {}
+
+    async def get(self, address: str) -> PeerClient:
+        peer = self._peers.pop(address, None) or PeerClient(address, self.token, self.max_message_bytes)
+        self._peers[address] = peer
+        while len(self._peers) > MAX_PEERS:
+            _, old = self._peers.popitem(last=False)
+            await old.channel.close()
+        return peer
+
+    def observe(self, address: str, nbytes: int, ms: float) -> None:
+        if address not in self.links and len(self.links) >= MAX_PEERS:
+            return  # bounded: the links measured first stay
+        self.links.setdefault(address, LinkEstimate()).observe(nbytes, ms)
+
+    def link_stats(self) -> list[pb.LinkStat]:
+        return [
+            pb.LinkStat(peer=a, ewma_send_ms=e.send_ms, ewma_mbps=e.mbps, samples=e.samples)
+            for a, e in sorted(self.links.items())
+        ]
+
+    async def close(self) -> None:
+        for peer in self._peers.values():
+            await peer.channel.close()
+        self._peers.clear()
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1e3

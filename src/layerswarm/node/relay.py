@@ -1,0 +1,212 @@
+"""Relay chains on the node side: compute this hop, then forward to the next node of the chain.
+
+Events on the Relay stream: first an acknowledgement (this hop computed, with its trace entry), then
+one final event: the rest of the chain's trace, and either nothing (the last node kept the result for
+the coordinator's Collect), the result inline, or a hand-back: this node's own output and the reason
+the next node failed (dead, no acknowledgement within the hop timeout, a refusal). The coordinator
+continues from a hand-back under its usual rules (coordinator/relay.py).
+
+What a node forwards is bounded: only along a chain MACed by the coordinator (wire/relay_plan.py),
+only to the chain's next step, at most MAX_RELAY_HOPS steps, only its own block output (within its
+message limit). Without a swarm token there is no key to check chains with, and Relay is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from layerswarm.wire.auth import derive_key
+from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .peers import PeerClient, PeerPool, PeerRefused
+
+log = logging.getLogger(__name__)
+OUTBOX_MAX = 256  # results kept for Collect; the oldest go first
+OUTBOX_TTL_S = 30.0
+COLLECT_MAX_WAIT_S = 30.0
+Handle = Callable[[pb.ForwardRequest], Awaitable[pb.ForwardResponse]]
+
+
+class RelayRefused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Outbox:
+    """Chain results waiting for the coordinator's Collect (which may arrive first): bounded, expiring."""
+
+    def __init__(self) -> None:
+        self._slots: OrderedDict[str, tuple[float, asyncio.Future[pb.ForwardResponse]]] = OrderedDict()
+
+    def slot(self, request_id: str) -> asyncio.Future[pb.ForwardResponse]:
+        now = time.monotonic()
+        entry = self._slots.get(request_id)
+        if entry is None:
+            entry = (now, asyncio.get_running_loop().create_future())
+            self._slots[request_id] = entry
+        while self._slots:
+            oldest_at, oldest = next(iter(self._slots.values()))
+            if len(self._slots) <= OUTBOX_MAX and now - oldest_at < OUTBOX_TTL_S:
+                break
+            self._slots.popitem(last=False)
+            oldest.cancel()
+        return entry[1]
+
+    def put(self, request_id: str, reply: pb.ForwardResponse) -> None:
+        future = self.slot(request_id)
+        if not future.done():
+            future.set_result(reply)
+
+    async def take(self, request_id: str, timeout: float) -> pb.ForwardResponse | None:
+        future = self.slot(request_id)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            return None
+        finally:
+            if future.done():
+                self._slots.pop(request_id, None)
+
+
+class Relayer:
+    def __init__(self, token: str | None, max_message_bytes: int, max_hops: int = MAX_RELAY_HOPS) -> None:
+        self.key = derive_key(token) if token else None
+        self.max_hops = max_hops
+        self.peers = PeerPool(token, max_message_bytes) if token else None
+        self.outbox = Outbox()
+
+    def check(self, request: pb.RelayRequest) -> None:
+        if self.key is None:
+            raise RelayRefused(grpc.StatusCode.PERMISSION_DENIED, "relay needs a swarm token (--token-file)")
+        if not request.HasField("forward"):
+            raise RelayRefused(grpc.StatusCode.INVALID_ARGUMENT, "relay request has no forward hop")
+        if request.hop_timeout_s <= 0 or request.deadline_s <= 0:
+            raise RelayRefused(grpc.StatusCode.INVALID_ARGUMENT, "hop_timeout_s and deadline_s must be positive")
+        try:
+            check_plan(self.key, request, self.max_hops)
+        except PlanError as exc:
+            raise RelayRefused(grpc.StatusCode.PERMISSION_DENIED, f"relay chain refused: {exc}") from exc
+
+    async def relay(self, request: pb.RelayRequest, handle: Handle) -> AsyncIterator[pb.RelayEvent]:
+        """Raises RelayRefused (before any event) or the hop's own RequestError; then yields events."""
+        started = time.monotonic()
+        self.check(request)
+        # Digests are hashed off the loop, beside work that has to happen anyway: the input's while
+        # the block computes, the output's while it is on its way to the next node.
+        received = asyncio.ensure_future(asyncio.to_thread(digest, request.forward.activations.data))
+        try:
+            reply = await handle(request.forward)
+        finally:
+            input_sha256 = await received
+        step = request.chain[request.index]
+        own = pb.HopTrace(
+            node=step.address,
+            block=step.block,
+            position=step.position,
+            compute_ms=reply.compute_ms,
+            input_sha256=input_sha256,
+        )
+        rid = request.forward.request_id
+        if request.index == len(request.chain) - 1:
+            own.output_sha256 = digest(reply.activations.data)
+            if request.collect:
+                self.outbox.put(rid, reply)  # before the acknowledgement: the coordinator is waiting on it
+            yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
+            activations = None if request.collect else reply.activations
+            yield pb.RelayEvent(request_id=rid, trace=[own], activations=activations)
+            return
+        left_s = request.deadline_s - (time.monotonic() - started)
+        # Forward first, acknowledge while the output is on its way: the chain never waits on our ack.
+        onward = asyncio.ensure_future(self._forward(request, reply, own, left_s))
+        try:
+            own.output_sha256 = await asyncio.to_thread(digest, reply.activations.data)
+            yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
+            final = await onward
+        finally:
+            if not onward.done():
+                onward.cancel()
+        final.trace[0].output_sha256 = own.output_sha256  # a fast hand-back may have copied `own` before
+        yield final
+
+    async def _forward(
+        self, request: pb.RelayRequest, reply: pb.ForwardResponse, own: pb.HopTrace, left_s: float
+    ) -> pb.RelayEvent:
+        """Send our output on; whatever goes wrong, hand our output back with the reason."""
+        assert self.peers is not None
+        nxt = request.chain[request.index + 1]
+        rid = request.forward.request_id
+        onward = pb.RelayRequest(
+            forward=pb.ForwardRequest(
+                request_id=rid,
+                activations=reply.activations,
+                position=nxt.position,
+                path_length=request.forward.path_length,
+                reply_dtype=request.forward.reply_dtype,
+            ),
+            chain=request.chain,
+            index=request.index + 1,
+            plan_mac=request.plan_mac,
+            issued_ms=request.issued_ms,
+            hop_timeout_s=request.hop_timeout_s,
+            deadline_s=max(left_s, 0.001),
+            collect=request.collect,
+        )
+
+        def hand_back(reason: str) -> pb.RelayEvent:
+            log.info("relay %s: handing back after step %d: %s", rid, request.index, reason)
+            where = f"step {request.index + 1} ({nxt.address}, block {nxt.block})"
+            return pb.RelayEvent(
+                request_id=rid, trace=[own], activations=reply.activations, handback_reason=f"{where}: {reason}"
+            )
+
+        if left_s <= 0:
+            return hand_back("DEADLINE_EXCEEDED: no time left for the rest of the chain")
+        call: Any = None
+        peer: PeerClient | None = None
+        try:
+            peer = await self.peers.get(nxt.address)
+            await peer.prove(nxt.block, min(request.hop_timeout_s, left_s))
+            sent = time.monotonic()
+            call = peer.relay(onward, left_s)
+            ack = await asyncio.wait_for(call.read(), min(request.hop_timeout_s, left_s))
+            if ack is grpc.aio.EOF or not ack.ack or len(ack.trace) != 1:
+                return hand_back("no acknowledgement from the next node")
+            send_ms = (time.monotonic() - sent) * 1e3 - ack.trace[0].compute_ms
+            own.send_ms, own.sent_bytes = send_ms, len(reply.activations.data)
+            self.peers.observe(nxt.address, own.sent_bytes, send_ms)
+            final = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            if peer is not None:
+                peer.refused(exc)
+            return hand_back(f"{exc.code().name}: {exc.details()}")
+        except TimeoutError:
+            if call is not None:
+                call.cancel()
+            return hand_back("DEADLINE_EXCEEDED: no acknowledgement within the hop timeout")
+        except PeerRefused as exc:
+            return hand_back(f"PERMISSION_DENIED: {exc}")
+        if final is grpc.aio.EOF:
+            return hand_back("the next node closed the chain without a result")
+        return pb.RelayEvent(
+            request_id=rid,
+            trace=[own, *final.trace],
+            activations=final.activations if final.HasField("activations") else None,
+            handback_reason=final.handback_reason,
+        )
+
+    async def collect(self, request: pb.CollectRequest, time_left: float | None) -> pb.ForwardResponse | None:
+        wait = COLLECT_MAX_WAIT_S if time_left is None else min(time_left, COLLECT_MAX_WAIT_S)
+        return await self.outbox.take(request.request_id, wait)
+
+    async def close(self) -> None:
+        if self.peers is not None:
+            await self.peers.close()

@@ -1,0 +1,57 @@
+"""The MAC over a relay chain: what lets a node forward at all (docs/relay.md).
+
+A node forwards only along a chain the coordinator MACed with the swarm key, K (wire/auth.py): the
+MAC covers the request id, the issue time and every step (address, position, block), so nothing on
+the way can add a hop, point a hop elsewhere or stretch the chain. Chains are bounded in length by
+the node (`MAX_RELAY_HOPS`) and every forwarded message by its message size limit, so a node can never
+be used as an open proxy, even by a caller that holds a valid call signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from .v1 import block_pb2 as pb
+
+MAX_RELAY_HOPS = 64  # steps in one chain: a block index runs at most once per path (plus repeats)
+
+
+class PlanError(Exception):
+    """A chain the node refuses to act on; the message says why."""
+
+
+def chain_text(request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep]) -> str:
+    steps = ";".join(f"{s.address},{s.position},{s.block}" for s in chain)
+    return f"relay|{request_id}|{issued_ms}|{steps}"
+
+
+def plan_mac(key: bytes, request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep]) -> str:
+    return hmac.new(key, chain_text(request_id, issued_ms, chain).encode(), hashlib.sha256).hexdigest()
+
+
+def valid_address(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and len(address) <= 255 and port.isdigit() and 0 < int(port) < 65536
+
+
+def check_plan(key: bytes, request: pb.RelayRequest, max_hops: int = MAX_RELAY_HOPS) -> None:
+    """Raise PlanError unless `request`'s chain is well formed and MACed with `key`."""
+    chain = list(request.chain)
+    if not chain or len(chain) > max_hops:
+        raise PlanError(f"chain of {len(chain)} steps (1 to {max_hops} allowed)")
+    if not 0 <= request.index < len(chain):
+        raise PlanError(f"index {request.index} outside the chain of {len(chain)} steps")
+    bad = [s.address for s in chain if not valid_address(s.address)]
+    if bad:
+        raise PlanError(f"malformed step address {bad[0]!r}")
+    if chain[request.index].position != request.forward.position:
+        raise PlanError("the hop's position differs from the chain's")
+    expected = plan_mac(key, request.forward.request_id, request.issued_ms, chain)
+    if not hmac.compare_digest(request.plan_mac, expected):
+        raise PlanError("chain not MACed with our swarm key (not issued by our coordinator)")
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

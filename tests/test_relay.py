@@ -1,0 +1,223 @@
+"""Relay chains through real node processes: the same logits as star, a dead node handed back around,
+and a node that refuses to forward along a chain the coordinator did not MAC."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import torch
+
+from layerswarm.coordinator.clients import NodeClient
+from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.http_api import create_app
+from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.faults import FaultSpec, FaultyNode
+from layerswarm.harness.procs import Proc, stop_all
+from layerswarm.node.settings import NodeSettings
+from layerswarm.wire import codec
+from layerswarm.wire.auth import derive_key
+from layerswarm.wire.relay_plan import plan_mac
+from layerswarm.wire.security import SecuritySettings
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .conftest import make_model_dir
+from .swarm import address, coordinator, start_nodes, wait_until
+
+TOKEN = "relay-test-token"
+DEPTH = 4
+SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0, exit_rule="none")
+
+
+@pytest.fixture(scope="module")
+def relay_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, list[Proc]]]:
+    """Four node processes (one block each) sharing a swarm token."""
+    root = tmp_path_factory.mktemp("relay")
+    model_dir = make_model_dir(root / "model", depth=DEPTH)
+    token_file = root / "token"
+    token_file.write_text(TOKEN + "\n")
+    procs = start_nodes([(model_dir, b) for b in range(DEPTH)], "--token-file", str(token_file))
+    try:
+        yield model_dir, token_file, procs
+    finally:
+        stop_all(procs)
+
+
+def images() -> torch.Tensor:
+    return torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+async def classify(model_dir: Path, token_file: Path, procs: list[Proc], topology: str) -> tuple[torch.Tensor, list]:
+    coord = coordinator(model_dir, procs, topology=topology, token_file=token_file, verify_rate=None)
+    await coord.start()
+    try:
+        await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
+        result = await coord.classify(images(), SEQ)
+        if topology == "relay":  # every node -> node link of the chain was measured from its traffic
+            for a, b in itertools.pairwise(procs):
+                assert address(b) in coord.registry.links.from_node(address(a))
+        return result.probs, result.path.hops
+    finally:
+        await coord.stop()
+
+
+async def test_a_relay_chain_gives_the_same_logits_as_star(relay_swarm: tuple[Path, Path, list[Proc]]) -> None:
+    model_dir, token_file, procs = relay_swarm
+    star_probs, star_hops = await classify(model_dir, token_file, procs, "star")
+    relay_probs, relay_hops = await classify(model_dir, token_file, procs, "relay")
+    assert [h.outcome for h in relay_hops] == ["relayed"] * DEPTH
+    assert [h.block for h in relay_hops] == [h.block for h in star_hops] == list(range(DEPTH))
+    assert torch.equal(relay_probs, star_probs)  # fp32 on the wire: bit for bit
+
+
+async def test_a_node_refuses_a_chain_the_coordinator_did_not_mac(relay_swarm: tuple[Path, Path, list[Proc]]) -> None:
+    _, _, procs = relay_swarm
+    first, second = address(procs[0]), address(procs[1])
+    client = NodeClient(first, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
+    x = torch.zeros(1, 5, 32)
+    forward = pb.ForwardRequest(request_id="r1", activations=codec.encode(x, torch.float32), position=0)
+    honest = [pb.RelayStep(address=first, position=0, block=0), pb.RelayStep(address=second, position=1, block=1)]
+    rogue = [honest[0], pb.RelayStep(address="10.9.9.9:22", position=1, block=1)]
+
+    def request(chain: list[pb.RelayStep], key: bytes) -> pb.RelayRequest:
+        mac = plan_mac(key, "r1", 1, honest)  # made for the honest chain
+        return pb.RelayRequest(
+            forward=forward, chain=chain, plan_mac=mac, issued_ms=1, hop_timeout_s=1.0, deadline_s=2.0, collect=True
+        )
+
+    try:
+        await client.info(2.0)
+        for bad in (request(rogue, derive_key(TOKEN)), request(honest, derive_key("another swarm"))):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await client.relay(bad, 5.0)
+            assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            assert "relay chain refused" in (caught.value.details() or "")
+        events = await client.relay(request(honest, derive_key(TOKEN)), 5.0)  # the same chain, MACed: runs
+        assert events[0].ack and not events[-1].handback_reason
+        assert [t.block for t in events[-1].trace] == [0, 1]
+        info = await client.info(2.0)  # the node reports the link it forwarded over, measured
+        assert any(link.peer == second and link.samples >= 1 for link in info.links)
+    finally:
+        await client.close()
+
+
+async def test_a_node_killed_mid_chain_is_handed_back_and_the_request_answers(
+    relay_swarm: tuple[Path, Path, list[Proc]],
+) -> None:
+    """Runs last in this module: it kills block 1's node. The coordinator still believes the node is
+    up (slow health checks), so the chain is planned through it; block 0's node hands back."""
+    model_dir, token_file, procs = relay_swarm
+    coord = coordinator(
+        model_dir, procs, topology="relay", token_file=token_file, verify_rate=None, health_interval_s=60, min_blocks=1
+    )
+    await coord.start()
+    try:
+        await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
+        procs[1].stop(timeout=5)
+        transport = httpx.ASGITransport(app=create_app(coord))
+        async with httpx.AsyncClient(transport=transport, base_url="http://coordinator") as client:
+            from layerswarm.harness.samples import png_bytes
+
+            files = {"file": ("x.png", png_bytes(torch.rand(3, 16, 16).numpy()), "image/png")}
+            data = {"policy": "sequential", "exit_rule": "none"}
+            reply = await client.post("/v1/classify", files=files, data=data)
+        assert reply.status_code == 200, reply.text
+        trace = reply.json()["trace"]
+        assert trace["topology"] == "relay"
+        assert trace["handbacks"] and "step 1" in trace["handbacks"][0]["reason"]
+        ran = [h["block"] for h in trace["hops"] if h["block"] is not None]
+        assert 1 not in ran and {0, 2, 3} <= set(ran)
+    finally:
+        await coord.stop()
+
+
+def test_relay_topology_needs_a_swarm_token(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from layerswarm.coordinator.settings import CoordinatorSettings
+
+    with pytest.raises(ValidationError, match="--token-file"):
+        CoordinatorSettings(model_dir=make_model_dir(tmp_path / "m"), topology="relay", mdns=False)
+
+
+async def test_a_node_without_a_token_refuses_to_relay(tmp_path: Path) -> None:
+    from layerswarm.node.server import Node
+    from layerswarm.node.settings import NodeSettings
+
+    node = Node(NodeSettings(model_dir=make_model_dir(tmp_path / "m"), block=0, advertise=False, grace_s=0.1))
+    await node.start()
+    client = NodeClient(f"127.0.0.1:{node.port}", 64 * 1024 * 1024)
+    try:
+        forward = pb.ForwardRequest(request_id="r", activations=codec.encode(torch.zeros(1, 5, 32)), position=0)
+        step = pb.RelayStep(address=f"127.0.0.1:{node.port}", position=0, block=0)
+        request = pb.RelayRequest(forward=forward, chain=[step], hop_timeout_s=1.0, deadline_s=1.0, plan_mac="x")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await client.relay(request, 5.0)
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "swarm token" in (caught.value.details() or "")
+    finally:
+        await client.close()
+        await node.stop()
+
+
+async def _in_process_swarm(
+    tmp_path: Path, faults: list[FaultSpec], **settings: object
+) -> tuple[list[FaultyNode], Coordinator]:
+    model = make_model_dir(tmp_path / "m", depth=len(faults))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    security = SecuritySettings(token=TOKEN)
+    served = [
+        FaultyNode(NodeSettings(model_dir=model, block=b, advertise=False, grace_s=0.1, security=security), spec)
+        for b, spec in enumerate(faults)
+    ]
+    for node in served:
+        await node.start()
+    values: dict[str, object] = {"health_interval_s": 60, "hedge_quantile": None, "wire_dtype": "fp32", **settings}
+    peers = tuple(f"127.0.0.1:{n.port}" for n in served)
+    coord = Coordinator(
+        CoordinatorSettings(model_dir=model, peers=peers, mdns=False, topology="relay", token_file=token_file, **values)  # type: ignore[arg-type]
+    )
+    await coord.start()
+    await wait_until(lambda: coord.registry.reachable_depth() == len(faults), what="all blocks reachable")
+    return served, coord
+
+
+async def test_a_node_slower_than_the_hop_timeout_is_handed_back(tmp_path: Path) -> None:
+    faults = [FaultSpec(), FaultSpec(delay_ms=1500), FaultSpec()]
+    served, coord = await _in_process_swarm(tmp_path, faults, hop_timeout_s=0.5, verify_rate=None, min_blocks=1)
+    try:
+        result = await coord.classify(images(), SEQ)
+        assert result.path.handbacks and "DEADLINE_EXCEEDED" in result.path.handbacks[0]["reason"]
+        assert [h.block for h in result.path.hops if h.block is not None] == [0, 2]  # block 1 skipped
+        assert coord.registry.nodes[f"127.0.0.1:{served[1].port}"].failed >= 1
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_verification_still_sees_new_nodes_in_relay_mode(tmp_path: Path) -> None:
+    """Nodes on probation run star (re-executed), so a lying node is convicted before any chain goes
+    through it; once the honest nodes pass probation, their hops are relayed."""
+    faults = [FaultSpec(), FaultSpec(mode="noise"), FaultSpec()]
+    served, coord = await _in_process_swarm(tmp_path, faults, verify_rate=0.0, verify_probation=2, min_blocks=1)
+    liar = f"127.0.0.1:{served[1].port}"
+    try:
+        outcomes = []
+        for _ in range(4):
+            result = await coord.classify(images(), SEQ)
+            outcomes.append([h.outcome for h in result.path.hops])
+            assert liar not in {h.node for h in result.path.hops if h.block is not None}
+        assert coord.registry.nodes[liar].state.value == "quarantined"
+        assert "relayed" not in outcomes[0]  # everyone on probation: star, re-executed
+        assert outcomes[-1] == ["relayed", "relayed"]  # blocks 0 and 2, chained
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
