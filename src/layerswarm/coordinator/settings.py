@@ -81,7 +81,9 @@ class CoordinatorSettings(ProcessSettings):
         default=None, description="threshold of --exit-rule (none: its calibrated one)"
     )
     default_policy: str = Field(
-        default="auto", description="default path policy (auto: shuffle for shuffle-robust families)"
+        default="auto",
+        description="default path policy (auto: shuffle for shuffle-robust families; network: least expected time "
+        "from measured compute and link costs)",
     )
     wire_dtype: str = Field(  # measured: bench, wire formats
         default="fp16",

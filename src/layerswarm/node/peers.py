@@ -16,11 +16,11 @@ from typing import Any
 import grpc
 
 from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, identity_string
+from layerswarm.wire.discovery import METHOD_PREFIX
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-SERVICE = "/layerswarm.v1.BlockNode/"
 MAX_PEERS = 64  # channels kept open; the least recently used goes first
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 2000),
@@ -88,7 +88,7 @@ class PeerClient:
     def relay(self, request: pb.RelayRequest, timeout: float) -> Any:
         """Open the signed Relay stream to the peer (a grpc.aio call: read() its events)."""
         try:
-            header = self.signer.sign(SERVICE + "Relay")
+            header = self.signer.sign(METHOD_PREFIX + "Relay")
         except AuthError as exc:
             raise PeerRefused(str(exc)) from exc
         return self.stub.Relay(request, timeout=timeout, metadata=(header,))
