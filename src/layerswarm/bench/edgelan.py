@@ -32,7 +32,7 @@ import torch
 
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator.settings import CHOICES, CoordinatorSettings
 from layerswarm.harness.netlab import Host, NetLab
 from layerswarm.harness.netns import in_private_netns
 from layerswarm.harness.procs import Proc, node_address, node_cmd, spawn_many, stop_all
@@ -69,12 +69,17 @@ def start_nodes(hosts: list[Host], placement: list[int], model: Path, token_file
     return spawn_many(specs, timeout=300)
 
 
-def coordinator(model: Path, procs: list[Proc], token_file: Path, topology: str) -> Coordinator:
+def wires() -> list[str]:
+    """fp16, and int8 once the codec and the coordinator offer it (another part of issue 12)."""
+    return [w for w in ("fp16", "int8") if w in CHOICES["wire_dtype"]]
+
+
+def coordinator(model: Path, procs: list[Proc], token_file: Path, topology: str, wire: str = "fp16") -> Coordinator:
     settings = CoordinatorSettings(
         model_dir=model,
         peers=tuple(node_address(p) for p in procs),
         mdns=False,
-        wire_dtype="fp16",
+        wire_dtype=wire,
         topology=topology,
         token_file=token_file,
         hop_timeout_s=60,
@@ -150,13 +155,15 @@ async def uniform(
                     slow_start_after_idle(restart, host)
                 slow_start_after_idle(restart)  # the coordinator's side (this private namespace)
                 tcp = measure_mbps(hosts[0], 4_000_000 if mbit <= 100 else 20_000_000)
-                coords = {t: coordinator(model, procs, token_file, t) for t in ("star", "relay")}
+                coords = {
+                    f"{t}_{w}": coordinator(model, procs, token_file, t, w) for t in ("star", "relay") for w in wires()
+                }
                 for c in coords.values():
                     await c.start()
                     await c.wait_first_round(30)
                 try:
                     seq = ClassifyOptions(policy=Policy.SEQUENTIAL)
-                    runs = {f"{t}_fp16": (c, seq) for t, c in coords.items()}
+                    runs = {name: (c, seq) for name, c in coords.items()}
                     samples, _ = await interleaved(runs, monolith, reps, depth)
                 finally:
                     for c in coords.values():
@@ -181,7 +188,7 @@ def _uniform_row(mbit: int, tcp: float, nbytes: int, depth: int, samples: Sample
         "bound_at_raw_tcp_ms": round(bound_tcp, 3),
         "reps": len(samples["compute"]),
     }
-    for name in ("star_fp16", "relay_fp16"):
+    for name in (f"{t}_{w}" for t in ("star", "relay") for w in wires()):
         row[f"{name}_ms"] = median_ms(samples[name])
         row[f"{name}_over_bound"] = round(row[f"{name}_ms"] / bound, 3)
     return row
@@ -283,18 +290,20 @@ def render(r: dict[str, Any]) -> str:
     if "skipped" in r:
         return f"Edge LAN: skipped ({r['skipped']})"
     lines = [
-        f"Edge LAN ({r['blocks']} ViT-B/16-shaped blocks, batch 1, fp16, {r['shaping']}; {r['seconds']} s)",
+        f"Edge LAN ({r['blocks']} ViT-B/16-shaped blocks, batch 1, {r['shaping']}; bound: fp16 transfers; "
+        f"{r['seconds']} s)",
         "",
-        "| link | TCP slow start after idle | raw TCP Mbit/s | compute ms | bound ms | star ms | star / bound "
-        "| relay ms | relay / bound |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| link | TCP slow start after idle | wire | raw TCP Mbit/s | compute ms | bound ms | star ms "
+        "| star / bound | relay ms | relay / bound |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for u in r["uniform"]:
-        lines.append(
-            f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} "
-            f"| {u['raw_tcp_mbit']} | {u['compute_ms']} | {u['bound_ms']} | "
-            f"{u['star_fp16_ms']} | {u['star_fp16_over_bound']} | {u['relay_fp16_ms']} | {u['relay_fp16_over_bound']} |"
-        )
+        for w in (w for w in ("fp16", "int8") if f"star_{w}_ms" in u):
+            lines.append(
+                f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} | {w} "
+                f"| {u['raw_tcp_mbit']} | {u['compute_ms']} | {u['bound_ms']} | {u[f'star_{w}_ms']} "
+                f"| {u[f'star_{w}_over_bound']} | {u[f'relay_{w}_ms']} | {u[f'relay_{w}_over_bound']} |"
+            )
     m = r["mixed"]
     lines += [
         "",
