@@ -97,6 +97,11 @@ async def test_a_node_refuses_a_chain_the_coordinator_did_not_mac(relay_swarm: t
                 await client.relay(bad, 5.0)
             assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
             assert "relay chain refused" in (caught.value.details() or "")
+        unbounded = request(honest, derive_key(TOKEN))
+        unbounded.hop_timeout_s = float("inf")  # a node never waits on a caller's unbounded say
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await client.relay(unbounded, 5.0)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         events = await client.relay(request(honest, derive_key(TOKEN)), 5.0)  # the same chain, MACed: runs
         assert events[0].ack and not events[-1].handback_reason
         assert [t.block for t in events[-1].trace] == [0, 1]

@@ -40,6 +40,7 @@ from .registry import NodeRecord, Registry
 from .verify import Verifier, hard_range_problem
 
 log = logging.getLogger(__name__)
+MAX_TRACE_MS = 3.6e6  # a reported time past an hour is a lie or a bug
 
 
 @dataclass
@@ -281,6 +282,9 @@ def _trace_problem(
     for k, (t, (_, record)) in enumerate(zip(trace, segment, strict=False)):
         if t.node != record.address or t.block != record.block or t.position != first_position + k:
             return f"trace step {k} is not the planned one"
+        # send_ms may dip below 0 when the next node overstates its compute: clamped where it is used
+        if not (0 <= t.compute_ms < MAX_TRACE_MS and abs(t.send_ms) < MAX_TRACE_MS):
+            return f"trace step {k} has impossible times"  # never let them into latency estimates
         if k and t.input_sha256 != trace[k - 1].output_sha256:
             return f"digest break between steps {k - 1} and {k} ({trace[k - 1].node} -> {t.node})"
     return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 OUTBOX_MAX = 256  # results kept for Collect; the oldest go first
 OUTBOX_TTL_S = 30.0
 COLLECT_MAX_WAIT_S = 30.0
+MAX_HOP_TIMEOUT_S = 60.0
+MAX_DEADLINE_S = 600.0
+MAX_REQUEST_ID = 128
 Handle = Callable[[pb.ForwardRequest], Awaitable[pb.ForwardResponse]]
 
 
@@ -89,8 +93,14 @@ class Relayer:
             raise RelayRefused(grpc.StatusCode.PERMISSION_DENIED, "relay needs a swarm token (--token-file)")
         if not request.HasField("forward"):
             raise RelayRefused(grpc.StatusCode.INVALID_ARGUMENT, "relay request has no forward hop")
-        if request.hop_timeout_s <= 0 or request.deadline_s <= 0:
-            raise RelayRefused(grpc.StatusCode.INVALID_ARGUMENT, "hop_timeout_s and deadline_s must be positive")
+        for name, value, limit in (
+            ("hop_timeout_s", request.hop_timeout_s, MAX_HOP_TIMEOUT_S),
+            ("deadline_s", request.deadline_s, MAX_DEADLINE_S),
+        ):
+            if not (math.isfinite(value) and 0 < value <= limit):  # a node never waits unbounded on a caller's say
+                raise RelayRefused(grpc.StatusCode.INVALID_ARGUMENT, f"{name} {value} outside (0, {limit}]")
+        if len(request.forward.request_id) > MAX_REQUEST_ID:
+            raise RelayRefused(grpc.StatusCode.INVALID_ARGUMENT, f"request_id longer than {MAX_REQUEST_ID}")
         try:
             check_plan(self.key, request, self.max_hops)
         except PlanError as exc:
@@ -204,6 +214,8 @@ class Relayer:
         )
 
     async def collect(self, request: pb.CollectRequest, time_left: float | None) -> pb.ForwardResponse | None:
+        if len(request.request_id) > MAX_REQUEST_ID:
+            return None
         wait = COLLECT_MAX_WAIT_S if time_left is None else min(time_left, COLLECT_MAX_WAIT_S)
         return await self.outbox.take(request.request_id, wait)
 
