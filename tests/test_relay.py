@@ -131,12 +131,15 @@ async def test_a_node_killed_mid_chain_is_handed_back_and_the_request_answers(
             files = {"file": ("x.png", png_bytes(torch.rand(3, 16, 16).numpy()), "image/png")}
             data = {"policy": "sequential", "exit_rule": "none"}
             reply = await client.post("/v1/classify", files=files, data=data)
+            listed = (await client.get("/v1/nodes")).json()["nodes"]
         assert reply.status_code == 200, reply.text
         trace = reply.json()["trace"]
         assert trace["topology"] == "relay"
         assert trace["handbacks"] and "step 1" in trace["handbacks"][0]["reason"]
         ran = [h["block"] for h in trace["hops"] if h["block"] is not None]
         assert 1 not in ran and {0, 2, 3} <= set(ran)
+        links = {n["address"]: n["links"] for n in listed}  # measured from this request's traffic
+        assert address(procs[3]) in links[address(procs[2])]  # the chain after the hand-back
     finally:
         await coord.stop()
 
