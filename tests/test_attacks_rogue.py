@@ -50,7 +50,8 @@ def rogue(request: pytest.FixtureRequest, family_dirs: list[Path]) -> Iterator[P
 
 
 async def started(family_dirs: list[Path], nodes: list[Proc], **overrides: object) -> Coordinator:
-    coord = coordinator(family_dirs[0], nodes, family_dirs=tuple(family_dirs[1:]), wire_dtype="fp16", **overrides)
+    values = {"wire_dtype": "fp16", **overrides}
+    coord = coordinator(family_dirs[0], nodes, family_dirs=tuple(family_dirs[1:]), **values)
     await coord.start()
     await wait_until(lambda: len(coord.registry.routable_by_block()) == 3, what="all blocks routable")
     await wait_until(lambda: all(r.routable for r in coord.registry.nodes.values()), what="every node admitted")
@@ -192,3 +193,24 @@ async def test_non_strict_mode_catches_forged_weights_by_verification(
             assert "family members" in record.evidence[0]["against"]
     finally:
         await coord.stop()
+
+
+async def test_int8_wire_answers_like_fp32_and_honest_nodes_pass_every_check(
+    family_dirs: list[Path], honest: list[Proc]
+) -> None:
+    """The compact wire: int8 both ways, verified on every hop without blaming an honest node."""
+    x = torch.rand(4, 3, 16, 16)
+    answers = {}
+    for wire in ("fp32", "int8"):
+        coord = await started(family_dirs, honest, wire_dtype=wire, verify_rate=1.0)
+        try:
+            result = await coord.classify(x, SEQ)
+            assert all(h.outcome == "ok" for h in result.path.hops)
+            assert all(r.state.value == "healthy" and not r.evidence for r in coord.registry.nodes.values())
+            stats = coord.verifier.stats() if coord.verifier else {}
+            assert stats["hops_reexecuted"] == stats["hops_seen"] > 0
+            answers[wire] = result.probs
+        finally:
+            await coord.stop()
+    assert torch.allclose(answers["int8"], answers["fp32"], atol=0.05)
+    assert not torch.equal(answers["int8"], answers["fp32"])  # it really travelled as int8

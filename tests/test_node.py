@@ -52,6 +52,19 @@ async def test_remote_block_equals_local_block(node: Node, stub: pb_grpc.BlockNo
         assert reply.request_id == "t" and reply.compute_ms > 0
 
 
+async def test_int8_in_int8_back_and_equal_to_local_on_the_dequantized_input(
+    stub: pb_grpc.BlockNodeStub, model_dir: Path
+) -> None:
+    local = load_block(model_dir, 1)
+    x = torch.randn(2, 5, 32) * 3
+    msg = codec.encode(x, torch.int8)
+    reply = await stub.Forward(pb.ForwardRequest(request_id="t", activations=msg, position=1))
+    assert reply.activations.dtype == pb.DTYPE_INT8 and len(reply.activations.scales) == 2 * 5 * 4
+    with torch.inference_mode():
+        expected = local(codec.decode(msg), 1)
+    assert torch.equal(codec.decode(reply.activations), codec.as_sent(expected, torch.int8))
+
+
 async def test_stream_answers_in_order(stub: pb_grpc.BlockNodeStub, model_dir: Path) -> None:
     local = load_block(model_dir, 1)
     xs = [torch.randn(1, 5, 32) for _ in range(3)]
@@ -59,6 +72,12 @@ async def test_stream_answers_in_order(stub: pb_grpc.BlockNodeStub, model_dir: P
     outs = [codec.decode(r.activations) async for r in call]
     with torch.inference_mode():
         assert all(torch.equal(o, local(x, i)) for i, (o, x) in enumerate(zip(outs, xs, strict=True)))
+
+
+def request_int8(scales: bytes) -> pb.ForwardRequest:
+    msg = codec.encode(torch.randn(1, 5, 32), torch.int8)
+    msg.scales = scales
+    return pb.ForwardRequest(request_id="t", activations=msg, position=0)
 
 
 @pytest.mark.parametrize(
@@ -71,6 +90,9 @@ async def test_stream_answers_in_order(stub: pb_grpc.BlockNodeStub, model_dir: P
         (lambda: pb.ForwardRequest(request_id="t"), "no activations"),
         (lambda: request(torch.randn(1, 5, 32), token_mask=codec.encode(torch.ones(1, 5))), "token_mask"),
         (lambda: pb.ForwardRequest(activations=pb.Tensor(dtype=7, shape=[1, 5, 32], data=b"")), "dtype"),
+        (lambda: request_int8(scales=b"\x00\x00\x80\x7f" * 5), "scales must be finite and positive"),
+        (lambda: request_int8(scales=b"\x00\x00\x80\x3f" * 4), "needs 5 float32 scales"),
+        (lambda: request_int8(scales=b"\x00\x00\x80\xbf" * 5), "scales must be finite and positive"),
     ],
 )
 async def test_bad_requests_get_invalid_argument(stub: pb_grpc.BlockNodeStub, make, detail: str) -> None:  # type: ignore[no-untyped-def]

@@ -52,6 +52,38 @@ def test_malformed_tensors_are_refused(mutate, message: str) -> None:  # type: i
         codec.decode(msg, SPEC)
 
 
+def test_int8_rows_carry_a_quarter_of_the_bytes_within_rounding() -> None:
+    x = torch.randn(2, 197, 768) * torch.rand(2, 197, 1) * 10  # rows of very different ranges
+    msg = codec.encode(x, torch.int8)
+    assert len(msg.data) == x.numel() and len(msg.scales) == 2 * 197 * 4  # 1 byte a value, 4 a token
+    y = codec.decode(pb.Tensor.FromString(msg.SerializeToString()))
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    peak = x.abs().amax(-1, keepdim=True)
+    assert bool(((y - x).abs() <= peak / 254 + 1e-6).all())  # half a step of each row's own scale
+    assert torch.equal(codec.as_sent(x, torch.int8), y)
+    assert torch.equal(codec.decode(codec.encode(torch.zeros(1, 5, 8), torch.int8), SPEC), torch.zeros(1, 5, 8))
+
+
+@pytest.mark.parametrize(
+    ("scales", "message"),
+    [
+        (b"", "needs 5 float32 scales"),
+        (b"\x00" * 24, "needs 5 float32 scales"),
+        (b"\x00" * 20, "finite and positive"),
+        (b"\x00\x00\xc0\x7f" * 5, "finite and positive"),
+    ],
+)
+def test_malformed_int8_is_refused(scales: bytes, message: str) -> None:
+    msg = codec.encode(torch.randn(1, 5, 8), torch.int8)
+    msg.scales = scales
+    with pytest.raises(codec.TensorError, match=message):
+        codec.decode(msg, SPEC)
+    fp16 = codec.encode(torch.randn(1, 5, 8), torch.float16)
+    fp16.scales = b"\x00\x00\x80\x3f" * 5
+    with pytest.raises(codec.TensorError, match="only sent with int8"):
+        codec.decode(fp16, SPEC)
+
+
 def test_limits_and_non_finite_values() -> None:
     with pytest.raises(codec.TensorError, match="batch size 5"):
         codec.decode(codec.encode(torch.zeros(5, 5, 8)), SPEC)
@@ -67,9 +99,14 @@ def test_limits_and_non_finite_values() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 2**32 - 1), max_size=12), st.binary(max_size=512), st.integers(-5, 10))
-def test_decode_never_crashes_on_garbage(shape: list[int], data: bytes, dtype: int) -> None:
-    msg = pb.Tensor(dtype=dtype if dtype >= 0 else 0, shape=[s - 2**31 for s in shape], data=data)
+@given(
+    st.lists(st.integers(0, 2**32 - 1), max_size=12),
+    st.binary(max_size=512),
+    st.integers(-5, 10),
+    st.binary(max_size=64),
+)
+def test_decode_never_crashes_on_garbage(shape: list[int], data: bytes, dtype: int, scales: bytes) -> None:
+    msg = pb.Tensor(dtype=dtype if dtype >= 0 else 0, shape=[s - 2**31 for s in shape], data=data, scales=scales)
     try:
         out = codec.decode(msg, SPEC)
     except codec.TensorError:

@@ -10,6 +10,8 @@ from .edgelan import render as render_edge_lan
 def render(r: dict[str, Any]) -> str:
     if "vitb_swarm_vs_monolith" not in r and "edge_lan" in r:  # --only edge-lan
         sections = [_header(r), [render_edge_lan(r["edge_lan"])]]
+    elif "vitb_swarm_vs_monolith" not in r and "wire_formats" in r:  # --only wire
+        sections = [_header(r), _wire(r)]
     elif "vitb_swarm_vs_monolith" not in r:  # --only adaptive
         sections = [_header(r), render_adaptive(r["adaptive"])]
     else:

@@ -38,6 +38,13 @@ def run_adaptive(quick: bool) -> dict[str, Any]:
     return asyncio.run(adaptive.run(adaptive_members(), 60 if quick else 300))
 
 
+def run_wire_formats(quick: bool, reps: int) -> list[dict[str, Any]]:
+    """Accuracy, bytes and latency of every wire format through a swarm of the shipped family."""
+    members = robust_members(family_root())[:2]
+    with nodes(shipped.layout(members)) as procs:
+        return asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
+
+
 def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
@@ -48,6 +55,10 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         return report
     if only == "edge-lan":
         report["edge_lan"] = edgelan.run(quick)
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
+    if only == "wire":
+        report["wire_formats"] = run_wire_formats(quick, reps)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:

@@ -32,7 +32,7 @@ async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps
     x, y = data.test_x[:images], data.test_y[:images]
     cfg = manifest.config
     rows: list[dict[str, Any]] = []
-    for wire in ("fp32", "fp16", "bf16"):
+    for wire in ("fp32", "fp16", "bf16", "int8"):
         coord = coordinator(members[0], addresses(procs), wire, "stream")
         await coord.start()
         try:
@@ -50,10 +50,11 @@ async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps
         finally:
             await coord.stop()
         itemsize = torch.empty((), dtype=coord.wire_dtype).element_size()
+        scales = cfg.num_tokens * 4 if wire == "int8" else 0  # one float32 scale per token
         rows.append(
             {
                 "wire_dtype": wire,
-                "bytes_per_hop": cfg.num_tokens * cfg.dim * itemsize,
+                "bytes_per_hop": cfg.num_tokens * cfg.dim * itemsize + scales,
                 "accuracy": round(correct / len(y), 4),
                 "images": len(y),
                 "latency_p50_ms": median_ms(latencies),

@@ -291,7 +291,7 @@ class PathExecutor:
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:
                 raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
-            if out.dtype != opts.wire_dtype:
+            if codec.torch_dtype(reply.activations.dtype) != opts.wire_dtype:
                 raise codec.TensorError(f"reply dtype {out.dtype}, asked for {opts.wire_dtype}")
         except codec.TensorError as exc:
             log.warning("quarantining %s: malformed activations (%s)", record.address, exc)

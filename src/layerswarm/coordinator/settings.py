@@ -17,7 +17,7 @@ from layerswarm.wire.settings import ProcessSettings, security_from_files
 
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
-    "wire_dtype": ("fp32", "fp16", "bf16"),
+    "wire_dtype": ("fp32", "fp16", "bf16", "int8"),
     "transport": ("stream", "unary"),
     "exit_rule": ("calibrated", "none", "confidence", "entropy", "patience"),
     "topology": ("star", "relay", "auto"),

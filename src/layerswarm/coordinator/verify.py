@@ -36,6 +36,7 @@ import torch
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, load_block, read_manifest
 from layerswarm.models.vit import Block
+from layerswarm.wire import codec
 
 from .registry import NodeRecord
 
@@ -43,7 +44,8 @@ log = logging.getLogger(__name__)
 
 # Relative RMS error allowed between a node's reply and the coordinator's re-execution: a few times the
 # rounding of one cast to the wire dtype (the only difference between two honest computations).
-TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-4}
+# int8 (per-row scales) rounds to 1/254 of each row's peak: about 1% RMS on real activations.
+TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-4, torch.int8: 3e-2}
 STATS_MARGIN = 4.0  # the range filter's slack over what evaluation saw (soft violations only)
 
 
@@ -83,7 +85,7 @@ def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> d
     """Values past half the wire dtype's limit: the next hop (a residual block adds to its input) would
     overflow. Checked on every reply, verification on or off, so the sender is blamed, not the next hop."""
     peak = float(out.abs().max()) if out.numel() else 0.0
-    limit = torch.finfo(wire).max / 2
+    limit = codec.value_limit(wire) / 2
     if peak <= limit:
         return None
     return {
@@ -197,7 +199,7 @@ class Verifier:
         known = model_id in self.manifests
         if not known and len(self.manifests) < 2:
             return None  # an unlisted model and no envelope to judge it by (one member held): unverifiable
-        x_wire = x.to(wire).float()  # exactly what the node received
+        x_wire = codec.as_sent(x, wire)  # exactly what the node received
         started = time.perf_counter()
         if known:
             refs = await self._run([(model_id, block)], x_wire, position)
@@ -205,9 +207,9 @@ class Verifier:
             refs = await self._run([(m, block) for m in self.manifests], x_wire, position)
         self.counters.reexecuted += 1
         self.counters.reexecute_ms += (time.perf_counter() - started) * 1e3
-        out_wire = out.to(wire).float()
+        out_wire = codec.as_sent(out, wire)
         if known:
-            err, tol = relative_error(out_wire, refs[0].to(wire).float()), TOLERANCE[wire]
+            err, tol = relative_error(out_wire, codec.as_sent(refs[0], wire)), TOLERANCE[wire]
             against = f"the coordinator's verified copy of {model_id} block {block}"
         else:
             err = min(relative_error(out_wire, r) for r in refs)

@@ -32,7 +32,7 @@ def output_problem(out: torch.Tensor, reply_dtype: torch.dtype) -> str | None:
     """Why `out` must not be sent as `reply_dtype`, or None when it can be."""
     if not bool(torch.isfinite(out).all()):
         return "has NaN or Inf values"
-    limit = torch.finfo(reply_dtype).max
+    limit = codec.value_limit(reply_dtype)
     peak = float(out.abs().max()) if out.numel() else 0.0
     if peak > limit:
         return f"is out of range for {_name(reply_dtype)} (max |x| {peak:.4g} > {limit:.6g})"
@@ -178,12 +178,11 @@ class BlockService(pb_grpc.BlockNodeServicer):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_mask is reserved and not supported yet")
         try:
             x = codec.decode(request.activations, self.spec)
-            reply_dtype = (
-                x.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else codec.torch_dtype(request.reply_dtype)
-            )
+            asked = request.activations.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else request.reply_dtype
+            reply_dtype = codec.torch_dtype(asked)  # int8 in, int8 back: the link is as slow both ways
         except codec.TensorError as exc:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
-        limit = torch.finfo(reply_dtype).max * INPUT_HEADROOM
+        limit = codec.value_limit(reply_dtype) * INPUT_HEADROOM
         peak = float(x.abs().max()) if x.numel() else 0.0
         if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
             raise RequestError(
