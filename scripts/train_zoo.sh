@@ -11,11 +11,12 @@ WORK=runs/shapes
 ZOO=models/zoo/shapes
 export OMP_NUM_THREADS=1
 
-$L train --data shapes --variant baseline --out "$WORK/base" --epochs 16 --lr 3e-3 --depth 8 --threads 1 --seed 0
+$L train --data shapes --variant baseline --out "$WORK/base" --epochs 16 --lr 3e-3 --depth 8 --patch-size 8 --hflip \
+  --threads 1 --seed 0
 $L family --base "$WORK/base" --members 4 --out "$WORK" --prefix layershuffle --variant layershuffle \
   --epochs 12 --lr 3e-3 --jobs 2
 $L train --data shapes --variant baseline --init "$WORK/base" --out "$WORK/baseline" --epochs 1 --lr 1e-4 --seed 9 \
-  --threads 1
+  --hflip --threads 1
 
 mkdir -p "$ZOO"
 for model in "$WORK"/layershuffle-* "$WORK/baseline"; do

@@ -13,6 +13,8 @@ from PIL import Image
 
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import read_manifest
+from layerswarm.models.commands import inherited_augmentation
+from layerswarm.models.config import patch_size_for
 from layerswarm.models.data import load_dataset
 from layerswarm.models.reference import ReferenceResult, far_behind_warning, train_reference
 from layerswarm.models.synthetic import RELATION_CLASSES, RELATIONS, TASKS, _relation_centres, image, write
@@ -88,7 +90,19 @@ def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, caps
     assert learned["chance"] == 0.125 and 0 <= learned["reference"]["val_acc"] <= 1
     assert {"vit_val_sequential", "vit_val_arbitrary", "ratio_val_sequential"} <= set(learned)
     assert manifest.recipe["hflip"] is False
+    assert manifest.config.patch_size == 4  # derived from 32 x 32: 64 tokens, not 16
     json.dumps(learned)  # plain JSON in the manifest
+
+
+def test_family_members_inherit_the_bases_augmentation() -> None:
+    assert inherited_augmentation({"augment": True, "hflip": False}) == []
+    assert inherited_augmentation({"augment": True, "hflip": True}) == ["--hflip"]
+    assert inherited_augmentation({"augment": False, "hflip": True}) == ["--no-augment"]
+    assert inherited_augmentation({"augment": True}) == ["--hflip"]  # recorded before hflip existed: it flipped
+
+
+def test_patch_size_follows_the_image_size() -> None:
+    assert [patch_size_for(s) for s in (16, 28, 32, 64, 224, 7)] == [2, 4, 4, 8, 16, 1]
 
 
 def test_datasets_command_writes_a_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

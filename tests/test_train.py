@@ -219,7 +219,7 @@ def test_image_size_must_match_the_init_model(tmp_path: Path, capsys: pytest.Cap
     assert main(["train", *common, "--init", str(tmp_path / "a"), "--out", str(tmp_path / "c")]) == 0
     assert read_manifest(tmp_path / "c").config.image_size == 16  # the size follows the init model
     capsys.readouterr()
-    assert main(["train", *common, "--image-size", "20", "--out", str(tmp_path / "d")]) == 2
+    assert main(["train", *common, "--image-size", "20", "--patch-size", "8", "--out", str(tmp_path / "d")]) == 2
     assert "--image-size 20 is not a multiple of --patch-size 8" in capsys.readouterr().err
 
 

@@ -68,7 +68,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--depth", type=positive_int, default=6, help="blocks (from scratch only)")
     p.add_argument("--dim", type=positive_int, default=64, help="embedding size D (from scratch only)")
     p.add_argument("--heads", type=positive_int, default=4, help="attention heads (from scratch only)")
-    p.add_argument("--patch-size", type=positive_int, default=8, help="patch side P (from scratch only)")
+    p.add_argument(
+        "--patch-size",
+        type=positive_int,
+        help="patch side P (from scratch only; none: from the image size, the largest of 16, 8, 4, 2 leaving at "
+        "least 7 patches a side: 32 x 32 -> 4)",
+    )
     add_image_args(p)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")

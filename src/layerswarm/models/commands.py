@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import read_manifest, save_model
+from .config import patch_size_for
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
 from .reference import compare, far_behind_warning, train_reference
@@ -39,8 +40,9 @@ def train_main(args: argparse.Namespace) -> int:
         else args.device
     )
     image_size = resolve_image_size(args.init, args.image_size)
-    if args.init is None and (image_size or 32) % args.patch_size:
-        raise ValueError(f"--image-size {image_size or 32} is not a multiple of --patch-size {args.patch_size}")
+    patch_size = args.patch_size or patch_size_for(image_size or 32)
+    if args.init is None and (image_size or 32) % patch_size:
+        raise ValueError(f"--image-size {image_size or 32} is not a multiple of --patch-size {patch_size}")
     data = load_dataset(
         args.data,
         seed=args.data_seed,
@@ -48,7 +50,9 @@ def train_main(args: argparse.Namespace) -> int:
         workers=args.workers,
         memory_limit_bytes=args.data_memory_mb << 20,
     )
-    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": args.patch_size}
+    if args.patch_size is None and args.init is None:  # the data's own size decides (imagefolder: native)
+        patch_size = patch_size_for(data.image_shape[1])
+    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size}
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
     recipe = TrainRecipe(
         variant=args.variant,
@@ -157,11 +161,21 @@ def resolve_image_size(init: str | None, asked: int | None) -> int | None:
     return own or asked
 
 
+def inherited_augmentation(recipe: dict[str, Any]) -> list[str]:
+    """The base's augmentation choices as `train` flags: members learn under the base's rules (a base
+    trained without flips must not get member fine-tunes that flip). Manifests written before `hflip`
+    was recorded flipped whenever they augmented."""
+    augment = bool(recipe.get("augment", True))
+    if not augment:
+        return ["--no-augment"]
+    return ["--hflip"] if recipe.get("hflip", augment) else []
+
+
 def family_main(args: argparse.Namespace) -> int:
     base = read_manifest(args.base)
     data = args.data or base.dataset.get("spec")
     if not data:
-        raise SystemExit("layerswarm family: --data is needed (the base manifest names no dataset)")
+        raise ValueError("--data is needed (the base manifest names no dataset)")
     data_seed = str(base.dataset.get("data_seed", 0))
     cmds = []
     for i in range(args.members):
@@ -196,6 +210,7 @@ def family_main(args: argparse.Namespace) -> int:
                 str(args.threads),
                 "--workers",
                 str(args.workers),
+                *inherited_augmentation(base.recipe),
             ]
         )
     failed = _run_parallel(cmds, args.jobs)

@@ -16,6 +16,18 @@ def is_shuffle_robust(variant: str) -> bool:
     return variant in SHUFFLE_ROBUST_VARIANTS
 
 
+MIN_PATCHES_A_SIDE = 7  # a from-scratch ViT needs tokens to attend across: 32 x 32 with 8-pixel patches has 16
+
+
+def patch_size_for(image_size: int) -> int:
+    """The patch side a from-scratch model of this image size gets: the largest of 16, 8, 4, 2 that divides
+    it and leaves at least MIN_PATCHES_A_SIDE patches a side (32 -> 4, 16 -> 2, 64 -> 8, 224 -> 16)."""
+    for patch in (16, 8, 4, 2):
+        if image_size % patch == 0 and image_size // patch >= MIN_PATCHES_A_SIDE:
+            return patch
+    return 1
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     image_size: int = 32
