@@ -158,3 +158,23 @@ def test_cli_train_family_eval_on_text(tmp_path: Path, capsys: pytest.CaptureFix
         model_tokenizer(base)
     model, _ = load_model(member)
     assert isinstance(model, TextEncoder)
+
+
+def test_text_depth_command_writes_tables_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerswarm.models.text.depth import DEPTH_POLICY
+
+    out = tmp_path / "m"
+    common = ["--data", "words:300:60", "--epochs", "1", "--depth", "2", "--dim", "16", "--heads", "2"]
+    assert main(["train", *common, "--warmup-steps", "2", "--max-tokens", "20", "--out", str(out)]) == 0
+    report = tmp_path / "depth.json"
+    assert main(["text-depth", str(out), "--sentences", "20", "--orders", "1", "--json", str(report)]) == 0
+    policy = read_manifest(out).policy[DEPTH_POLICY]
+    assert policy["bins"] == 2 and len(policy["mi"]) == read_manifest(out).config.vocab_size
+    assert all(1 <= d <= 2 for d in policy["mi"] + policy["reconstruction"])
+    rows = json.loads(report.read_text())["m"]["results"]
+    assert rows["full"]["mean_depth_per_token"] == 2.0 and rows["full"]["compute_reduction"] == 1.0
+    assert (
+        rows["mi"]["sequential"]["tokens_computed_per_sentence"]
+        <= rows["full"]["sequential"]["tokens_computed_per_sentence"]
+    )
+    assert set(rows) == {"full", "mi", "reconstruction", f"fixed-{max(1, round(rows['mi']['mean_depth_per_token']))}"}

@@ -34,6 +34,7 @@ COMMANDS = (
     "zoo",
     "samples",
     "datasets",
+    "text_depth",
 )
 
 EXAMPLES = """\

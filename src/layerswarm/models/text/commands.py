@@ -135,3 +135,36 @@ def text_eval_main(args: argparse.Namespace, spec: str) -> int:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(render_table(report))
     return 0
+
+
+def text_depth_main(args: argparse.Namespace) -> int:
+    """Depth tables from each model's own training split, written to its policy, then evaluated on
+    its test split."""
+    from .depth import DEPTH_POLICY, depth_policy, mi_depths, reconstruction_depths
+    from .depth_eval import evaluate_depths
+
+    report: dict[str, Any] = {}
+    for model_dir in args.model_dirs:
+        manifest = read_manifest(model_dir)
+        spec = manifest.dataset.get("spec")
+        if not manifest.config.is_text or not spec:
+            raise SystemExit(f"layerswarm text-depth: {model_dir} is not a text model with a recorded dataset")
+        data = load_text_data(str(spec), model_dir)
+        model, _ = load_model(model_dir)
+        cfg = model.cfg
+        assert isinstance(data.train_x, torch.Tensor) and isinstance(data.test_x, torch.Tensor)
+        mi = mi_depths(data.train_x, data.train_y, cfg.vocab_size, cfg.num_classes, bins=cfg.depth)
+        recon = reconstruction_depths(model, data.train_x, max_sentences=args.sentences)
+        policy = depth_policy(mi, recon, cfg.depth)
+        if not args.no_write:
+            write_entry(model_dir, DEPTH_POLICY, policy)
+        name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
+        report[name] = {
+            "mean_table_depth": policy["mean_over_vocab"],
+            "results": evaluate_depths(model, data.test_x, data.test_y, policy, orders=args.orders),
+        }
+        print(json.dumps({name: report[name]["results"]}))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
