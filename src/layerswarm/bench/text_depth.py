@@ -2,7 +2,7 @@
 from a text model's test split, full depth vs the MI and reconstruction estimates, in sequential and
 shuffled order. Per request: accuracy, latency, hops, tokens computed and tensor bytes on the wire
 (request: every real token's state and the mask; reply: the updated tokens only). Ratios are against
-full depth measured in the same run. Run by `layerswarm text-depth --swarm N`.
+full depth measured in the same run. Run by `layerswarm depth --swarm N`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ COMMANDS = (
     "zoo",
     "samples",
     "datasets",
-    "text_depth",
+    "depth",
 )
 
 EXAMPLES = """\

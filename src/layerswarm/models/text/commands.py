@@ -148,7 +148,7 @@ def text_depth_main(args: argparse.Namespace) -> int:
         manifest = read_manifest(model_dir)
         spec = manifest.dataset.get("spec")
         if not manifest.config.is_text or not spec:
-            raise SystemExit(f"layerswarm text-depth: {model_dir} is not a text model with a recorded dataset")
+            raise SystemExit(f"layerswarm depth: {model_dir} is not a text model with a recorded dataset")
         data = load_text_data(str(spec), model_dir)
         model, _ = load_model(model_dir)
         cfg = model.cfg

@@ -118,7 +118,7 @@ def token_depths(policy: object, estimate: str, ids: Tensor) -> Tensor:
     if estimate not in ESTIMATES:
         raise ValueError(f"unknown token depth estimate {estimate!r}: choose one of {', '.join(ESTIMATES)}")
     if not isinstance(policy, dict) or not isinstance(policy.get(estimate), list):
-        raise ValueError(f"this model has no {estimate} token depths: run `layerswarm text-depth MODEL_DIR`")
+        raise ValueError(f"this model has no {estimate} token depths: run `layerswarm depth MODEL_DIR`")
     table = torch.tensor(policy[estimate], dtype=torch.long)
     if int(ids.max()) >= len(table):
         raise ValueError("the depth table is shorter than the vocabulary")

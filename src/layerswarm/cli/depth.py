@@ -1,4 +1,4 @@
-"""`layerswarm text-depth`: per-token depth tables for a text model, and what they cost in accuracy."""
+"""`layerswarm depth`: per-token depth tables for a text model, and what they cost in accuracy."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from .base import Subparsers, add_command, int_at_least
 def register(sub: Subparsers) -> None:
     p = add_command(
         sub,
-        "text-depth",
+        "depth",
         run,
-        help="per-token depth (mutual information, reconstruction) for text models",
+        help="per-token depth for text models (mutual information, reconstruction)",
         description="Estimate each word's depth from the model's training data (MI: log-scaled, N equal-width "
         "bins, smoothing 0.1; reconstruction: argmin_n(loss_n - 0.1 n)), write the tables into each model "
         "directory's policy, and evaluate accuracy and mean depth per token against full depth.",
