@@ -142,7 +142,11 @@ async def test_image_block_refuses_a_token_mask(model_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def text_swarm(text_dir: Path) -> Iterator[httpx.Client]:
     nodes: list[Proc] = start_nodes([(text_dir, b) for b in range(3)])
-    coord = coordinator_process(text_dir, nodes, "--health-interval", "0.2", "--wire-dtype", "fp32")
+    try:
+        coord = coordinator_process(text_dir, nodes, "--health-interval", "0.2", "--wire-dtype", "fp32")
+    except BaseException:
+        stop_all(nodes)  # a coordinator that cannot start must not leave its nodes behind
+        raise
     client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=20)
     try:
         yield client
