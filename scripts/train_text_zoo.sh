@@ -27,4 +27,4 @@ for model in "$WORK"/member-* "$WORK/base"; do
   cp "$model"/manifest.json "$model"/tokenizer.json "$model"/*.safetensors "$ZOO/$name/"
 done
 $L eval "$ZOO"/layershuffle-* "$ZOO/baseline" --json "$ZOO/report.json" | tee "$ZOO/report.md"
-$L depth "$ZOO/layershuffle-0" --json "$ZOO/depth.json" --swarm 200
+$L depth "$ZOO/layershuffle-0" --json "$ZOO/depth.json" --swarm 200 --sentences 300 --orders 3
