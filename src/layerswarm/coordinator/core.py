@@ -366,7 +366,7 @@ class Coordinator:
 
     def _topology(self, steps: int) -> str:
         """star or relay for this route: the setting, or under `auto` the measured faster one."""
-        if self.relay is None or steps < 2:
+        if self.relay is None or steps < 2 or self.config.is_text:  # relays do not carry token masks yet
             return "star"
         return self.topology.choose() if self.topology is not None else "relay"
 
