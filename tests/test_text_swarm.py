@@ -191,3 +191,31 @@ def test_bad_text_requests_get_json_4xx(
     reply = text_swarm.post(path, json=payload)
     assert reply.status_code == status, reply.text
     assert reply.json()["error"] == error
+
+
+async def test_text_hops_in_half_precision_and_int8(text_dir: Path) -> None:
+    """The compact wire formats carry text hops too: the reply holds the active tokens only."""
+    from layerswarm.coordinator.text_hops import text_reply
+
+    node = Node(NodeSettings(model_dir=text_dir, block=0, advertise=False, grace_s=0.5))
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
+            stub = pb_grpc.BlockNodeStub(channel)
+            x = torch.randn(1, 4, 32)
+            mask = torch.tensor([[ACTIVE_CODE, FROZEN_CODE, ACTIVE_CODE, PAD_CODE]])
+            exact = run_active(load_block(text_dir, 0), x, 0, mask)
+            for dtype in (torch.float16, torch.int8):
+                req = pb.ForwardRequest(
+                    request_id="t",
+                    activations=codec.encode(x, dtype),
+                    position=0,
+                    token_mask=codec.encode(mask),
+                    reply_dtype=codec.wire_dtype(dtype),  # type: ignore[arg-type]
+                )
+                reply = await stub.Forward(req)
+                out = text_reply(x, mask, reply.activations, dtype)
+                assert torch.equal(out[0, [1, 3]], x[0, [1, 3]])  # frozen and padding untouched
+                torch.testing.assert_close(out[0, [0, 2]], exact, rtol=0.05, atol=0.05)
+    finally:
+        await node.stop()

@@ -18,7 +18,7 @@ def text_reply(x: torch.Tensor, mask: torch.Tensor, reply: pb.Tensor, wire_dtype
     n_active = active_count(mask)
     spec = codec.TensorSpec((n_active, x.shape[-1]))
     updates = codec.decode(reply, spec)
-    if updates.dtype != wire_dtype:
+    if codec.torch_dtype(reply.dtype) != wire_dtype:  # int8 decodes to float32: compare the wire's own
         raise codec.TensorError(f"reply dtype {updates.dtype}, asked for {wire_dtype}")
     return scatter_active(x, mask, updates.to(torch.float32))
 
