@@ -14,7 +14,6 @@ from typing import Any, Literal
 import torch
 from fastapi import FastAPI, Request
 from pydantic import Field, ValidationError
-from starlette.responses import Response
 
 from layerswarm.models.checkpoint import TOKENIZER, verified_file
 from layerswarm.models.text.depth import DEPTH_POLICY, token_depths
@@ -24,7 +23,7 @@ from .activity import Activity
 from .bodies import read_json_object
 from .core import ClassifyOptions, Coordinator
 from .exits import ExitRuleError
-from .http_errors import ApiError, describe, error_response
+from .http_errors import ApiError, describe
 from .limits import Gate
 from .planner import Policy
 from .serving import Busy, TooThin, classify_batch
@@ -48,15 +47,10 @@ def mount_text(app: FastAPI, coordinator: Coordinator, activity: Activity, gate:
         load_tokenizer(verified_file(coordinator.settings.model_dir, manifest, TOKENIZER)) if cfg.is_text else None
     )
 
-    if cfg.is_text:
-
-        @app.middleware("http")
-        async def _refuse_images(request: Request, call_next: Any) -> Response:
-            if request.url.path in IMAGE_ROUTES and request.method == "POST":
-                detail = 'this coordinator serves a text family: POST JSON {"text": ...} to /v1/classify/text'
-                return error_response(400, "wrong_family", detail)
-            response: Response = await call_next(request)
-            return response
+    if cfg.is_text:  # the image routes answer a clear 400 (behind the API keys, like every route)
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in IMAGE_ROUTES]
+        for path in IMAGE_ROUTES:
+            app.add_api_route(path, _wrong_family, methods=["POST"], include_in_schema=False)
 
     @app.post(
         "/v1/classify/text", response_model=ClassifyResponse, responses={400: {}, 413: {}, 422: {}, 429: {}, 503: {}}
@@ -92,6 +86,11 @@ def mount_text(app: FastAPI, coordinator: Coordinator, activity: Activity, gate:
             except TooThin as exc:
                 raise ApiError(503, "insufficient_depth", str(exc)) from exc
         return _response(result, cfg.class_names, params.top_k)
+
+
+async def _wrong_family() -> None:
+    detail = 'this coordinator serves a text family: POST JSON {"text": ...} to /v1/classify/text'
+    raise ApiError(400, "wrong_family", detail)
 
 
 def _options(params: Any, depth: torch.Tensor | None) -> ClassifyOptions:
