@@ -219,3 +219,19 @@ async def test_text_hops_in_half_precision_and_int8(text_dir: Path) -> None:
                 torch.testing.assert_close(out[0, [0, 2]], exact, rtol=0.05, atol=0.05)
     finally:
         await node.stop()
+
+
+@pytest.mark.slow
+def test_up_runs_the_text_family_with_kills() -> None:
+    """`layerswarm up --family text`: the same demo with sentences, nodes killed mid-run."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "layerswarm", "up", "--family", "text", "--json", "--requests", "6"]
+    cmd += ["--network", "loopback", "--nodes", "8", "--kill", "2"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["requests"] == 12 and summary["succeeded"] == 12 and summary["nodes_killed"] == 2
+    assert summary["accuracy"] > 0.5  # 12 classes: chance is 0.083
