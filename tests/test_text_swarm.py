@@ -183,6 +183,7 @@ def test_classify_text_through_the_swarm(text_swarm: httpx.Client, text_dir: Pat
         ("/v1/classify/text", {"text": "red", "token_depth": "deep"}, 422, "invalid_request"),
         ("/v1/classify/text", {"text": "red", "nonsense": 1}, 422, "invalid_request"),
         ("/v1/classify", {"image_base64": "AAAA"}, 400, "wrong_family"),
+        ("/v2/models/x/infer", {"inputs": []}, 400, "wrong_family"),
     ],
 )
 def test_bad_text_requests_get_json_4xx(

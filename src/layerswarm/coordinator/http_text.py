@@ -29,7 +29,12 @@ from .planner import Policy
 from .serving import Busy, TooThin, classify_batch
 
 MAX_TEXT_CHARS = 100_000  # far past any family's token limit: a bound on tokenizer work, not the rule
-IMAGE_ROUTES = ("/v1/classify", "/v1/classify/batch")
+IMAGE_ROUTES = (  # routes that take images: a text family answers them 400 wrong_family
+    "/v1/classify",
+    "/v1/classify/batch",
+    "/v2/models/{model}/infer",
+    "/v2/models/{model}/versions/{model_version}/infer",
+)
 
 
 def mount_text(app: FastAPI, coordinator: Coordinator, activity: Activity, gate: Gate) -> None:
