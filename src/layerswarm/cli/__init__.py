@@ -34,6 +34,7 @@ COMMANDS = (
     "zoo",
     "samples",
     "datasets",
+    "depth",
 )
 
 EXAMPLES = """\

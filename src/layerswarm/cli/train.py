@@ -7,9 +7,9 @@ from pathlib import Path
 
 from layerswarm.models.config import VARIANTS  # torch-free: building the parser stays fast
 
-from .base import Subparsers, add_command, non_negative_int, positive_int
+from .base import Subparsers, add_command, int_at_least, non_negative_int, positive_int
 
-DATA_HELP = "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH"
+DATA_HELP = "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH | words[...] | csv:PATH | jsonl:PATH"
 
 
 def data_spec(text: str) -> str:
@@ -74,6 +74,10 @@ def register(sub: Subparsers) -> None:
         help="patch side P (from scratch only; none: from the image size, the largest of 16, 8, 4, 2 leaving at "
         "least 7 patches a side: 32 x 32 -> 4)",
     )
+    p.add_argument(
+        "--max-tokens", type=int_at_least(2), default=32, help="text: longest sequence, [CLS] included (from scratch)"
+    )
+    p.add_argument("--vocab-size", type=int_at_least(8), default=8000, help="text: tokenizer vocabulary (from scratch)")
     add_image_args(p)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")

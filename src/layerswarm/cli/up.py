@@ -57,6 +57,7 @@ def register(sub: Subparsers) -> None:
         "no multicast; auto: netns when possible",
     )
     p.add_argument("--family-dir", type=Path, help="folder of model directories (none: the shipped family)")
+    p.add_argument("--family", help="a shipped family by name (shapes, text); --family-dir wins if both are given")
     p.add_argument("--seed", type=int, default=UpOptions.seed, help="seed of samples, paths and victims")
 
 
@@ -70,7 +71,15 @@ def run(args: argparse.Namespace) -> int:
         return mdns  # the exit status: re-executed in a private namespace, or refused
     from layerswarm.harness.procs import ProcessError
 
-    opts = UpOptions(args.nodes, args.requests, args.kill, mdns, args.family_dir, args.seed)
+    family_dir = args.family_dir
+    if family_dir is None and args.family:
+        from layerswarm.models.zoo import family_root
+
+        family_dir = family_root(args.family)
+        if not family_dir.is_dir():
+            print(f"layerswarm up: error: --family {args.family}: no such shipped family", file=sys.stderr)
+            return 2
+    opts = UpOptions(args.nodes, args.requests, args.kill, mdns, family_dir, args.seed)
     try:
         summary = run_up(opts)
     except (ProcessError, TimeoutError) as exc:  # a swarm that did not come up: say which part, not where
@@ -150,12 +159,16 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
 
 
 def classify_many(client: Any, phase: Phase, samples: list[Any], rng: random.Random) -> None:
-    progress(f"{phase.name}: classifying {len(samples)} images over HTTP...")
+    progress(f"{phase.name}: classifying {len(samples)} samples over HTTP...")
     for sample in samples:
         label = sample.label
-        reply = client.post(
-            "/v1/classify", files={"file": ("x.png", sample.png, "image/png")}, data={"seed": str(rng.randrange(2**31))}
-        )
+        seed = rng.randrange(2**31)
+        if isinstance(sample.png, str):  # a text family's sample: the text itself
+            reply = client.post("/v1/classify/text", json={"text": sample.png, "seed": seed})
+        else:
+            reply = client.post(
+                "/v1/classify", files={"file": ("x.png", sample.png, "image/png")}, data={"seed": str(seed)}
+            )
         body = reply.json()
         row: dict[str, Any] = {"status": reply.status_code, "label": label}
         if reply.status_code == 200:
@@ -172,6 +185,20 @@ def classify_many(client: Any, phase: Phase, samples: list[Any], rng: random.Ran
         phase.results.append(row)
 
 
+TEXT_DATA = ("words", "csv", "jsonl")
+
+
+def text_samples(model_dir: Path, indices: list[int]) -> list[Any]:
+    """A text family's test sentences with their class names (sent as {"text": ...})."""
+    from layerswarm.harness.samples import Sample
+    from layerswarm.models.checkpoint import read_manifest
+    from layerswarm.models.text.data import load_corpus
+
+    manifest = read_manifest(model_dir)
+    corpus = load_corpus(str(manifest.dataset["spec"]), seed=int(manifest.dataset.get("data_seed", 0)))
+    return [Sample(corpus.test_texts[i], corpus.class_names[int(corpus.test_y[i])]) for i in indices]  # type: ignore[arg-type]
+
+
 def run_up(opts: UpOptions) -> dict[str, Any]:
     import httpx
 
@@ -183,7 +210,8 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
     nodes, coordinator, members = start_swarm(opts)
     try:
         data = task_data(members[0])
-        samples = labelled_samples(data, rng.sample(range(len(data.test_y)), 2 * opts.requests_per_phase))
+        picked = rng.sample(range(len(data.test_y)), 2 * opts.requests_per_phase)
+        samples = text_samples(members[0], picked) if data.name in TEXT_DATA else labelled_samples(data, picked)
         base = f"http://127.0.0.1:{coordinator.ready['port']}"
         with httpx.Client(base_url=base, timeout=30.0) as client:
             progress(f"coordinator on {base}; waiting until all {len(nodes)} nodes are healthy...")

@@ -16,6 +16,7 @@ from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
 from layerswarm.models.checkpoint import load_stem_head as load_parts
 from layerswarm.models.exits import ExitPolicy
+from layerswarm.models.text.tokenizer import PAD_ID
 from layerswarm.wire import codec
 from layerswarm.wire.auth import derive_key
 
@@ -64,6 +65,7 @@ class ClassifyOptions:
     ensemble_mode: str = "adaptive"  # adaptive: another route only while unsure; parallel: all at once
     ensemble_confidence: float | None = None  # adaptive: unsure below this; None: the calibrated value
     repeats: bool | None = None  # None: where calibration showed repeated blocks help
+    token_depth: torch.Tensor | None = None  # text: (B, T) hops per token before it freezes (None: all)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class _RouteSetup:
     deadline: float
     request_id: str
     anytime_deadline: float | None  # the caller's budget: no hop starts past it once min depth ran
+    key_mask: torch.Tensor | None = None  # text: real tokens of the ids
 
 
 def family_spec(settings: CoordinatorSettings) -> FamilySpec:
@@ -156,7 +159,8 @@ class Coordinator:
         self.adaptive = load_defaults(settings.model_dir, settings.exit_rule, settings.exit_threshold)
         log.info("adaptive compute defaults: %s", self.adaptive.to_json())
         self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
-        self.spec = codec.TensorSpec((None, self.config.num_tokens, self.config.dim), max_batch=settings.max_batch)
+        tokens = None if self.config.is_text else self.config.num_tokens  # text: any T up to the maximum
+        self.spec = codec.TensorSpec((None, tokens, self.config.dim), max_batch=settings.max_batch)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
         self._requests_open = 0  # changed only by begin_request / end_request
         for peer in settings.peers:
@@ -270,7 +274,8 @@ class Coordinator:
         return False, f"only {depth} of {self.config.depth} blocks reachable, minimum depth is {need}"
 
     async def classify(self, images: torch.Tensor, opts: ClassifyOptions) -> Classification:
-        """images: (B, C, H, W) float32 in [0, 1]. Raises DepthError when too few blocks can run, and
+        """images: (B, C, H, W) float32 in [0, 1], or for a text family (B, T) token ids ([PAD]-filled;
+        models/text/tokenizer.py). Raises DepthError when too few blocks can run, and
         ValueError for an invalid exit rule or threshold."""
         started = time.monotonic()
         await self.wait_first_round(self.settings.request_timeout_s / 2)
@@ -285,6 +290,7 @@ class Coordinator:
             deadline=started + budget_s,
             request_id=uuid.uuid4().hex[:16],
             anytime_deadline=None if opts.deadline_ms is None else started + opts.deadline_ms / 1e3,
+            key_mask=images != PAD_ID if self.config.is_text else None,
         )
 
         async def route(index: int) -> Route:
@@ -337,6 +343,8 @@ class Coordinator:
             anytime_deadline=setup.anytime_deadline,
             hedge_quantile=self.settings.hedge_quantile,
             hedge_min_ms=self.settings.hedge_min_ms,
+            key_mask=setup.key_mask,
+            token_depth=setup.opts.token_depth,
         )
         started = time.monotonic()
         if topology == "relay" and self.relay is not None:
@@ -358,7 +366,7 @@ class Coordinator:
 
     def _topology(self, steps: int) -> str:
         """star or relay for this route: the setting, or under `auto` the measured faster one."""
-        if self.relay is None or steps < 2:
+        if self.relay is None or steps < 2 or self.config.is_text:  # relays do not carry token masks yet
             return "star"
         return self.topology.choose() if self.topology is not None else "relay"
 

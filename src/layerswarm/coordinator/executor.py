@@ -25,6 +25,7 @@ from .clients import ClientPool
 from .linkmap import COORDINATOR
 from .planner import Plan, substitutes
 from .registry import NodeRecord, Registry
+from .text_hops import hop_mask, text_hop_cost, text_reply
 from .verify import Lie, Verifier, hard_range_problem
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,15 @@ class Hop:
     repeat: bool = False  # a block index that already ran, run again on purpose (too few indices reachable)
     attempts: list[Attempt] = field(default_factory=list)
     send_ms: float | None = None  # relayed hops: forwarding to the next node (less its compute)
+    tokens: int | None = None  # text: tokens this hop computed (frozen ones only read)
+    wire_bytes: int | None = None  # text: tensor payload bytes of request and reply
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["latency_ms"] = round(self.latency_ms, 3)
+        for key in ("tokens", "wire_bytes"):  # image traces keep their keys
+            if data[key] is None:
+                data.pop(key)
         return data
 
 
@@ -105,6 +111,8 @@ class ExecOptions:
     used_blocks: frozenset[int] = frozenset()  # block indices that already ran earlier in the path
     force_verify: bool = False  # re-execute every hop (a hop sampled out of a relay chain)
     path_length: int | None = None  # blocks in the whole path (None: this plan's)
+    key_mask: torch.Tensor | None = None  # text: (B, T) True for real tokens; hops carry a token mask
+    token_depth: torch.Tensor | None = None  # text: (B, T) hops each token runs before it freezes
 
 
 DEADLINE_REACHED = "request deadline reached"
@@ -207,6 +215,8 @@ class PathExecutor:
             hop.model_id = winner.identity.model_id if winner.identity else None
             hop.outcome = "substituted" if hop.attempts else "hedged" if hop.hedged_to == winner.address else "ok"
             state.used.add(winner.block)
+            if state.opts.key_mask is not None:
+                hop.tokens, hop.wire_bytes = text_hop_cost(x, state.opts.key_mask, state.opts.token_depth, hop.position)
             return out
         hop.outcome = "skipped"
         return None
@@ -273,8 +283,13 @@ class PathExecutor:
         opts = state.opts
         timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
         activations = codec.encode(x, opts.wire_dtype)
+        token_mask = None if opts.key_mask is None else hop_mask(opts.key_mask, opts.token_depth, position)
         request = pb.ForwardRequest(
-            request_id=opts.request_id, activations=activations, position=position, path_length=state.path_length
+            request_id=opts.request_id,
+            activations=activations,
+            position=position,
+            path_length=state.path_length,
+            token_mask=None if token_mask is None else codec.encode(token_mask),
         )
         record.begin_call()
         started = time.monotonic()
@@ -288,6 +303,10 @@ class PathExecutor:
             record.end_call()
         self._observe_links(record, (time.monotonic() - started) * 1e3, reply, len(activations.data))
         try:
+            if token_mask is not None:  # text: the reply holds the active tokens only
+                out = text_reply(x, token_mask, reply.activations, opts.wire_dtype)
+                await self._verify(record, x, out, position, opts, token_mask)
+                return out
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:
                 raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
@@ -308,7 +327,13 @@ class PathExecutor:
         self.registry.links.observe(record.address, COORDINATOR, len(reply.activations.data), one_way)
 
     async def _verify(
-        self, record: NodeRecord, x: torch.Tensor, out: torch.Tensor, position: int, opts: ExecOptions
+        self,
+        record: NodeRecord,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        position: int,
+        opts: ExecOptions,
+        token_mask: torch.Tensor | None = None,
     ) -> None:
         """Blame the node whose reply is wrong, before its output reaches the next (honest) hop."""
         if self.verifier is None:
@@ -318,6 +343,8 @@ class PathExecutor:
                 raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
             return
         try:
-            await self.verifier.check(record, x, out, position, opts.wire_dtype, force=opts.force_verify)
+            await self.verifier.check(
+                record, x, out, position, opts.wire_dtype, force=opts.force_verify, token_mask=token_mask
+            )
         except Lie as exc:
             raise HopFailed(str(exc), quarantine=True, evidence=exc.evidence) from exc

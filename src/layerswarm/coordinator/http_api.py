@@ -34,6 +34,7 @@ from .executor import PathResult
 from .exits import ExitRuleError
 from .front_door import FrontDoor
 from .http_errors import ApiError, describe, error_response
+from .http_text import mount_text
 from .images import ImageError, decode_batch
 from .imaging import Decoder
 from .kserve import mount_kserve
@@ -305,6 +306,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     mount_kserve(app, coordinator, activity)
     mount_page(app, coordinator, activity)
+    mount_text(app, coordinator, activity, gate)  # POST /v1/classify/text (coordinator/http_text.py)
     return app
 
 

@@ -35,6 +35,7 @@ import torch
 
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, load_block, read_manifest
+from layerswarm.models.text.tokens import run_active, scatter_active
 from layerswarm.models.vit import Block
 from layerswarm.wire import codec
 
@@ -131,9 +132,11 @@ class Verifier:
         position: int,
         wire: torch.dtype,
         force: bool = False,
+        token_mask: torch.Tensor | None = None,
     ) -> None:
         """Raise Lie when `out` (the node's reply to `x` at `position`) is wrong; return when it passes.
-        `force`: re-execute whatever the sampling rate says (the hop was sampled already)."""
+        `force`: re-execute whatever the sampling rate says (the hop was sampled already).
+        token_mask: a text hop's mask (models/text/tokens.py): the reference computes the same tokens."""
         ident = record.identity
         if ident is None:
             return
@@ -149,7 +152,7 @@ class Verifier:
             self.counters.flagged += 1
         if soft is None and not on_probation and not force and self._rng.random() >= self.settings.rate:
             return
-        evidence = await self._reexecute(ident.model_id, ident.block, x, out, position, wire)
+        evidence = await self._reexecute(ident.model_id, ident.block, x, out, position, wire, token_mask)
         if evidence is not None:
             if soft is not None:
                 evidence["range_filter"] = soft["discrepancy"]
@@ -193,7 +196,14 @@ class Verifier:
     # --- layer 2: re-execution -------------------------------------------------------------------------
 
     async def _reexecute(
-        self, model_id: str, block: int, x: torch.Tensor, out: torch.Tensor, position: int, wire: torch.dtype
+        self,
+        model_id: str,
+        block: int,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        position: int,
+        wire: torch.dtype,
+        token_mask: torch.Tensor | None = None,
     ) -> dict[str, Any] | None:
         """None when `out` agrees with a reference; otherwise the evidence."""
         known = model_id in self.manifests
@@ -202,9 +212,9 @@ class Verifier:
         x_wire = codec.as_sent(x, wire)  # exactly what the node received
         started = time.perf_counter()
         if known:
-            refs = await self._run([(model_id, block)], x_wire, position)
+            refs = await self._run([(model_id, block)], x_wire, position, token_mask)
         else:
-            refs = await self._run([(m, block) for m in self.manifests], x_wire, position)
+            refs = await self._run([(m, block) for m in self.manifests], x_wire, position, token_mask)
         self.counters.reexecuted += 1
         self.counters.reexecute_ms += (time.perf_counter() - started) * 1e3
         out_wire = codec.as_sent(out, wire)
@@ -226,10 +236,17 @@ class Verifier:
             "position": position,
         }
 
-    async def _run(self, keys: list[tuple[str, int]], x: torch.Tensor, position: int) -> list[torch.Tensor]:
+    async def _run(
+        self, keys: list[tuple[str, int]], x: torch.Tensor, position: int, token_mask: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        def reference(block: Block) -> torch.Tensor:
+            if token_mask is None:
+                return block(x, position)
+            return scatter_active(x, token_mask, run_active(block, x, position, token_mask))
+
         def compute() -> list[torch.Tensor]:
             with torch.inference_mode():
-                return [self._block(model_id, index)(x, position) for model_id, index in keys]
+                return [reference(self._block(model_id, index)) for model_id, index in keys]
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, compute)
 

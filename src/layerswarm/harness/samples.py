@@ -25,6 +25,10 @@ def task_data(model_dir: Path) -> Dataset:
     """The data a model directory was trained on (its manifest names the spec and the seed)."""
     manifest = read_manifest(model_dir)
     spec, seed = manifest.dataset["spec"], int(manifest.dataset.get("data_seed", 0))
+    if manifest.config.is_text:
+        from layerswarm.models.text.commands import load_text_data
+
+        return load_text_data(spec, model_dir)
     return load_dataset(spec, seed=seed, image_size=manifest.config.image_size)
 
 

@@ -28,6 +28,8 @@ from torch import nn
 from .config import ViTConfig
 from .vit import Block, Head, Stem, ViT
 
+TOKENIZER = "tokenizer.json"  # text models: the tokenizer, hashed like the weights
+
 FORMAT = "layerswarm.model"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -125,6 +127,10 @@ def save_model(
         save_file(tensors, str(out / name), metadata={"format": FORMAT})
         files[name] = sha256_file(out / name)
     cfg = model.cfg
+    if cfg.is_text:
+        if not (out / TOKENIZER).is_file():
+            raise ValueError(f"{out}: a text model needs its {TOKENIZER} written before the weights are saved")
+        files[TOKENIZER] = sha256_file(out / TOKENIZER)
     model_id = derive_model_id(cfg, files)
     if lineage.source == "scratch":
         lineage = Lineage(root=model_id, parent=None, source="scratch")
@@ -208,6 +214,8 @@ def read_manifest(model_dir: str | os.PathLike[str]) -> Manifest:
             raise
         raise ModelDirError(f"{path}: malformed manifest ({exc})") from exc
     expected_files = {"stem.safetensors", "head.safetensors"} | {block_file(i) for i in range(cfg.depth)}
+    if cfg.is_text:
+        expected_files.add(TOKENIZER)
     if set(manifest.files) != expected_files:
         raise ModelDirError(f"{path}: lists files {sorted(manifest.files)}, expected {sorted(expected_files)}")
     if manifest.model_id != derive_model_id(cfg, manifest.files):
@@ -252,17 +260,45 @@ def load_block(model_dir: str | os.PathLike[str], index: int, manifest: Manifest
     return block.eval()
 
 
+def verified_file(model_dir: str | os.PathLike[str], manifest: Manifest, name: str) -> Path:
+    """The path of a non-tensor part (a text model's tokenizer) after checking its sha256."""
+    path = Path(model_dir) / name
+    if name not in manifest.files or not path.is_file():
+        raise ModelDirError(f"{model_dir}: missing {name} (or the manifest does not list it)")
+    if sha256_file(path) != manifest.files[name]:
+        raise ModelDirError(f"{path}: sha256 does not match the manifest (tampered or corrupted)")
+    return path
+
+
+def new_stem(cfg: ViTConfig) -> nn.Module:
+    """The stem for the config's kind: patch embedding for images, token embedding for text."""
+    if cfg.is_text:
+        from .text.model import TextStem
+
+        return TextStem(cfg)
+    return Stem(cfg)
+
+
+def new_model(cfg: ViTConfig) -> ViT:
+    if cfg.is_text:
+        from .text.model import TextEncoder
+
+        return TextEncoder(cfg)
+    return ViT(cfg)
+
+
 def load_stem_head(model_dir: str | os.PathLike[str], manifest: Manifest | None = None) -> tuple[Stem, Head]:
+    """Stem (a TextStem for text models) and head, verified."""
     manifest = manifest or read_manifest(model_dir)
-    stem, head = Stem(manifest.config), Head(manifest.config)
+    stem, head = new_stem(manifest.config), Head(manifest.config)
     _load_into(stem, verified_tensors(model_dir, manifest, "stem.safetensors"), f"{model_dir}/stem")
     _load_into(head, verified_tensors(model_dir, manifest, "head.safetensors"), f"{model_dir}/head")
-    return stem.eval(), head.eval()
+    return stem.eval(), head.eval()  # type: ignore[return-value]
 
 
 def load_model(model_dir: str | os.PathLike[str]) -> tuple[ViT, Manifest]:
     manifest = read_manifest(model_dir)
-    model = ViT(manifest.config)
+    model = new_model(manifest.config)
     stem, head = load_stem_head(model_dir, manifest)
     model.stem.load_state_dict(stem.state_dict())
     model.head.load_state_dict(head.state_dict())

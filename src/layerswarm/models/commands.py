@@ -28,17 +28,23 @@ from .vit import ViT
 log = logging.getLogger(__name__)
 
 
+def pick_train_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def train_main(args: argparse.Namespace) -> int:
+    from .text.data import is_text_spec
+
+    if is_text_spec(args.data):
+        from .text.commands import text_train_main
+
+        return text_train_main(args)
     started = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else "cpu"
-        if args.device == "auto"
-        else args.device
-    )
+    device = pick_train_device(args.device)
     image_size = resolve_image_size(args.init, args.image_size)
     patch_size = args.patch_size or patch_size_for(image_size or 32)
     if args.init is None and (image_size or 32) % patch_size:
@@ -245,6 +251,10 @@ def eval_main(args: argparse.Namespace) -> int:
     spec = args.data or first.dataset.get("spec")
     if not spec:
         raise ValueError("--data is needed (the manifest names no dataset)")
+    if first.config.is_text:
+        from .text.commands import text_eval_main
+
+        return text_eval_main(args, spec)
     data = load_dataset(
         spec,
         seed=int(first.dataset.get("data_seed", 0)),

@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+KINDS = ("image", "text")
+# Fields only a text model has: left out of an image config's dict, so image model ids stay unchanged.
+TEXT_FIELDS = ("kind", "vocab_size", "max_tokens")
 VARIANTS = ("baseline", "layershuffle", "layershuffle-position", "layershuffle-predict", "layerdrop")
 # Variants whose blocks were trained to work at any position (the coordinator may shuffle them).
 SHUFFLE_ROBUST_VARIANTS = frozenset({"layershuffle", "layershuffle-position", "layershuffle-predict"})
@@ -48,11 +51,18 @@ class ViTConfig:
     image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
     class_names: tuple[str, ...] = field(default_factory=tuple)
+    kind: str = "image"  # image | text: what the stem takes (blocks and head are the same code)
+    vocab_size: int = 0  # text: tokenizer vocabulary (DIR/tokenizer.json)
+    max_tokens: int = 0  # text: longest token sequence, [CLS] included
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
-        if self.image_size % self.patch_size:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown model kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.kind == "text" and (self.vocab_size < 4 or self.max_tokens < 2):
+            raise ValueError("a text model needs vocab_size >= 4 and max_tokens >= 2")
+        if self.kind == "image" and self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not a multiple of heads {self.heads}")
@@ -67,7 +77,12 @@ class ViTConfig:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_patches + 1  # patches + class token
+        """T: patches + class token for images; the longest sequence for text (shorter ones are allowed)."""
+        return self.max_tokens if self.kind == "text" else self.num_patches + 1
+
+    @property
+    def is_text(self) -> bool:
+        return self.kind == "text"
 
     @property
     def shuffle_robust(self) -> bool:
@@ -80,10 +95,16 @@ class ViTConfig:
         arch["block_kind"] = "position" if self.variant == "layershuffle-position" else "plain"
         if self.variant == "layershuffle-position":
             arch["position_dim"] = self.position_dim
+        if self.is_text:
+            arch.update(kind=self.kind, vocab_size=self.vocab_size, max_tokens=self.max_tokens)
         return arch
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.is_text:  # image manifests written before text existed hash exactly as before
+            for key in TEXT_FIELDS:
+                data.pop(key)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ViTConfig:

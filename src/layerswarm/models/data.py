@@ -27,7 +27,10 @@ __all__ = ["IMAGE_SUFFIXES", "Dataset", "Images", "decode_image", "iterate_batch
 log = logging.getLogger(__name__)
 
 NATIVE_SIZE = 32  # generated shapes and upsampled digits are drawn at this side
-DATA_SPECS = "shapes[:N_TRAIN[:N_TEST]], shapes1[:N_TRAIN[:N_TEST]], digits or imagefolder:PATH"
+DATA_SPECS = (
+    "shapes[:N_TRAIN[:N_TEST]], shapes1[:N_TRAIN[:N_TEST]], digits or imagefolder:PATH; "
+    "text: words[:N_TRAIN[:N_TEST]], csv:PATH or jsonl:PATH"
+)
 
 Images = torch.Tensor | ImageFiles  # in memory, or decoded from disk batch by batch
 
@@ -106,6 +109,10 @@ def parse_shape_counts(arg: str) -> tuple[int, int]:
 def check_spec(spec: str) -> str:
     """Check a spec without loading it (the command line's early, one-line error)."""
     kind, _, arg = spec.partition(":")
+    if kind in ("words", "csv", "jsonl"):  # text data (models/text/data.py)
+        from .text.data import check_text_spec
+
+        return check_text_spec(spec)
     if kind in ("shapes", "shapes1"):
         parse_shape_counts(arg)
     elif kind == "imagefolder":

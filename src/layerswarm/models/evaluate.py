@@ -46,6 +46,7 @@ class Evaluated:
     model: ViT
     manifest: Manifest
     stem_out: Tensor = field(default_factory=lambda: torch.empty(0))
+    key_mask: Tensor | None = None  # text: (N, T) True for real tokens; None for images
 
 
 # Activations per forward chunk: a ViT-B/16 at 224 x 224 (197 tokens) runs 166 images at a time,
@@ -53,12 +54,14 @@ class Evaluated:
 TOKENS_PER_CHUNK = 1 << 15
 
 
-def accuracy(head: torch.nn.Module, x: Tensor, blocks: Sequence[nn.Module], labels: Tensor) -> float:
+def accuracy(
+    head: torch.nn.Module, x: Tensor, blocks: Sequence[nn.Module], labels: Tensor, key_mask: Tensor | None = None
+) -> float:
     chunk = max(1, TOKENS_PER_CHUNK // x.shape[1])
-    correct = sum(
-        int((head(run_blocks(blocks, x[i : i + chunk])).argmax(-1) == labels[i : i + chunk]).sum())
-        for i in range(0, len(labels), chunk)
-    )
+    correct = 0
+    for i in range(0, len(labels), chunk):
+        mask = None if key_mask is None else key_mask[i : i + chunk]
+        correct += int((head(run_blocks(blocks, x[i : i + chunk], mask)).argmax(-1) == labels[i : i + chunk]).sum())
     return correct / len(labels)
 
 
@@ -95,12 +98,17 @@ def _load(model_dir: str, data: Dataset, workers: int = 0) -> Evaluated:
     model, manifest = load_model(model_dir)
     if manifest.config.num_classes != len(data.class_names):
         raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has {len(data.class_names)}")
+    name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
+    if manifest.config.is_text:  # token ids: the stem is cheap, padding is masked in every block
+        from .text.model import key_mask_of
+
+        assert isinstance(data.test_x, Tensor)
+        return Evaluated(name, model, manifest, model.stem(data.test_x), key_mask_of(data.test_x))
     if manifest.config.image_size != data.image_shape[1]:
         raise ValueError(
             f"{model_dir} takes {manifest.config.image_size}x{manifest.config.image_size} images, "
             f"the data is {data.image_shape[1]}x{data.image_shape[2]}"
         )
-    name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
     return Evaluated(name, model, manifest, _stem_outputs(model, data, workers))
 
 
@@ -112,22 +120,22 @@ def _stem_outputs(model: ViT, data: Dataset, workers: int, batch: int = 64) -> T
 
 
 def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) -> dict[str, Any]:
-    blocks, head, x = list(ev.model.blocks), ev.model.head, ev.stem_out
+    blocks, head, x, m = list(ev.model.blocks), ev.model.head, ev.stem_out, ev.key_mask
     depth = len(blocks)
-    arbitrary = [accuracy(head, x, _permuted(blocks, rng), y) for _ in range(plan.orders)]
+    arbitrary = [accuracy(head, x, _permuted(blocks, rng), y, m) for _ in range(plan.orders)]
     pruned: dict[str, dict[str, float]] = {}
     for k in plan.prune_ks or range(1, depth + 1):
         if not 1 <= k <= depth:
             continue
         kept = spread_evenly(range(depth), k)
-        seq = accuracy(head, x, [blocks[i] for i in kept], y)
-        arb = [accuracy(head, x, rng.sample(blocks, k), y) for _ in range(plan.prune_trials)]
+        seq = accuracy(head, x, [blocks[i] for i in kept], y, m)
+        arb = [accuracy(head, x, rng.sample(blocks, k), y, m) for _ in range(plan.prune_trials)]
         pruned[str(k)] = {"sequential": seq, "arbitrary": statistics.fmean(arb)}
     return {
         "model_id": ev.manifest.model_id,
         "family_id": ev.manifest.family_id,
         "variant": ev.manifest.variant,
-        "sequential": accuracy(head, x, blocks, y),
+        "sequential": accuracy(head, x, blocks, y, m),
         "arbitrary": summary(arbitrary),
         "pruned": pruned,
     }
@@ -139,11 +147,12 @@ def _evaluate_group(
     first = members[0]
     depth = len(first.model.blocks)
     head, x = first.model.head, first.stem_out  # merged models keep the first member's stem and head
+    mask = first.key_mask
     merged, merged_seq = [], []
     for _ in range(plan.merges):
         blocks = _merge(members, depth, rng)
-        merged_seq.append(accuracy(head, x, blocks, y))
-        merged.append(accuracy(head, x, _permuted(blocks, rng), y))
+        merged_seq.append(accuracy(head, x, blocks, y, mask))
+        merged.append(accuracy(head, x, _permuted(blocks, rng), y, mask))
     rows = [per_model[m.name] for m in members]
     ks = rows[0]["pruned"].keys()
     return {
@@ -167,7 +176,9 @@ def _ensemble(members: list[Evaluated], y: Tensor, rng: random.Random, shuffled:
     logits = torch.stack(
         [
             m.model.head(
-                run_blocks(_permuted(list(m.model.blocks), rng) if shuffled else list(m.model.blocks), m.stem_out)
+                run_blocks(
+                    _permuted(list(m.model.blocks), rng) if shuffled else list(m.model.blocks), m.stem_out, m.key_mask
+                )
             )
             for m in members
         ]

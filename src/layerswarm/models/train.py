@@ -70,6 +70,9 @@ def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
 def training_loss(model: ViT, images: Tensor, labels: Tensor, order: list[int], exit_loss: float = 0.0) -> Tensor:
     """Task cross-entropy, plus each block's position cross-entropy for layershuffle-predict, plus
     (exit_loss > 0) the mean cross-entropy of the shared head read after every truncation depth."""
+    own_loss = getattr(model, "training_loss", None)  # text: the encoder masks its padding itself
+    if own_loss is not None:
+        return own_loss(images, labels, order, exit_loss)
     x = model.stem(images)
     position_loss = images.new_zeros(())
     early: list[Tensor] = []

@@ -48,13 +48,30 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.dropout = dropout
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """key_mask: (B, T) bool, True where a token may be attended to (text padding is False)."""
         b, t, d = x.shape
         qkv = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, T, D/heads)
         drop = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        if key_mask is None:  # images: exactly the call they always made
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :], dropout_p=drop)
         return self.proj(out.transpose(1, 2).reshape(b, t, d))
+
+    def forward_queries(self, x: Tensor, rows: Tensor, key_mask: Tensor) -> Tensor:
+        """Attention output for the tokens at `rows` only ((B, A) indices), attending to every unmasked
+        token of x: frozen tokens still serve as keys and values, only active ones need queries."""
+        b, t, d = x.shape
+        hd = d // self.heads
+        w_q, w_kv = torch.split(self.qkv.weight, [d, 2 * d])
+        b_q, b_kv = torch.split(self.qkv.bias, [d, 2 * d])
+        picked = x.gather(1, rows[..., None].expand(-1, -1, d))  # (B, A, D)
+        q = F.linear(picked, w_q, b_q).reshape(b, -1, self.heads, hd).transpose(1, 2)
+        k, v = F.linear(x, w_kv, b_kv).reshape(b, t, 2, self.heads, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+        return self.proj(out.transpose(1, 2).reshape(b, -1, d))
 
 
 class Mlp(nn.Module):
@@ -100,13 +117,28 @@ class Block(nn.Module):
         # LayerShuffle-predict: a linear head that guesses the block's current position.
         self.position_head = nn.Linear(cfg.dim, cfg.depth) if cfg.variant == "layershuffle-predict" else None
 
-    def forward(self, x: Tensor, position: int = 0) -> Tensor:
+    def forward(self, x: Tensor, position: int = 0, key_mask: Tensor | None = None) -> Tensor:
+        """key_mask: (B, T) bool, True for tokens that may be attended to (None: all, as for images)."""
         if not 0 <= position < self.depth:
             raise ValueError(f"position {position} outside [0, {self.depth})")
         if self.position_adapter is not None:
             x = self.position_adapter(x, position)
-        x = x + self.attn_dropout(self.attn(self.norm1(x)))
+        if key_mask is None:
+            x = x + self.attn_dropout(self.attn(self.norm1(x)))
+        else:
+            x = x + self.attn_dropout(self.attn(self.norm1(x), key_mask))
         return x + self.mlp(self.norm2(x))
+
+    def forward_active(self, x: Tensor, position: int, key_mask: Tensor, rows: Tensor) -> Tensor:
+        """The block's output for the tokens at `rows` ((B, A) indices) only: per-token depth. Frozen
+        tokens are read as keys and values but get no query and no MLP, so compute shrinks with them."""
+        if not 0 <= position < self.depth:
+            raise ValueError(f"position {position} outside [0, {self.depth})")
+        if self.position_adapter is not None:
+            x = self.position_adapter(x, position)
+        picked = x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))  # (B, A, D)
+        h = picked + self.attn_dropout(self.attn.forward_queries(self.norm1(x), rows, key_mask))
+        return h + self.mlp(self.norm2(h))
 
     def position_logits(self, out: Tensor) -> Tensor:
         """(B, T, D) block output -> (B, depth) logits of the position it held (predict variant)."""
@@ -151,10 +183,10 @@ class ViT(nn.Module):
         return list(range(len(self.blocks)))
 
 
-def run_blocks(blocks: Sequence[nn.Module], x: Tensor) -> Tensor:
+def run_blocks(blocks: Sequence[nn.Module], x: Tensor, key_mask: Tensor | None = None) -> Tensor:
     """Run an explicit list of blocks (possibly from several models) at positions 0..k-1."""
     for position, block in enumerate(blocks):
-        x = block(x, position)
+        x = block(x, position) if key_mask is None else block(x, position, key_mask)
     return x
 
 

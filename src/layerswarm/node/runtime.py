@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from layerswarm.models.checkpoint import Manifest, load_block
+from layerswarm.models.text.tokens import run_active
 from layerswarm.wire.stats import ewma
 
 
@@ -63,10 +64,17 @@ class BlockRuntime:
         self._queue: deque[_Pending] = deque()
         self._worker: asyncio.Task[None] | None = None
 
-    async def forward(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
+    async def forward(
+        self, x: torch.Tensor, position: int, token_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """The block's output: (B, T, D), or with a text token mask the active tokens' states only (N, D)."""
         self.in_flight += 1
         try:
-            if self.micro_batch:
+            if token_mask is not None:  # text with per-token masks: shapes differ per request, no merging
+                loop = asyncio.get_running_loop()
+                out, ms = await loop.run_in_executor(self._pool, self._compute_tokens, x, position, token_mask)
+                self.batches += 1
+            elif self.micro_batch:
                 out, ms = await self._enqueue(x, position)
             else:
                 out, ms = await asyncio.get_running_loop().run_in_executor(self._pool, self._compute, x, position)
@@ -112,7 +120,8 @@ class BlockRuntime:
         kept: deque[_Pending] = deque()
         while self._queue:
             p = self._queue.popleft()
-            fits = p.position == first.position and p.x.dtype == first.x.dtype and rows + p.x.shape[0] <= self.max_batch
+            same_kind = p.x.dtype == first.x.dtype and p.x.shape[1:] == first.x.shape[1:]  # text T varies
+            fits = p.position == first.position and same_kind and rows + p.x.shape[0] <= self.max_batch
             if fits:
                 group.append(p)
                 rows += p.x.shape[0]
@@ -120,6 +129,12 @@ class BlockRuntime:
                 kept.append(p)
         self._queue = kept
         return group
+
+    @torch.inference_mode()
+    def _compute_tokens(self, x: torch.Tensor, position: int, token_mask: torch.Tensor) -> tuple[torch.Tensor, float]:
+        started = time.perf_counter()
+        out = run_active(self.block, x.to(self.device, self.dtype), position, token_mask.to(self.device)).cpu()
+        return out, (time.perf_counter() - started) * 1e3
 
     @torch.inference_mode()
     def _compute(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:

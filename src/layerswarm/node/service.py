@@ -9,6 +9,7 @@ import grpc
 import torch
 
 from layerswarm import __version__
+from layerswarm.models.text.tokens import mask_problem
 from layerswarm.wire import codec
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.v1 import block_pb2 as pb
@@ -66,8 +67,11 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.metrics = metrics
         self.boot_id = boot_id
         cfg = runtime.manifest.config
+        # Text: any T up to the family's maximum (checked in _validate); images: exactly their T.
         self.spec = codec.TensorSpec(
-            shape=(None, cfg.num_tokens, cfg.dim), max_batch=settings.max_batch, max_bytes=settings.max_message_bytes
+            shape=(None, None if cfg.is_text else cfg.num_tokens, cfg.dim),
+            max_batch=settings.max_batch,
+            max_bytes=settings.max_message_bytes,
         )
 
     async def Forward(self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext) -> pb.ForwardResponse:
@@ -137,7 +141,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         )
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
-        x, reply_dtype = self._validate(request)
+        x, reply_dtype, token_mask = self._validate(request)
         if self.runtime.in_flight >= self.settings.max_in_flight:
             raise RequestError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -145,7 +149,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
             )
         self.metrics.in_flight.inc()
         try:
-            out, ms = await self.runtime.forward(x, request.position)
+            out, ms = await self.runtime.forward(x, request.position, token_mask)
         except RuntimeError as exc:  # a device error, out of memory: the client must see why
             log.exception("block compute failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
@@ -166,22 +170,26 @@ class BlockService(pb_grpc.BlockNodeServicer):
             log.warning("refusing to send block output: %s", problem)
             raise RequestError(grpc.StatusCode.INTERNAL, f"block output {problem}: not sent")
 
-    def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype]:
-        depth = self.runtime.manifest.config.depth
+    def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype, torch.Tensor | None]:
+        cfg = self.runtime.manifest.config
+        depth = cfg.depth
         if not request.HasField("activations"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request has no activations")
         if not 0 <= request.position < depth:
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"position {request.position} outside [0, {depth}) for this model"
             )
-        if request.HasField("token_mask"):
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_mask is reserved and not supported yet")
+        if request.HasField("token_mask") and not cfg.is_text:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, "token_mask is for text families; this is an image block"
+            )
         try:
             x = codec.decode(request.activations, self.spec)
             asked = request.activations.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else request.reply_dtype
             reply_dtype = codec.torch_dtype(asked)  # int8 in, int8 back: the link is as slow both ways
         except codec.TensorError as exc:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
+        token_mask = self._token_mask(request, x) if cfg.is_text else None
         limit = codec.value_limit(reply_dtype) * INPUT_HEADROOM
         peak = float(x.abs().max()) if x.numel() else 0.0
         if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
@@ -190,4 +198,20 @@ class BlockService(pb_grpc.BlockNodeServicer):
                 f"input activations out of range: max |x| {peak:.6g} > {limit:.6g} "
                 f"(half the {_name(reply_dtype)} limit); the previous hop's output is suspect",
             )
-        return x, reply_dtype
+        return x, reply_dtype, token_mask
+
+    def _token_mask(self, request: pb.ForwardRequest, x: torch.Tensor) -> torch.Tensor | None:
+        """Text: T within the family's maximum, and the (B, T) token mask (models/text/tokens.py) if sent."""
+        max_tokens = self.runtime.manifest.config.max_tokens
+        if x.shape[1] > max_tokens:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{x.shape[1]} tokens; this family takes {max_tokens}")
+        if not request.HasField("token_mask"):
+            return None
+        try:
+            mask = codec.decode(request.token_mask, codec.TensorSpec((None, None), max_batch=self.settings.max_batch))
+        except codec.TensorError as exc:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"token_mask: {exc}") from exc
+        problem = mask_problem(mask.to(torch.float32), x)
+        if problem is not None:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        return mask.to(torch.float32)

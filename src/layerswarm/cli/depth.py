@@ -1,0 +1,49 @@
+"""`layerswarm depth`: per-token depth tables for a text model, and what they cost in accuracy."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .base import Subparsers, add_command, int_at_least
+
+
+def register(sub: Subparsers) -> None:
+    p = add_command(
+        sub,
+        "depth",
+        run,
+        help="per-token depth for text models (mutual information, reconstruction)",
+        description="Estimate each word's depth from the model's training data (MI: log-scaled, N equal-width "
+        "bins, smoothing 0.1; reconstruction: argmin_n(loss_n - 0.1 n)), write the tables into each model "
+        "directory's policy, and evaluate accuracy and mean depth per token against full depth.",
+    )
+    p.add_argument("model_dirs", nargs="+", type=Path, help="text model directories")
+    p.add_argument("--json", type=Path, help="also write the report here")
+    p.add_argument("--orders", type=int_at_least(1), default=5, help="random block orders for the arbitrary figure")
+    p.add_argument("--sentences", type=int_at_least(10), default=1000, help="sentences for the reconstruction estimate")
+    p.add_argument(
+        "--swarm",
+        type=int_at_least(1),
+        default=0,
+        help="then run N test sentences at batch 1 through a loopback swarm of the first model (node processes): "
+        "tokens, bytes, latency per request vs full depth",
+    )
+    p.add_argument("--no-write", action="store_true", help="evaluate only, leave the model directories as they are")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from layerswarm.models.text.commands import text_depth_main
+
+    status = text_depth_main(args)
+    if args.swarm:
+        from layerswarm.bench.text_depth import run_swarm_bench
+
+        swarm = run_swarm_bench(args.model_dirs[0], args.swarm)
+        print(json.dumps({"swarm": swarm}, indent=1))
+        if args.json:
+            report = json.loads(args.json.read_text())
+            args.json.write_text(json.dumps({**report, "swarm": swarm}, indent=2) + "\n")
+    return status

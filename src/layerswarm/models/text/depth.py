@@ -1,0 +1,135 @@
+"""Per-token depth estimated before inference (Liu et al., "Faster Depth-Adaptive Transformers").
+
+- Mutual information: for each word x, MI(x) = sum over labels y and i_x, i_y in {0, 1} of
+  P(i_x, i_y) log(P(i_x, i_y) / (P(i_x) P(i_y))) from sentence counts on the TRAINING set (smoothing
+  0.1 per cell), scaled as -log MI(x), cut into N equal-width bins (N = the model's depth): the bin
+  index (1..N) is the word's depth, so label-bearing words (high MI) get shallow depths.
+- Reconstruction: each word is replaced by [MASK] in its training sentences and read after every
+  depth n with one shared classifier; its depth is argmin_n(loss_n - lambda n), lambda 0.1, averaged
+  per word (the formula as printed in the paper and the issue; its text says the penalty should favour
+  shallow layers, which "- lambda n" does not: we keep the printed sign and report what it gives).
+  The paper fine-tunes a masked LM with that shared classifier; we read the family's own
+  encoder through its (tied) token embedding with no extra training: cheaper, and a weaker estimate.
+
+Both tables (depth per token id) go into the model directory's policy under "token_depth"; the
+coordinator gives [CLS] the deepest depth of its sentence, and special tokens the full depth.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..vit import ViT
+from .model import key_mask_of
+from .tokenizer import CLS_ID, MASK_ID, PAD_ID
+
+DEPTH_POLICY = "token_depth"
+SMOOTHING = 0.1
+LAMBDA = 0.1
+ESTIMATES = ("mi", "reconstruction")
+
+
+def mutual_information(ids: Tensor, labels: Tensor, vocab_size: int, num_classes: int) -> Tensor:
+    """(V,) MI(x) of each token id's presence in a sentence with the labels (smoothed counts)."""
+    n = float(len(labels))
+    with_word = torch.zeros(vocab_size, num_classes, dtype=torch.float64)  # sentences with x and label y
+    for start in range(0, len(labels), 2048):
+        chunk = ids[start : start + 2048]
+        present = torch.zeros(len(chunk), vocab_size, dtype=torch.float64).scatter_(1, chunk, 1.0)
+        with_word += present.T @ F.one_hot(labels[start : start + 2048], num_classes).to(torch.float64)
+    n_x = with_word.sum(1, keepdim=True)  # (V, 1)
+    n_y = torch.bincount(labels, minlength=num_classes).to(torch.float64)[None, :]  # (1, C)
+    cells = [with_word, n_x - with_word, n_y - with_word, n - n_x - n_y + with_word]  # (ix, iy) = 11 10 01 00
+    total = n + 4 * SMOOTHING
+    p = [(c + SMOOTHING) / total for c in cells]
+    px1, py1 = p[0] + p[1], p[0] + p[2]
+    marg = [(px1, py1), (px1, 1 - py1), (1 - px1, py1), (1 - px1, 1 - py1)]
+    mi = sum(pc * torch.log(pc / (mx * my)) for pc, (mx, my) in zip(p, marg, strict=True))
+    assert isinstance(mi, Tensor)
+    return mi.sum(1).to(torch.float32)
+
+
+def mi_depths(ids: Tensor, labels: Tensor, vocab_size: int, num_classes: int, bins: int) -> list[int]:
+    """Depth 1..bins per token id from -log MI in equal-width bins over the words seen in training."""
+    mi = mutual_information(ids, labels, vocab_size, num_classes)
+    seen = torch.zeros(vocab_size, dtype=torch.bool)
+    seen[ids.flatten()] = True
+    seen[[PAD_ID, CLS_ID]] = False
+    scaled = -torch.log(mi.clamp_min(1e-12))
+    lo, hi = float(scaled[seen].min()), float(scaled[seen].max())
+    width = (hi - lo) / bins or 1.0
+    depth = ((scaled - lo) / width).floor().clamp(0, bins - 1).to(torch.long) + 1
+    depth[~seen] = bins  # never seen in training (and specials): no evidence, full depth
+    return [int(d) for d in depth]
+
+
+@torch.inference_mode()
+def reconstruction_depths(model: ViT, ids: Tensor, max_sentences: int = 1000, lam: float = LAMBDA) -> list[int]:
+    """Depth 1..N per token id: argmin_n(loss_n - lam n) of the masked word read after n blocks (in
+    order) through the tied token embedding, averaged per word over up to `max_sentences` sentences."""
+    cfg = model.cfg
+    stem: Any = model.stem
+    embed: Tensor = stem.token_embed.weight
+    depth_n = cfg.depth
+    sums = torch.zeros(cfg.vocab_size, depth_n, dtype=torch.float64)
+    counts = torch.zeros(cfg.vocab_size, dtype=torch.float64)
+    for sentence in ids[:max_sentences]:
+        length = int((sentence != PAD_ID).sum())
+        positions = torch.arange(1, length)  # every word, not [CLS]
+        masked = sentence[:length].repeat(len(positions), 1)
+        masked[torch.arange(len(positions)), positions] = MASK_ID
+        x, mask = model.stem(masked), key_mask_of(masked)
+        targets = sentence[positions]
+        for n, block in enumerate(model.blocks):
+            x = block(x, n, mask)
+            h = F.layer_norm(x[torch.arange(len(positions)), positions], x.shape[-1:])
+            loss = F.cross_entropy(h @ embed.T, targets, reduction="none")
+            sums[targets, n] += loss.to(torch.float64)
+        counts[targets] += 1.0
+    penalty = lam * torch.arange(1, depth_n + 1, dtype=torch.float64)
+    chosen = ((sums / counts.clamp_min(1.0)[:, None]) - penalty).argmin(1) + 1
+    chosen[counts == 0] = depth_n
+    chosen[[PAD_ID, CLS_ID]] = depth_n
+    return [int(d) for d in chosen]
+
+
+def depth_policy(mi: list[int], reconstruction: list[int], depth: int) -> dict[str, Any]:
+    def mean(values: list[int]) -> float:
+        return round(sum(values) / len(values), 3)
+
+    return {
+        "bins": depth,
+        "smoothing": SMOOTHING,
+        "lambda": LAMBDA,
+        "mi": mi,
+        "reconstruction": reconstruction,
+        "mean_over_vocab": {"mi": mean(mi), "reconstruction": mean(reconstruction)},
+    }
+
+
+def token_depths(policy: object, estimate: str, ids: Tensor) -> Tensor:
+    """(B, T) hops per token for `ids` from a model's depth policy; [CLS] gets its sentence's deepest
+    word, padding 0. Raises ValueError when the model has no such table."""
+    if estimate not in ESTIMATES:
+        raise ValueError(f"unknown token depth estimate {estimate!r}: choose one of {', '.join(ESTIMATES)}")
+    if not isinstance(policy, dict) or not isinstance(policy.get(estimate), list):
+        raise ValueError(f"this model has no {estimate} token depths: run `layerswarm depth MODEL_DIR`")
+    table = torch.tensor(policy[estimate], dtype=torch.long)
+    if int(ids.max()) >= len(table):
+        raise ValueError("the depth table is shorter than the vocabulary")
+    depth = table[ids]
+    real = key_mask_of(ids)
+    words = torch.where(real & (ids != CLS_ID), depth, torch.zeros_like(depth))
+    deepest = words.max(dim=1, keepdim=True).values.clamp_min(1)
+    depth = torch.where(ids == CLS_ID, deepest, depth)
+    return torch.where(real, depth, torch.zeros_like(depth))
+
+
+def mean_depth(depth: Tensor, ids: Tensor) -> float:
+    real = key_mask_of(ids)
+    return float(depth[real].float().mean()) if bool(real.any()) else math.nan

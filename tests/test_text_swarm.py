@@ -1,0 +1,238 @@
+"""A text family through the swarm: a node serves a text block exactly as locally (with and without a
+token mask), padding changes nothing, frozen tokens are read but not computed, bad input is refused,
+and the coordinator's /v1/classify/text answers as the local model does."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import torch
+
+from layerswarm.harness.procs import Proc, stop_all
+from layerswarm.models.checkpoint import Lineage, load_block, load_model, save_model
+from layerswarm.models.config import ViTConfig
+from layerswarm.models.policy import write_entry
+from layerswarm.models.text.depth import DEPTH_POLICY, depth_policy, mi_depths, token_depths
+from layerswarm.models.text.model import TextEncoder
+from layerswarm.models.text.tokenizer import CLS_ID, encode_batch, save_tokenizer, train_tokenizer
+from layerswarm.models.text.tokens import ACTIVE_CODE, FROZEN_CODE, PAD_CODE, run_active
+from layerswarm.node.server import Node
+from layerswarm.node.settings import NodeSettings
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+from .swarm import coordinator_process, start_nodes
+
+SENTENCES = ["red fish swims far", "blue bird sings", "red bird", "blue fish far away", "the red one"] * 4
+LABELS = torch.tensor([0, 1, 0, 1, 0] * 4)
+
+
+def make_text_dir(out: Path, seed: int = 0) -> Path:
+    tok = train_tokenizer(SENTENCES)
+    cfg = ViTConfig(kind="text", vocab_size=tok.get_vocab_size(), max_tokens=8, num_classes=2, dim=32, heads=2, depth=3)
+    cfg = cfg.replace(variant="layershuffle", class_names=("red", "blue"))
+    torch.manual_seed(seed)
+    save_tokenizer(tok, out)
+    save_model(TextEncoder(cfg), out, Lineage())
+    ids = encode_batch(tok, SENTENCES, 8)
+    mi = mi_depths(ids, LABELS, cfg.vocab_size, 2, bins=3)
+    write_entry(out, DEPTH_POLICY, depth_policy(mi, [3] * cfg.vocab_size, 3))
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_text_dir(tmp_path_factory.mktemp("text") / "model")
+
+
+@pytest.fixture
+async def stub(text_dir: Path) -> AsyncIterator[pb_grpc.BlockNodeStub]:
+    node = Node(NodeSettings(model_dir=text_dir, block=1, advertise=False, grace_s=0.5))
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
+            yield pb_grpc.BlockNodeStub(channel)
+    finally:
+        await node.stop()
+
+
+def request(x: torch.Tensor, mask: torch.Tensor | None = None, position: int = 0) -> pb.ForwardRequest:
+    token_mask = None if mask is None else codec.encode(mask)
+    return pb.ForwardRequest(request_id="t", activations=codec.encode(x), position=position, token_mask=token_mask)
+
+
+def test_mi_depths_make_label_words_shallow(text_dir: Path) -> None:
+    from layerswarm.models.checkpoint import read_manifest
+
+    table = read_manifest(text_dir).policy[DEPTH_POLICY]["mi"]
+    tok = train_tokenizer(SENTENCES)
+    assert table[tok.token_to_id("red")] < table[tok.token_to_id("swims")]  # red decides the label
+    ids = encode_batch(tok, ["red swims", "blue"], 8)
+    depth = token_depths(read_manifest(text_dir).policy[DEPTH_POLICY], "mi", ids)
+    assert depth[0, 0] == max(depth[0, 1], depth[0, 2]) and depth[1, 3:].eq(0).all()  # [CLS]: deepest; pad: 0
+    assert ids[0, 0] == CLS_ID
+
+
+async def test_remote_text_block_equals_local(stub: pb_grpc.BlockNodeStub, text_dir: Path) -> None:
+    local = load_block(text_dir, 1)
+    x = torch.randn(2, 6, 32)
+    reply = await stub.Forward(request(x, position=2))
+    with torch.inference_mode():
+        assert torch.equal(codec.decode(reply.activations), local(x, 2))
+    mask = torch.tensor([[2, 1, 2, 2, 1, 0], [2, 2, 1, 0, 0, 0]], dtype=torch.float32)
+    reply = await stub.Forward(request(x, mask, position=1))
+    out = codec.decode(reply.activations)
+    assert out.shape == (5, 32)  # only the active tokens come back
+    assert torch.equal(out, run_active(local, x, 1, mask))
+
+
+async def test_padding_and_frozen_tokens(stub: pb_grpc.BlockNodeStub, text_dir: Path) -> None:
+    """Garbage in padded positions changes nothing; frozen tokens still count as keys and values."""
+    x = torch.randn(1, 5, 32)
+    mask = torch.tensor([[ACTIVE_CODE, FROZEN_CODE, ACTIVE_CODE, PAD_CODE, PAD_CODE]])
+    first = codec.decode((await stub.Forward(request(x, mask))).activations)
+    noisy = x.clone()
+    noisy[0, 3:] = torch.randn(2, 32) * 5
+    second = codec.decode((await stub.Forward(request(noisy, mask))).activations)
+    short = codec.decode((await stub.Forward(request(x[:, :3], mask[:, :3]))).activations)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    torch.testing.assert_close(first, short, rtol=1e-5, atol=1e-6)
+    all_active = torch.tensor([[ACTIVE_CODE, ACTIVE_CODE, ACTIVE_CODE, PAD_CODE, PAD_CODE]])
+    full = codec.decode((await stub.Forward(request(x, all_active))).activations)
+    torch.testing.assert_close(full[[0, 2]], first, rtol=1e-5, atol=1e-6)  # frozen token 1 read, not updated
+    changed = x.clone()
+    changed[0, 1] = torch.randn(32)  # a frozen token's state is a key/value: changing it changes active outputs
+    third = codec.decode((await stub.Forward(request(changed, mask))).activations)
+    assert not torch.allclose(first, third)
+
+
+@pytest.mark.parametrize(
+    ("make", "detail"),
+    [
+        (lambda: request(torch.randn(1, 9, 32)), "this family takes 8"),
+        (lambda: request(torch.randn(1, 4, 32), torch.ones(1, 5)), "does not match activations"),
+        (lambda: request(torch.randn(1, 4, 32), torch.full((1, 4), 3.0)), "must be 0 (padding)"),
+        (lambda: request(torch.randn(1, 4, 32), torch.zeros(1, 4)), "no real token"),
+        (lambda: request(torch.randn(1, 4, 16)), "expected 32"),
+    ],
+)
+async def test_bad_text_hops_get_invalid_argument(stub: pb_grpc.BlockNodeStub, make, detail: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Forward(make())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and detail in (err.value.details() or "")
+
+
+async def test_image_block_refuses_a_token_mask(model_dir: Path) -> None:
+    node = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.5))
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await pb_grpc.BlockNodeStub(channel).Forward(request(torch.randn(1, 5, 32), torch.ones(1, 5)))
+        assert "image block" in (err.value.details() or "")
+    finally:
+        await node.stop()
+
+
+@pytest.fixture(scope="module")
+def text_swarm(text_dir: Path) -> Iterator[httpx.Client]:
+    nodes: list[Proc] = start_nodes([(text_dir, b) for b in range(3)])
+    try:
+        coord = coordinator_process(text_dir, nodes, "--health-interval", "0.2", "--wire-dtype", "fp32")
+    except BaseException:
+        stop_all(nodes)  # a coordinator that cannot start must not leave its nodes behind
+        raise
+    client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=20)
+    try:
+        yield client
+    finally:
+        client.close()
+        stop_all([coord, *nodes])
+
+
+def test_classify_text_through_the_swarm(text_swarm: httpx.Client, text_dir: Path) -> None:
+    reply = text_swarm.post("/v1/classify/text", json={"text": "red fish swims", "policy": "sequential", "top_k": 2})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    model, _ = load_model(text_dir)
+    tok = train_tokenizer(SENTENCES)
+    with torch.inference_mode():
+        probs = model(encode_batch(tok, ["red fish swims"], 8)).softmax(-1)[0]
+    got = {label["label"]: label["probability"] for label in body["labels"]}
+    assert got == pytest.approx({"red": float(probs[0]), "blue": float(probs[1])}, abs=1e-5)
+    hops = body["trace"]["hops"]
+    assert body["depth"] == 3 and [h["tokens"] for h in hops] == [4, 4, 4] and all(h["wire_bytes"] for h in hops)
+    mi_reply = text_swarm.post("/v1/classify/text", json={"text": "red fish swims", "token_depth": "mi", "seed": 1})
+    assert mi_reply.status_code == 200, mi_reply.text
+    mi = mi_reply.json()
+    mi_hops = mi["trace"]["hops"]
+    assert sum(h["tokens"] for h in mi_hops) < 12 and mi_hops[0]["tokens"] == 4  # words freeze as they finish
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "status", "error"),
+    [
+        ("/v1/classify/text", {"text": "   "}, 422, "empty_text"),
+        ("/v1/classify/text", {"text": "red " * 8}, 413, "text_too_long"),
+        ("/v1/classify/text", {"text": 5}, 422, "invalid_request"),
+        ("/v1/classify/text", {"text": "red", "token_depth": "deep"}, 422, "invalid_request"),
+        ("/v1/classify/text", {"text": "red", "nonsense": 1}, 422, "invalid_request"),
+        ("/v1/classify", {"image_base64": "AAAA"}, 400, "wrong_family"),
+        ("/v2/models/x/infer", {"inputs": []}, 400, "wrong_family"),
+    ],
+)
+def test_bad_text_requests_get_json_4xx(
+    text_swarm: httpx.Client, path: str, payload: dict[str, object], status: int, error: str
+) -> None:
+    reply = text_swarm.post(path, json=payload)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"] == error
+
+
+async def test_text_hops_in_half_precision_and_int8(text_dir: Path) -> None:
+    """The compact wire formats carry text hops too: the reply holds the active tokens only."""
+    from layerswarm.coordinator.text_hops import text_reply
+
+    node = Node(NodeSettings(model_dir=text_dir, block=0, advertise=False, grace_s=0.5))
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
+            stub = pb_grpc.BlockNodeStub(channel)
+            x = torch.randn(1, 4, 32)
+            mask = torch.tensor([[ACTIVE_CODE, FROZEN_CODE, ACTIVE_CODE, PAD_CODE]])
+            exact = run_active(load_block(text_dir, 0), x, 0, mask)
+            for dtype in (torch.float16, torch.int8):
+                req = pb.ForwardRequest(
+                    request_id="t",
+                    activations=codec.encode(x, dtype),
+                    position=0,
+                    token_mask=codec.encode(mask),
+                    reply_dtype=codec.wire_dtype(dtype),  # type: ignore[arg-type]
+                )
+                reply = await stub.Forward(req)
+                out = text_reply(x, mask, reply.activations, dtype)
+                assert torch.equal(out[0, [1, 3]], x[0, [1, 3]])  # frozen and padding untouched
+                torch.testing.assert_close(out[0, [0, 2]], exact, rtol=0.05, atol=0.05)
+    finally:
+        await node.stop()
+
+
+@pytest.mark.slow
+def test_up_runs_the_text_family_with_kills() -> None:
+    """`layerswarm up --family text`: the same demo with sentences, nodes killed mid-run."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "layerswarm", "up", "--family", "text", "--json", "--requests", "6"]
+    cmd += ["--network", "loopback", "--nodes", "8", "--kill", "2"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["requests"] == 12 and summary["succeeded"] == 12 and summary["nodes_killed"] == 2
+    assert summary["accuracy"] > 0.5  # 12 classes: chance is 0.083
