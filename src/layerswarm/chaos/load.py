@@ -79,9 +79,10 @@ async def one_request(
                 "/v1/classify", files={"file": ("x.png", image, "image/png")}, data={"seed": str(index)}
             )
             break
-        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
-            # Refused, or closed before any response by a server shutting down (it closes connections
-            # whose request it has not started): the request was never processed, so retry it.
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            # Refused, reset, or closed before any response by a coordinator going down (a connection the
+            # kernel accepted into the backlog of a process that is exiting is reset): no incarnation
+            # answered it, and classification is idempotent, so it is sent again (counted as a retry).
             if isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" not in str(exc):
                 return Record(
                     index,
