@@ -348,10 +348,52 @@ WITH_IMAGE = b'{"image_base64": "' + IMAGE_B64.encode() + b'"'  # an object left
         (b"", "JSON"),
     ],
 )
-def test_malformed_json_is_a_400_with_the_reason(client: httpx.Client, body: bytes, reason: str) -> None:
-    reply = client.post("/v1/classify", content=body, headers={"content-type": "application/json"})
+@pytest.mark.parametrize("endpoint", ["/v1/classify", "/v1/classify/batch"])
+def test_malformed_json_is_a_400_with_the_reason(client: httpx.Client, body: bytes, reason: str, endpoint: str) -> None:
+    reply = client.post(endpoint, content=body, headers={"content-type": "application/json"})
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"] == "invalid_json" and reason in reply.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+        (b'{"inputs": [{"name": "images", "shape": [' + b"9" * 4301 + b"]}]}", "digits"),
+        (b'{"inputs": NaN}', "NaN"),
+    ],
+)
+def test_kserve_infer_uses_the_strict_decoder(client: httpx.Client, body: bytes, reason: str) -> None:
+    model = client.get("/v2/models").json()["models"][0]["name"]
+    reply = client.post(f"/v2/models/{model}/infer", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    assert reason in reply.json()["error"]
+
+
+def test_oversize_batch_and_kserve_bodies_are_refused_while_streaming(coord: Proc, client: httpx.Client) -> None:
+    """Chunked JSON bodies with no Content-Length to the batch and KServe endpoints: 413 while streaming,
+    long before the 256 MB offered (the same reader as /v1/classify)."""
+    model = client.get("/v2/models").json()["models"][0]["name"]
+    for path in ("/v1/classify/batch", f"/v2/models/{model}/infer"):
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: a\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        ).encode()
+        piece = b" " * (256 * 1024)  # JSON whitespace: only the size limit can refuse it
+        offered, sent, answer = 256 * 1024 * 1024, 0, b""
+        with socket.create_connection(("127.0.0.1", port(coord)), timeout=5) as sock:
+            sock.sendall(head + b"1\r\n{\r\n")
+            while sent < offered and not answer:
+                try:
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                    break
+                sent += len(piece)
+                if select.select([sock], [], [], 0)[0]:
+                    answer = sock.recv(65536)
+            with contextlib.suppress(ConnectionResetError):
+                answer += _read_until_closed(sock, 10)
+        assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:200])
+        assert sent < offered // 4, f"{path}: the server read {sent} bytes before refusing"
 
 
 @pytest.mark.parametrize(
@@ -473,3 +515,26 @@ def test_api_key_file_errors_name_the_flag(
         )
     err = capsys.readouterr().err
     assert "--api-key-file" in err and problem in err, err
+
+
+def test_access_log_and_request_ids(family_dirs: list[Path], nodes: list[Proc]) -> None:
+    proc = spawn("coordinator-access-log", coordinator_cmd(family_dirs[0], nodes, "--access-log"))
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port(proc)}", timeout=30) as c:
+            _drain(proc)
+            ours = c.get("/healthz", headers={"x-request-id": "trace-abc.123"})
+            assert ours.headers["x-request-id"] == "trace-abc.123"
+            fresh = c.post("/v1/classify", content=b"{", headers={"content-type": "application/json"})
+            made = fresh.headers["x-request-id"]
+            assert fresh.status_code == 400 and re.fullmatch(r"[0-9a-f]{16}", made)
+            odd = c.get("/healthz", headers={"x-request-id": "bad id\twith spaces"})
+            assert odd.headers["x-request-id"] != "bad id\twith spaces"  # never echoed into logs verbatim
+            logged = ""
+            deadline = time.monotonic() + 10
+            while f"id={made}" not in logged:
+                assert time.monotonic() < deadline, logged
+                logged += proc.lines.get(timeout=10) or ""
+        assert "GET /healthz 200" in logged and "id=trace-abc.123" in logged
+        assert "POST /v1/classify 400" in logged
+    finally:
+        stop_all([proc])

@@ -51,6 +51,7 @@ def register(sub: Subparsers) -> None:
     f.add("--transport", "transport", choices=CHOICES["transport"])
     f.add("--topology", "topology", choices=CHOICES["topology"])
     f.add("--max-upload-bytes", "max_upload_bytes", type=int)
+    f.add("--access-log", "access_log", action="store_true")
     f.add("--max-concurrent-requests", "max_concurrent_requests", type=int)
     f.add("--state-file", "state_file", type=Path)
     p.add_argument("--no-state-file", action="store_true", help="do not remember peers across restarts")

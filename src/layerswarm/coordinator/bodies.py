@@ -54,11 +54,19 @@ async def read_json_object(gate: Gate, request: Request, limit: int) -> dict[str
 
 async def read_form(gate: Gate, request: Request, limit: int) -> tuple[dict[str, bytes], dict[str, str]]:
     """A multipart form: (files by field name, text fields), at most one file, all in memory."""
+    files, fields = await read_form_items(gate, request, limit, max_files=1, max_fields=MAX_FORM_FIELDS)
+    return dict(files), dict(fields)
+
+
+async def read_form_items(
+    gate: Gate, request: Request, limit: int, max_files: int, max_fields: int
+) -> tuple[list[tuple[str, bytes]], list[tuple[str, str]]]:
+    """A multipart form as (file parts, text fields), each in order with its name, all in memory."""
     parser = MultiPartParser(
         request.headers,
         stream_limited(request, limit),
-        max_files=1,
-        max_fields=MAX_FORM_FIELDS,
+        max_files=max_files,
+        max_fields=max_fields,
         max_part_size=MAX_FIELD_BYTES,
     )
     parser.spool_max_size = limit + 1  # never roll a file part over to disk (the body is capped at limit)
@@ -67,14 +75,14 @@ async def read_form(gate: Gate, request: Request, limit: int) -> tuple[dict[str,
             form = await parser.parse()
     except MultiPartException as exc:
         raise ApiError(400, "invalid_multipart", exc.message) from exc
-    files: dict[str, bytes] = {}
-    fields: dict[str, str] = {}
+    files: list[tuple[str, bytes]] = []
+    fields: list[tuple[str, str]] = []
     try:
         for name, value in form.multi_items():
             if isinstance(value, UploadFile):
-                files[name] = await value.read()
+                files.append((name, await value.read()))
             else:
-                fields[name] = value
+                fields.append((name, value))
     finally:
         await form.close()
     return files, fields

@@ -24,6 +24,8 @@ from .bodies import read_json_object
 from .core import ClassifyOptions, Coordinator
 from .exits import ExitRuleError
 from .http_errors import ApiError, describe
+from .http_models import ClassifyParams, ClassifyResponse
+from .http_responses import classify_response
 from .limits import Gate
 from .planner import Policy
 from .serving import Busy, TooThin, classify_batch
@@ -38,7 +40,6 @@ IMAGE_ROUTES = (  # routes that take images: a text family answers them 400 wron
 
 
 def mount_text(app: FastAPI, coordinator: Coordinator, activity: Activity, gate: Gate) -> None:
-    from .http_api import ClassifyParams, ClassifyResponse, _response  # it registers this module's route
 
     class TextClassifyJson(ClassifyParams):
         text: str = Field(..., max_length=MAX_TEXT_CHARS, description="the text to classify")
@@ -90,7 +91,7 @@ def mount_text(app: FastAPI, coordinator: Coordinator, activity: Activity, gate:
                 raise ApiError(429, "busy", str(exc)) from exc
             except TooThin as exc:
                 raise ApiError(503, "insufficient_depth", str(exc)) from exc
-        return _response(result, cfg.class_names, params.top_k)
+        return classify_response(result, cfg.class_names, params.top_k)
 
 
 async def _wrong_family() -> None:

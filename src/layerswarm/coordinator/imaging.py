@@ -79,6 +79,18 @@ class Decoder:
                 self._large_waiting -= 1
         return torch.from_numpy(np.ascontiguousarray(array))[None]
 
+    async def decode_many(self, images: list[bytes], resize: bool) -> torch.Tensor:
+        """(B, 3, S, S), one image at a time through to_batch; an error names the item that failed."""
+        batch = []
+        for index, data in enumerate(images):
+            try:
+                batch.append(await self.to_batch(data, resize))
+            except ApiError as exc:
+                if len(images) == 1:
+                    raise
+                raise ApiError(exc.status_code, exc.error, f"item {index}: {exc.detail}") from exc
+        return torch.cat(batch)
+
     async def _decode(self, lane: ThreadPoolExecutor, name: str, data: bytes) -> np.ndarray:
         gauge = self._decoding.labels(name)
         gauge.inc()

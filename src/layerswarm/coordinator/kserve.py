@@ -11,7 +11,6 @@ the swarm is too thin to answer).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Literal
 
 import numpy as np
@@ -24,7 +23,8 @@ from layerswarm import __version__
 
 from .activity import Activity
 from .core import ClassifyOptions, Coordinator
-from .images import ImageError, decode_batch
+from .http_errors import ApiError
+from .imaging import Decoder
 from .kserve_codec import InferRequest, InputTensor, OutputTensor, ProtocolError, encode_response, parse_request
 from .planner import Policy
 from .serving import Busy, TooThin, classify_batch
@@ -137,44 +137,46 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
     async def infer(model: str, request: Request, model_version: str | None = None) -> Response:
         """Inference: JSON tensors, or the binary tensor extension (Inference-Header-Content-Length)."""
         check_model(model, model_version)
-        parsed = await _read_request(request, body_limit)
-        opts, resize = _options(parsed)
-        images, truths = await asyncio.to_thread(_images, parsed, size, resize, settings.max_batch)
-        try:
-            result, predictions = await classify_batch(coordinator, activity, images, opts, truths, api="v2")
-        except Busy as exc:
-            raise KServeError(429, str(exc)) from exc
-        except TooThin as exc:
-            raise KServeError(503, str(exc)) from exc
-        probs = result.probs.numpy().astype(np.float32)
-        payload, header_length = encode_response(
-            {"model_name": name, "model_version": version, **({"id": parsed.id} if parsed.id else {})},
-            _outputs(parsed, probs, predictions, classes),
-        )
-        if header_length is None:
-            return Response(payload, media_type="application/json")
-        return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
+        head = {"model_name": name, "model_version": version}
+        return await _serve_infer(request, coordinator, activity, head, body_limit)
 
 
-async def _read_request(request: Request, limit: int) -> InferRequest:
-    body = await _read_body(request, limit)
+async def _serve_infer(
+    request: Request, coordinator: Coordinator, activity: Activity, head: dict[str, str], body_limit: int
+) -> Response:
+    """Admission before the body, the body through the front door's reader, the one image decoder;
+    every refusal in the protocol's error format."""
+    gate, decoder = request.app.state.gate, request.app.state.decoder
+    cfg = coordinator.config
+    classes = cfg.class_names or tuple(str(i) for i in range(cfg.num_classes))
+    try:
+        async with gate.admit():  # 429 from the headers alone, before any body is read
+            body = await gate.read_body(request, body_limit)  # streamed under the limit, in a body slot
+            parsed = _parse(body, request)
+            opts, resize = _options(parsed)
+            images, truths = await _images(parsed, decoder, cfg.image_size, resize, coordinator.settings.max_batch)
+            try:
+                result, predictions = await classify_batch(coordinator, activity, images, opts, truths, api="v2")
+            except Busy as exc:
+                raise KServeError(429, str(exc)) from exc
+            except TooThin as exc:
+                raise KServeError(503, str(exc)) from exc
+    except ApiError as exc:  # the front door's refusals
+        raise KServeError(exc.status_code, exc.detail) from exc
+    probs = result.probs.numpy().astype(np.float32)
+    payload, header_length = encode_response(
+        {**head, **({"id": parsed.id} if parsed.id else {})}, _outputs(parsed, probs, predictions, classes)
+    )
+    if header_length is None:
+        return Response(payload, media_type="application/json")
+    return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
+
+
+def _parse(body: bytes, request: Request) -> InferRequest:
     try:
         return parse_request(body, _header_length(request))
     except ProtocolError as exc:
         raise KServeError(400, str(exc)) from exc
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        raise KServeError(413, f"request body over the {limit}-byte limit")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise KServeError(413, f"request body over the {limit}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _header_length(request: Request) -> int | None:
@@ -204,7 +206,9 @@ def _options(parsed: InferRequest) -> tuple[ClassifyOptions, bool]:
     return opts, params.resize
 
 
-def _images(parsed: InferRequest, size: int, resize: bool, max_batch: int) -> tuple[torch.Tensor, list[str | None]]:
+async def _images(
+    parsed: InferRequest, decoder: Decoder, size: int, resize: bool, max_batch: int
+) -> tuple[torch.Tensor, list[str | None]]:
     """The batch from `images` or `images_encoded` (exactly one), and the optional true labels."""
     by_name: dict[str, InputTensor] = {}
     for tensor in parsed.inputs:
@@ -222,10 +226,7 @@ def _images(parsed: InferRequest, size: int, resize: bool, max_batch: int) -> tu
         if encoded.datatype != "BYTES" or len(encoded.shape) not in (1, 2) or encoded.shape[1:] not in ((), (1,)):
             raise KServeError(400, f"`images_encoded` must be BYTES of shape [B] or [B, 1], got {list(encoded.shape)}")
         _check_batch(len(encoded.items), max_batch)
-        try:
-            images = decode_batch(encoded.items, size, resize)
-        except ImageError as exc:
-            raise KServeError(exc.status, exc.detail) from exc
+        images = await decoder.decode_many(encoded.items, resize)  # the one decoder: pixel budget, workers
     truths: list[str | None] = [None] * int(images.shape[0])
     if "label" in by_name:
         label = by_name["label"]

@@ -19,6 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from .bodies import parse_json_object
+from .http_errors import ApiError
+
 NUMERIC: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8")}
 MAX_ELEMENTS = 64 * 1024 * 1024  # far above any batch we accept; stops absurd shapes before allocation
 
@@ -57,9 +60,9 @@ def parse_request(body: bytes, header_length: int | None) -> InferRequest:
         raise ProtocolError(f"Inference-Header-Content-Length {header_length} outside the body of {len(body)} bytes")
     head, binary = (body, b"") if header_length is None else (body[:header_length], body[header_length:])
     try:
-        doc = json.loads(head)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurd nesting
-        raise ProtocolError(f"request header is not JSON: {type(exc).__name__}") from exc
+        doc = parse_json_object(head)  # the front door's strict decoder: nesting, huge numbers, NaN -> 400
+    except ApiError as exc:
+        raise ProtocolError(f"request header: {exc.detail}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError("request must be a JSON object with a non-empty `inputs` list")
     params = _object(doc.get("parameters", {}), "parameters")

@@ -102,6 +102,9 @@ class CoordinatorSettings(ProcessSettings):
     )
     max_batch: int = Field(default=64, ge=1)
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="largest image accepted")
+    access_log: bool = Field(
+        default=False, description="log one line per HTTP request: method, path, status, duration, request id"
+    )
     # Answered from the headers, before any body is read (and again by the serving layer, for every API).
     max_concurrent_requests: int = Field(default=64, ge=1, description="past this many in flight: 429 busy")
     # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
