@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from layerswarm.models.config import VARIANTS  # torch-free: building the parser stays fast
+from layerswarm.models.recipe import TrainRecipe as R  # every training default, stated once
 
 from .base import Subparsers, add_command, int_at_least, non_negative_int, positive_int
 
@@ -31,20 +32,20 @@ def register(sub: Subparsers) -> None:
         description="Train one model and write a model directory (manifest + safetensors per stem, block and head).",
     )
     p.add_argument("--data", required=True, type=data_spec, help=DATA_HELP)
-    p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach")
+    p.add_argument("--variant", choices=VARIANTS, default=R.variant, help="training approach")
     p.add_argument("--out", required=True, type=Path, help="model directory to write")
     p.add_argument(
         "--init",
         help="start from a model directory (fine-tune: same family) or hf:PATH (a local Hugging Face ViT with "
         "config.json + model.safetensors); none: from scratch",
     )
-    p.add_argument("--epochs", type=positive_int, default=10, help="passes over the training data")
-    p.add_argument("--seed", type=int, default=0, help="training seed (order of batches, block orders, init)")
+    p.add_argument("--epochs", type=positive_int, default=R.epochs, help="passes over the training data")
+    p.add_argument("--seed", type=int, default=R.seed, help="training seed (order of batches, block orders, init)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
-    p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine-decayed after warm-up")
-    p.add_argument("--warmup-steps", type=non_negative_int, default=100, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--batch-size", type=positive_int, default=R.batch_size, help="examples per step")
+    p.add_argument("--lr", type=float, default=R.lr, help="Adam learning rate, cosine-decayed after warm-up")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=R.warmup_steps, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=R.weight_decay, help="AdamW weight decay")
     p.add_argument("--no-augment", action="store_true", help="turn off augmentation (small shifts, and flips if asked)")
     p.add_argument(
         "--hflip",
@@ -80,12 +81,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--vocab-size", type=int_at_least(8), default=8000, help="text: tokenizer vocabulary (from scratch)")
     add_image_args(p)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=non_negative_int, default=R.threads, help="torch CPU threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
     p.add_argument(
         "--exit-loss",
         type=float,
-        default=0.0,
+        default=R.exit_loss,
         help="weight of an early-exit loss: the shared head's cross-entropy after every truncation depth of "
         "the batch's random order (LayerSkip-style; 0: off)",
     )

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +25,13 @@ from tqdm import tqdm
 from .checkpoint import Lineage, Manifest, load_model, read_manifest
 from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, Images, iterate_batches
+from .recipe import TrainRecipe
 from .train_report import describe_epoch, peak_memory_mb
 from .vit import Block, ViT
 
 log = logging.getLogger(__name__)
 
 VAL_ORDERS = 3  # random block orders behind the arbitrary-order validation accuracy
-
-
-@dataclass
-class TrainRecipe:
-    variant: str = "layershuffle"
-    epochs: int = 10
-    batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 100
-    seed: int = 0
-    val_fraction: float = 0.1
-    augment: bool = True  # small random shifts
-    hflip: bool = False  # mirror images in augmentation: wrong wherever left and right carry meaning
-    threads: int = 0  # 0: leave torch's default
-    # Early-exit loss weight (LayerSkip-style): cross-entropy through the shared head after every
-    # truncation depth of the batch's random order, so early answers are usable. 0: off.
-    exit_loss: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError(f"epochs and batch size must be at least 1, got {self.epochs} and {self.batch_size}")
 
 
 def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
