@@ -20,8 +20,9 @@ from .checkpoint import read_manifest, save_model
 from .config import patch_size_for
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
+from .recipe import TrainRecipe
 from .reference import compare, far_behind_warning, train_reference
-from .train import Trainer, TrainRecipe, build_model, evaluate_loss, init_image_size
+from .train import Trainer, build_model, evaluate_loss, init_image_size
 from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
 

@@ -24,7 +24,8 @@ from ..checkpoint import TOKENIZER, Lineage, Manifest, load_model, read_manifest
 from ..config import ViTConfig
 from ..evaluate import EvalPlan, check_targets, evaluate_models, min_useful_depth
 from ..policy import MIN_BLOCKS, write_entry
-from ..train import Trainer, TrainRecipe
+from ..recipe import TrainRecipe
+from ..train import Trainer
 from ..train_report import describe_epoch
 from .data import TextDataset, encode_corpus, load_corpus
 from .model import TextEncoder
