@@ -23,6 +23,17 @@ def data_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number of at least 0 (argparse names the flag in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
+    return value
+
+
 def register(sub: Subparsers) -> None:
     p = add_command(
         sub,
@@ -62,7 +73,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--reference-seconds",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="the reference CNN's training budget in seconds (0: the ViT's own training time)",
     )

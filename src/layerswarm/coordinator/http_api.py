@@ -7,10 +7,8 @@ answers built in http_responses.py; the KServe v2 protocol, the page and text mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -23,11 +21,11 @@ from layerswarm import __version__
 from .access_log import AccessLog
 from .activity import Activity
 from .auth import ApiKeys
-from .core import Classification, ClassifyOptions, Coordinator
-from .exits import ExitRuleError
+from .core import Coordinator
 from .front_door import FrontDoor
+from .http_classify import classify_options, run_classification
 from .http_errors import ApiError, describe, error_response
-from .http_models import BATCH_BODY, CLASSIFY_BODY, BatchResponse, ClassifyParams, ClassifyResponse
+from .http_models import BATCH_BODY, CLASSIFY_BODY, BatchResponse, ClassifyResponse
 from .http_requests import read_batch, read_classify
 from .http_responses import batch_response, classify_response
 from .http_text import mount_text
@@ -35,8 +33,6 @@ from .imaging import Decoder
 from .kserve import mount_kserve
 from .limits import Gate
 from .page import mount_page
-from .planner import Policy
-from .serving import Busy, TooThin, classify_batch
 
 CLASSIFY_ERRORS: dict[int | str, dict[str, Any]] = {c: {} for c in (400, 413, 415, 422, 429, 503)}
 
@@ -91,7 +87,7 @@ def mount_classify(app: FastAPI, coordinator: Coordinator, activity: Activity, g
         async with gate.admit():  # 429 from the headers alone, before any body is read
             image, params = await read_classify(gate, request, settings.max_upload_bytes)
             images = await decoder.to_batch(image, params.resize)  # pixel budget, then a worker
-            result = await run_classification(coordinator, activity, images, params, [params.label])
+            result = await run_classification(coordinator, activity, images, classify_options(params), [params.label])
         return classify_response(result, classes, params.top_k)
 
     @app.post("/v1/classify/batch", response_model=BatchResponse, openapi_extra=BATCH_BODY, responses=CLASSIFY_ERRORS)
@@ -101,45 +97,8 @@ def mount_classify(app: FastAPI, coordinator: Coordinator, activity: Activity, g
         async with gate.admit():
             blobs, truths, params = await read_batch(gate, request, settings.max_upload_bytes, settings.max_batch)
             images = await decoder.decode_many(blobs, params.resize)
-            result = await run_classification(coordinator, activity, images, params, truths)
+            result = await run_classification(coordinator, activity, images, classify_options(params), truths)
         return batch_response(result, classes, params.top_k)
-
-
-def classify_options(params: ClassifyParams) -> ClassifyOptions:
-    return ClassifyOptions(
-        top_k=params.top_k,
-        policy=Policy(params.policy) if params.policy else None,
-        seed=params.seed,
-        min_blocks=params.min_blocks,
-        max_blocks=params.max_blocks,
-        exit_confidence=params.exit_confidence,
-        exit_rule=params.exit_rule,
-        exit_threshold=params.exit_threshold,
-        deadline_ms=params.deadline_ms,
-        ensemble=params.ensemble,
-        ensemble_mode=params.ensemble_mode,
-        ensemble_confidence=params.ensemble_confidence,
-        repeats=params.repeats,
-    )
-
-
-async def run_classification(
-    coordinator: Coordinator,
-    activity: Activity,
-    images: torch.Tensor,
-    params: ClassifyParams,
-    truths: Sequence[str | None],
-) -> Classification:
-    """Through the serving layer (admission, activity); its refusals as HTTP errors."""
-    try:
-        result, _ = await classify_batch(coordinator, activity, images, classify_options(params), truths)
-    except ExitRuleError as exc:  # an exit rule without a threshold, or one out of the rule's range
-        raise ApiError(422, "invalid_request", str(exc)) from exc
-    except Busy as exc:
-        raise ApiError(429, "busy", str(exc)) from exc
-    except TooThin as exc:
-        raise ApiError(503, "insufficient_depth", str(exc)) from exc
-    return result
 
 
 def mount_ops(app: FastAPI, coordinator: Coordinator) -> None:

@@ -9,7 +9,8 @@ runs every hop.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Literal
 
 import torch
 from fastapi import FastAPI, Request
@@ -22,13 +23,11 @@ from layerswarm.models.text.tokenizer import TextInputError, encode_one, load_to
 from .activity import Activity
 from .bodies import read_json_object
 from .core import ClassifyOptions, Coordinator
-from .exits import ExitRuleError
+from .http_classify import classify_options, run_classification
 from .http_errors import ApiError, describe
 from .http_models import ClassifyParams, ClassifyResponse
 from .http_responses import classify_response
 from .limits import Gate
-from .planner import Policy
-from .serving import Busy, TooThin, classify_batch
 
 MAX_TEXT_CHARS = 100_000  # far past any family's token limit: a bound on tokenizer work, not the rule
 IMAGE_ROUTES = (  # routes that take images: a text family answers them 400 wrong_family
@@ -82,15 +81,7 @@ def mount_text(app: FastAPI, coordinator: Coordinator, activity: Activity, gate:
                     depth = token_depths(manifest.policy.get(DEPTH_POLICY), params.token_depth, ids)
                 except ValueError as exc:
                     raise ApiError(422, "no_token_depth", str(exc)) from exc
-            opts = _options(params, depth)
-            try:
-                result, _ = await classify_batch(coordinator, activity, ids, opts, [params.label])
-            except ExitRuleError as exc:
-                raise ApiError(422, "invalid_request", str(exc)) from exc
-            except Busy as exc:
-                raise ApiError(429, "busy", str(exc)) from exc
-            except TooThin as exc:
-                raise ApiError(503, "insufficient_depth", str(exc)) from exc
+            result = await run_classification(coordinator, activity, ids, _options(params, depth), [params.label])
         return classify_response(result, cfg.class_names, params.top_k)
 
 
@@ -99,24 +90,11 @@ async def _wrong_family() -> None:
     raise ApiError(400, "wrong_family", detail)
 
 
-def _options(params: Any, depth: torch.Tensor | None) -> ClassifyOptions:
-    max_blocks = params.max_blocks
-    if depth is not None:  # the path ends once every token froze
-        deepest = int(depth.max())
-        max_blocks = deepest if max_blocks is None else min(max_blocks, deepest)
-    return ClassifyOptions(
-        top_k=params.top_k,
-        policy=Policy(params.policy) if params.policy else None,
-        seed=params.seed,
-        min_blocks=params.min_blocks if depth is None or params.min_blocks is not None else max_blocks,
-        max_blocks=max_blocks,
-        exit_confidence=params.exit_confidence,
-        exit_rule=params.exit_rule,
-        exit_threshold=params.exit_threshold,
-        deadline_ms=params.deadline_ms,
-        ensemble=params.ensemble,
-        ensemble_mode=params.ensemble_mode,
-        ensemble_confidence=params.ensemble_confidence,
-        repeats=params.repeats,
-        token_depth=depth,
-    )
+def _options(params: ClassifyParams, depth: torch.Tensor | None) -> ClassifyOptions:
+    opts = classify_options(params)
+    if depth is None:
+        return opts
+    deepest = int(depth.max())  # the path ends once every token froze
+    max_blocks = deepest if params.max_blocks is None else min(params.max_blocks, deepest)
+    min_blocks = max_blocks if params.min_blocks is None else params.min_blocks
+    return replace(opts, max_blocks=max_blocks, min_blocks=min_blocks, token_depth=depth)

@@ -20,7 +20,7 @@ from .checkpoint import read_manifest, save_model
 from .config import patch_size_for
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
-from .recipe import TrainRecipe
+from .recipe import recipe_from_args
 from .reference import compare, far_behind_warning, train_reference
 from .train import Trainer, build_model, evaluate_loss, init_image_size
 from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
@@ -61,19 +61,7 @@ def train_main(args: argparse.Namespace) -> int:
         patch_size = patch_size_for(data.image_shape[1])
     arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size}
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
-    recipe = TrainRecipe(
-        variant=args.variant,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed,
-        augment=not args.no_augment,
-        hflip=args.hflip,
-        threads=args.threads,
-        exit_loss=args.exit_loss,
-    )
+    recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip)
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
         trainer.load_state()

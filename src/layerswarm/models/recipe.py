@@ -3,7 +3,9 @@ them in --help without importing torch)."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -26,3 +28,9 @@ class TrainRecipe:
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError(f"epochs and batch size must be at least 1, got {self.epochs} and {self.batch_size}")
+
+
+def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
+    """The recipe a `layerswarm train` command line asks for (`overrides`: what the data decides)."""
+    fields = ("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "threads", "exit_loss")
+    return TrainRecipe(**{name: getattr(args, name) for name in fields}, **overrides)

@@ -24,7 +24,7 @@ from ..checkpoint import TOKENIZER, Lineage, Manifest, load_model, read_manifest
 from ..config import ViTConfig
 from ..evaluate import EvalPlan, check_targets, evaluate_models, min_useful_depth
 from ..policy import MIN_BLOCKS, write_entry
-from ..recipe import TrainRecipe
+from ..recipe import recipe_from_args
 from ..train import Trainer
 from ..train_report import describe_epoch
 from .data import TextDataset, encode_corpus, load_corpus
@@ -70,18 +70,7 @@ def text_train_main(args: argparse.Namespace) -> int:
             heads=args.heads,
         )
         model, lineage = TextEncoder(cfg), Lineage(source="scratch")
-    recipe = TrainRecipe(
-        variant=args.variant,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed,
-        augment=False,  # image flips and shifts would scramble word order
-        threads=args.threads,
-        exit_loss=args.exit_loss,
-    )
+    recipe = recipe_from_args(args, augment=False)  # image flips and shifts would scramble word order
     trainer = Trainer(model, data, recipe, pick_train_device(args.device), args.out / ".train_state")
     if args.resume:
         trainer.load_state()
