@@ -100,3 +100,29 @@ def test_strict_mode_refuses_unlisted_models_and_convictions_outlast_the_cool_do
     assert strict.nodes["n2:1"].state is NodeState.QUARANTINED  # evidence: no release after the cool-down
     assert strict.nodes["n2:1"].to_json()["evidence"] == [{"check": "re-execution"}]
     assert strict.admit("n2:1", identity("mdl-a", boot="boot-2")).state is NodeState.HEALTHY  # restarted
+
+
+async def test_verification_state_of_nodes_that_left_is_dropped(family_dirs: list[Path]) -> None:
+    """Nodes that come and go on new addresses (a restart on a fresh port) must not each leave their
+    verification state behind for the life of the coordinator: it is dropped when the registry
+    forgets the node, so it stays bounded by the nodes known now."""
+    from layerswarm.coordinator.core import Coordinator
+
+    manifest = read_manifest(family_dirs[0])
+    coordinator = Coordinator(CoordinatorSettings(model_dir=family_dirs[0], mdns=False, verify_rate=0.05))
+    verifier, registry = coordinator.verifier, coordinator.registry
+    assert verifier is not None
+    overflow = torch.full((1, 5, 32), 60000.0)  # convicted by the hard range check: no re-execution needed
+    try:
+        for port in range(20000, 20200):
+            address = f"127.0.0.1:{port}"
+            registry.add_candidate(address, "dns", hint="dns:nodes.local")
+            record = registry.admit(address, identity(manifest.model_id, family=manifest.family_id, boot=str(port)))
+            with pytest.raises(Lie):
+                await verifier.check(record, torch.zeros(1, 5, 32), overflow, 0, torch.float16)
+            assert registry.drop_hint(address, "dns:nodes.local")
+            registry.forget(address, "no longer listed, and not answering")
+        assert not registry.nodes
+        assert verifier.tracked == 0, f"{verifier.tracked} addresses still tracked after every node left"
+    finally:
+        verifier.close()

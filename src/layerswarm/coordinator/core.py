@@ -134,7 +134,7 @@ class Coordinator:
         self.config = self.manifest.config
         self.stem, self.head = load_parts(settings.model_dir, self.manifest)
         self.registry = Registry(
-            family_spec(settings), settings.eject_after, settings.quarantine_s, on_change=log_node_event
+            family_spec(settings), settings.eject_after, settings.quarantine_s, on_change=self._on_node_event
         )
         self.pool = ClientPool(transport=settings.transport, security=settings.security)
         self.min_blocks = default_min_blocks(settings, self.manifest)
@@ -165,6 +165,11 @@ class Coordinator:
         self._requests_open = 0  # changed only by begin_request / end_request
         for peer in settings.peers:
             self.registry.add_candidate(peer, "static")
+
+    def _on_node_event(self, event: NodeEvent) -> None:
+        log_node_event(event)
+        if event.new is None and self.verifier is not None:  # it left: its per-node state goes too
+            self.verifier.forget(event.address)
 
     @property
     def in_flight(self) -> int:

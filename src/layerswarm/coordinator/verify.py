@@ -171,6 +171,16 @@ class Verifier:
             "detections": c.detections,
         }
 
+    def forget(self, address: str) -> None:
+        """A node left the registry: drop what was kept about it (nodes that come and go on new ports
+        would otherwise each leave an entry behind for the life of the coordinator)."""
+        self._seen.pop(address, None)
+
+    @property
+    def tracked(self) -> int:
+        """Addresses with verification state (bounded by the registry's nodes)."""
+        return len(self._seen)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
