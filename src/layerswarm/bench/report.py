@@ -10,6 +10,8 @@ from .edgelan import render as render_edge_lan
 def render(r: dict[str, Any]) -> str:
     if "vitb_swarm_vs_monolith" not in r and "edge_lan" in r:  # --only edge-lan
         sections = [_header(r), [render_edge_lan(r["edge_lan"])]]
+    elif "vitb_swarm_vs_monolith" not in r and "hop_vs_floor" in r:  # --only hop
+        sections = [_header(r), _hop(r)]
     elif "vitb_swarm_vs_monolith" not in r and "wire_formats" in r:  # --only wire
         sections = [_header(r), _wire(r)]
     elif "vitb_swarm_vs_monolith" not in r:  # --only adaptive
@@ -64,10 +66,20 @@ def _vitb(r: dict[str, Any]) -> list[str]:
 
 
 def _hop(r: dict[str, Any]) -> list[str]:
-    keys = ("payload_bytes", "tcp_floor_ms", "unary_overhead_ms", "unary_over_floor", "stream_overhead_ms")
-    rows = [_row(f"{h['shape']} {h['dtype']}", *_cells(h, *keys, "stream_over_floor")) for h in r["hop_vs_floor"]]
-    columns = ["payload", "bytes", "TCP floor ms", "unary ms", "x floor", "stream ms", "x floor"]
-    return _table("**One hop against the raw TCP floor** (round trip minus the node's compute time)", columns, rows)
+    rows = []
+    for h in r["hop_vs_floor"]:
+        cells = [h["payload_bytes"], h["tcp_floor_ms"]]
+        for t in ("unary", "stream"):
+            cells += [h.get(f"grpc_echo_{t}_ms", "-"), h[f"{t}_overhead_ms"], h[f"{t}_over_floor"]]
+            cells += [h.get(f"{t}_over_grpc_echo", "-")]
+        rows.append(_row(f"{h['shape']} {h['dtype']}", *cells))
+    columns = ["payload", "bytes", "TCP floor ms"]
+    columns += [c for t in ("unary", "stream") for c in (f"gRPC echo {t} ms", f"{t} hop ms", "x floor", "x echo")]
+    title = (
+        "**One hop against a bare gRPC echo and the raw TCP floor** (hop: round trip minus the node's "
+        "compute time; echo: the same bytes through grpc.aio with no protobuf, codec or compute)"
+    )
+    return _table(title, columns, rows)
 
 
 def _wire(r: dict[str, Any]) -> list[str]:

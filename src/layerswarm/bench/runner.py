@@ -57,6 +57,13 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         report["edge_lan"] = edgelan.run(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
+    if only == "hop":
+        with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+            model_dir = vitb_model_dir(Path(tmp))
+            with nodes([(model_dir, 0)]) as procs:
+                report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps * 2))
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
     if only == "wire":
         report["wire_formats"] = run_wire_formats(quick, reps)
         report["seconds"] = round(time.perf_counter() - started, 1)
