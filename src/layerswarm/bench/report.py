@@ -13,11 +13,12 @@ def render(r: dict[str, Any]) -> str:
     elif "vitb_swarm_vs_monolith" not in r and "hop_vs_floor" in r:  # --only hop
         sections = [_header(r), _hop(r)]
     elif "vitb_swarm_vs_monolith" not in r and "wire_formats" in r:  # --only wire
-        sections = [_header(r), _wire(r)]
+        sections = [_header(r), _wire(r), *([_activation_forms(r)] if "activation_forms" in r else [])]
     elif "vitb_swarm_vs_monolith" not in r:  # --only adaptive
         sections = [_header(r), render_adaptive(r["adaptive"])]
     else:
-        sections = [_header(r), _vitb(r), _hop(r), _wire(r), _concurrency(r), _coordinator_cost(r), _footer(r)]
+        sections = [_header(r), _vitb(r), _hop(r), _wire(r), _activation_forms(r)]
+        sections += [_concurrency(r), _coordinator_cost(r), _footer(r)]
         if "node_footprint" in r:
             sections.append(_node_footprint(r["node_footprint"]))
         if "adaptive" in r:
@@ -80,6 +81,23 @@ def _hop(r: dict[str, Any]) -> list[str]:
         "compute time; echo: the same bytes through grpc.aio with no protobuf, codec or compute)"
     )
     return _table(title, columns, rows)
+
+
+def _activation_forms(r: dict[str, Any]) -> list[str]:
+    keys = ("activation_shape", "hops", "int8_rel_rms_mean", "int8_rel_rms_worst_hop")
+    keys += ("int8_worst_error_over_row_peak", "zlib_ratio", "zlib_cpu_ms_per_hop")
+    keys += ("net_saving_ms_per_hop_100mbit", "net_saving_ms_per_hop_1000mbit")
+    rows = [_row(a["model"], *_cells(a, *keys)) for a in r.get("activation_forms", [])]
+    columns = ["model", "activation", "hops", "int8 rel. RMS", "worst hop", "worst / row peak", "zlib ratio (fp16)"]
+    columns += ["zlib ms/hop", "net ms saved/hop 100 Mbit", "net ms saved/hop 1 Gbit"]
+    title = "**Compact forms on real activations** (int8 error against float32; zlib level 1 on the fp16 bytes)"
+    table = _table(title, columns, rows)
+    accuracy = [
+        _row(a["order"], a["wire_dtype"], a["accuracy"], a["points_lost"], a["images"])
+        for a in r.get("wire_accuracy_in_process", [])
+    ]
+    title = "**Wire dtype and accuracy, in one process** (shipped family, every hop rounded as the swarm does)"
+    return [*table, "", *_table(title, ["order", "wire", "accuracy", "points lost", "images"], accuracy)]
 
 
 def _wire(r: dict[str, Any]) -> list[str]:
