@@ -36,9 +36,11 @@ def activations(model_dir: Path, images: torch.Tensor) -> list[torch.Tensor]:
 
 def int8_error(acts: list[torch.Tensor]) -> dict[str, Any]:
     """Relative RMS error of int8 over all hops, its worst hop, and the worst element against its row's peak."""
-    rel_rms, worst_step = [], 0.0
+    rel_rms, worst_step, codec_s = [], 0.0, 0.0
     for x in acts:
+        started = time.perf_counter()
         y = codec.decode(codec.encode(x, torch.int8))
+        codec_s += time.perf_counter() - started
         rel_rms.append(float((y - x).pow(2).mean().sqrt() / x.pow(2).mean().sqrt()))
         peak = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
         worst_step = max(worst_step, float(((y - x).abs() / peak).max()))
@@ -46,6 +48,7 @@ def int8_error(acts: list[torch.Tensor]) -> dict[str, Any]:
         "int8_rel_rms_mean": round(sum(rel_rms) / len(rel_rms), 5),
         "int8_rel_rms_worst_hop": round(max(rel_rms), 5),
         "int8_worst_error_over_row_peak": round(worst_step, 5),  # a half step is 1/254 = 0.00394
+        "int8_codec_ms_per_hop": round(codec_s / len(acts) * 1e3, 3),  # quantise + dequantise
     }
 
 
