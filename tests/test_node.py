@@ -93,6 +93,12 @@ def request_int8(scales: bytes) -> pb.ForwardRequest:
         (lambda: request_int8(scales=b"\x00\x00\x80\x7f" * 5), "scales must be finite and positive"),
         (lambda: request_int8(scales=b"\x00\x00\x80\x3f" * 4), "needs 5 float32 scales"),
         (lambda: request_int8(scales=b"\x00\x00\x80\xbf" * 5), "scales must be finite and positive"),
+        (
+            lambda: pb.ForwardRequest(
+                activations=pb.Tensor(dtype=pb.DTYPE_INT8, shape=[1, 5, 32], data=bytes(159), scales=bytes(20))
+            ),
+            "needs 160 bytes",
+        ),
     ],
 )
 async def test_bad_requests_get_invalid_argument(stub: pb_grpc.BlockNodeStub, make, detail: str) -> None:  # type: ignore[no-untyped-def]

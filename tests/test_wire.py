@@ -148,3 +148,18 @@ def test_the_service_name_written_once_is_the_protos() -> None:
     service = block_pb2.DESCRIPTOR.services_by_name["BlockNode"]
     assert service.full_name == HEALTH_SERVICE
     assert f"/{service.full_name}/" == METHOD_PREFIX
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
+def test_any_non_finite_value_anywhere_is_refused(dtype: torch.dtype, bad_value: float) -> None:
+    """The finiteness check is one amax reduction: it must still see a lone NaN or Inf at any position
+    (vectorised heads, tails, the middle) of a ViT-B-sized activation, and in an int8 tensor's scales."""
+    spec = codec.TensorSpec(shape=(None, 197, 768))
+    x = torch.randn(1, 197, 768).to(dtype)
+    for index in (0, 15, 197 * 768 // 2 + 3, 197 * 768 - 1):
+        bad = x.clone()
+        bad.view(-1)[index] = bad_value
+        with pytest.raises(codec.TensorError, match="NaN or Inf"):
+            codec.decode(codec.encode(bad), spec)
+    assert torch.equal(codec.decode(codec.encode(x), spec), x)  # and a finite one passes, bit-exact

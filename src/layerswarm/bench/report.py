@@ -10,12 +10,15 @@ from .edgelan import render as render_edge_lan
 def render(r: dict[str, Any]) -> str:
     if "vitb_swarm_vs_monolith" not in r and "edge_lan" in r:  # --only edge-lan
         sections = [_header(r), [render_edge_lan(r["edge_lan"])]]
+    elif "vitb_swarm_vs_monolith" not in r and "hop_vs_floor" in r:  # --only hop
+        sections = [_header(r), _hop(r)]
     elif "vitb_swarm_vs_monolith" not in r and "wire_formats" in r:  # --only wire
-        sections = [_header(r), _wire(r)]
+        sections = [_header(r), _wire(r), *([_activation_forms(r)] if "activation_forms" in r else [])]
     elif "vitb_swarm_vs_monolith" not in r:  # --only adaptive
         sections = [_header(r), render_adaptive(r["adaptive"])]
     else:
-        sections = [_header(r), _vitb(r), _hop(r), _wire(r), _concurrency(r), _coordinator_cost(r), _footer(r)]
+        sections = [_header(r), _vitb(r), _hop(r), _wire(r), _activation_forms(r)]
+        sections += [_concurrency(r), _coordinator_cost(r), _footer(r)]
         if "node_footprint" in r:
             sections.append(_node_footprint(r["node_footprint"]))
         if "adaptive" in r:
@@ -64,10 +67,38 @@ def _vitb(r: dict[str, Any]) -> list[str]:
 
 
 def _hop(r: dict[str, Any]) -> list[str]:
-    keys = ("payload_bytes", "tcp_floor_ms", "unary_overhead_ms", "unary_over_floor", "stream_overhead_ms")
-    rows = [_row(f"{h['shape']} {h['dtype']}", *_cells(h, *keys, "stream_over_floor")) for h in r["hop_vs_floor"]]
-    columns = ["payload", "bytes", "TCP floor ms", "unary ms", "x floor", "stream ms", "x floor"]
-    return _table("**One hop against the raw TCP floor** (round trip minus the node's compute time)", columns, rows)
+    rows = []
+    for h in r["hop_vs_floor"]:
+        cells = [h["payload_bytes"], h["tcp_floor_ms"]]
+        for t in ("unary", "stream"):
+            cells += [h.get(f"grpc_echo_{t}_ms", "-"), h[f"{t}_overhead_ms"], h[f"{t}_over_floor"]]
+            cells += [h.get(f"{t}_over_grpc_echo", "-")]
+        rows.append(_row(f"{h['shape']} {h['dtype']}", *cells))
+    columns = ["payload", "bytes", "TCP floor ms"]
+    columns += [c for t in ("unary", "stream") for c in (f"gRPC echo {t} ms", f"{t} hop ms", "x floor", "x echo")]
+    title = (
+        "**One hop against a bare gRPC echo and the raw TCP floor** (hop: round trip minus the node's "
+        "compute time; echo: the same bytes through grpc.aio with no protobuf, codec or compute)"
+    )
+    return _table(title, columns, rows)
+
+
+def _activation_forms(r: dict[str, Any]) -> list[str]:
+    keys = ["activation_shape", "hops", "int8_rel_rms_mean", "int8_rel_rms_worst_hop"]
+    keys += ["int8_worst_error_over_row_peak", "int8_codec_ms_per_hop", "zlib_ratio", "zlib_cpu_ms_per_hop"]
+    keys += ["net_saving_ms_per_hop_100mbit", "net_saving_ms_per_hop_1000mbit"]
+    rows = [_row(a["model"], *_cells(a, *keys)) for a in r.get("activation_forms", [])]
+    columns = ["model", "activation", "hops", "int8 rel. RMS", "worst hop", "worst / row peak", "int8 codec ms/hop"]
+    columns += ["zlib ratio (fp16)"]
+    columns += ["zlib ms/hop", "net ms saved/hop 100 Mbit", "net ms saved/hop 1 Gbit"]
+    title = "**Compact forms on real activations** (int8 error against float32; zlib level 1 on the fp16 bytes)"
+    table = _table(title, columns, rows)
+    accuracy = [
+        _row(a["order"], a["wire_dtype"], a["accuracy"], a["points_lost"], a["images"])
+        for a in r.get("wire_accuracy_in_process", [])
+    ]
+    title = "**Wire dtype and accuracy, in one process** (shipped family, every hop rounded as the swarm does)"
+    return [*table, "", *_table(title, ["order", "wire", "accuracy", "points lost", "images"], accuracy)]
 
 
 def _wire(r: dict[str, Any]) -> list[str]:

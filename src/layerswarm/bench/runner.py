@@ -19,9 +19,10 @@ import grpc
 import torch
 
 from layerswarm import __version__
+from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 
-from . import adaptive, edgelan, shipped, vitb
+from . import activations, adaptive, edgelan, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .report import render
@@ -45,6 +46,25 @@ def run_wire_formats(quick: bool, reps: int) -> list[dict[str, Any]]:
         return asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
 
 
+def run_activation_forms(quick: bool) -> list[dict[str, Any]]:
+    """int8 error and zlib's ratio on real activations: the shipped family's (trained, its test images)
+    and ViT-B/16's shape (random weights, random images)."""
+    member = robust_members(family_root())[0]
+    images = task_data(member).test_x[: 16 if quick else 128]
+    rows = [activations.measure(member, images, f"shipped ({member.name})")]
+    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+        torch.manual_seed(0)
+        rows.append(activations.measure(vitb_model_dir(Path(tmp)), torch.rand(2, 3, 224, 224), "ViT-B/16 shape"))
+    return rows
+
+
+def run_int8_accuracy(quick: bool) -> list[dict[str, Any]]:
+    member = robust_members(family_root())[0]
+    data = task_data(member)
+    count = 500 if quick else 2000
+    return activations.accuracy_by_wire(member, data.test_x[:count], data.test_y[:count])
+
+
 def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
@@ -57,8 +77,17 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         report["edge_lan"] = edgelan.run(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
+    if only == "hop":
+        with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+            model_dir = vitb_model_dir(Path(tmp))
+            with nodes([(model_dir, 0)]) as procs:
+                report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps * 2))
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
     if only == "wire":
         report["wire_formats"] = run_wire_formats(quick, reps)
+        report["activation_forms"] = run_activation_forms(quick)
+        report["wire_accuracy_in_process"] = run_int8_accuracy(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
@@ -77,6 +106,8 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     with nodes(shipped.layout(members)) as procs:
         report["wire_formats"] = asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
         report["coordinator_cost_shipped"] = vitb.coordinator_cpu_share(members[0], procs, 50 if quick else 200, 32)
+    report["activation_forms"] = run_activation_forms(quick)
+    report["wire_accuracy_in_process"] = run_int8_accuracy(quick)
     report["concurrency"] = asyncio.run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
     report["adaptive"] = run_adaptive(quick)
     report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)

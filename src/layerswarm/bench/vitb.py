@@ -22,6 +22,7 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .fixtures import addresses, coordinator_process, cpu_seconds, median_ms, timed
+from .grpc_echo import GrpcEcho
 from .tcp_floor import EchoServer
 
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
@@ -93,38 +94,53 @@ async def swarm_vs_monolith(
 
 
 async def hop_vs_floor(model_dir: Path, node: Proc, reps: int) -> list[dict[str, Any]]:
-    """One node's round trip minus its compute time, against raw TCP echoing the same bytes; samples of
-    the three are interleaved, so the machine's drift hits them alike."""
+    """One node's round trip minus its compute time, against a bare gRPC echo and raw TCP echoing the
+    same bytes; samples are interleaved, so the machine's drift hits them all alike. node / echo is our
+    share (protobuf, codec, checks, the compute hand-off); echo / floor is gRPC's."""
     from layerswarm.coordinator.clients import NodeClient
 
     model, _ = load_model(model_dir)
     tokens, dim = model.cfg.num_tokens, model.cfg.dim
     address = f"127.0.0.1:{node.ready['port']}"
-    clients = {t: NodeClient(address, 64 * 1024 * 1024, t) for t in ("unary", "stream")}
+    transports = ("unary", "stream")
+    clients = {t: NodeClient(address, 64 * 1024 * 1024, t) for t in transports}
     rows = []
     with EchoServer() as echo:
-        for batch, dtype in ((1, torch.float16), (1, torch.float32), (8, torch.float32)):
-            x = torch.randn(batch, tokens, dim).to(dtype)
-            request = pb.ForwardRequest(request_id="bench", activations=codec.encode(x), position=0)
-            nbytes = len(request.activations.data)
-            samples: dict[str, list[float]] = {"tcp_floor": [], "unary_overhead": [], "stream_overhead": []}
-            for i in range(reps + 2):
-                floor = echo.round_trip(nbytes)
-                for transport, client in clients.items():
-                    started = time.perf_counter()
-                    reply = await client.forward(request, timeout=60)
+        async with GrpcEcho() as grpc_echo:
+            for batch, dtype in ((1, torch.float16), (1, torch.float32), (8, torch.float32)):
+                x = torch.randn(batch, tokens, dim).to(dtype)
+                request = pb.ForwardRequest(request_id="bench", activations=codec.encode(x), position=0)
+                nbytes = len(request.activations.data)
+                payload = bytes(nbytes)
+                samples: dict[str, list[float]] = {"tcp_floor": []}
+                for i in range(reps + 2):
+                    floor = echo.round_trip(nbytes)
+                    for transport, client in clients.items():
+                        echoed = await grpc_echo.round_trip(payload, transport)
+                        started = time.perf_counter()
+                        reply = await client.forward(request, timeout=60)
+                        overhead = time.perf_counter() - started - reply.compute_ms / 1e3
+                        if i >= 2:
+                            samples.setdefault(f"{transport}_overhead", []).append(overhead)
+                            samples.setdefault(f"grpc_echo_{transport}", []).append(echoed)
                     if i >= 2:
-                        samples[f"{transport}_overhead"].append(time.perf_counter() - started - reply.compute_ms / 1e3)
-                if i >= 2:
-                    samples["tcp_floor"].append(floor)
-            row: dict[str, Any] = {"payload_bytes": nbytes, "shape": [batch, tokens, dim], "dtype": str(dtype)[6:]}
-            row.update({f"{k}_ms": median_ms(v) for k, v in samples.items()})
-            for transport in clients:
-                row[f"{transport}_over_floor"] = round(row[f"{transport}_overhead_ms"] / row["tcp_floor_ms"], 3)
-            rows.append(row)
+                        samples["tcp_floor"].append(floor)
+                rows.append(_hop_row(nbytes, [batch, tokens, dim], dtype, samples, transports))
     for client in clients.values():
         await client.close()
     return rows
+
+
+def _hop_row(
+    nbytes: int, shape: list[int], dtype: torch.dtype, samples: dict[str, list[float]], transports: tuple[str, ...]
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"payload_bytes": nbytes, "shape": shape, "dtype": str(dtype)[6:]}
+    row.update({f"{k}_ms": median_ms(v) for k, v in samples.items()})
+    for t in transports:
+        row[f"{t}_over_floor"] = round(row[f"{t}_overhead_ms"] / row["tcp_floor_ms"], 3)
+        row[f"grpc_echo_{t}_over_floor"] = round(row[f"grpc_echo_{t}_ms"] / row["tcp_floor_ms"], 3)
+        row[f"{t}_over_grpc_echo"] = round(row[f"{t}_overhead_ms"] / row[f"grpc_echo_{t}_ms"], 3)
+    return row
 
 
 def coordinator_cpu_share(model_dir: Path, procs: list[Proc], requests: int, image_size: int) -> dict[str, Any]:

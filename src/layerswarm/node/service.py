@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 
 import grpc
@@ -31,10 +32,10 @@ INPUT_HEADROOM = 0.5
 
 def output_problem(out: torch.Tensor, reply_dtype: torch.dtype) -> str | None:
     """Why `out` must not be sent as `reply_dtype`, or None when it can be."""
-    if not bool(torch.isfinite(out).all()):
+    peak = codec.peak_abs(out) if out.numel() else 0.0
+    if not math.isfinite(peak):
         return "has NaN or Inf values"
     limit = codec.value_limit(reply_dtype)
-    peak = float(out.abs().max()) if out.numel() else 0.0
     if peak > limit:
         return f"is out of range for {_name(reply_dtype)} (max |x| {peak:.4g} > {limit:.6g})"
     return None
