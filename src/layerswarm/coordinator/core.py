@@ -264,6 +264,7 @@ class Coordinator:
         if self.dns is not None:
             await self.dns.stop()
         await self.monitor.stop()
+        await self.executor.close()
         await self.pool.close()
         self._compute.shutdown(wait=False, cancel_futures=True)
         if self.verifier is not None:

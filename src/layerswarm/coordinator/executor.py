@@ -161,6 +161,7 @@ class PathExecutor:
         self.registry = registry
         self.pool = pool
         self.verifier = verifier  # None: replies are only checked for form (codec), not for truth
+        self._stragglers: set[asyncio.Future[_Won | None]] = set()  # hedge losers left to finish
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         hops: list[Hop] = []
@@ -246,8 +247,32 @@ class PathExecutor:
             return None
         finally:
             for task in pending:
-                task.cancel()  # the loser's stream is cancelled too: its node stops waiting for us
-            await asyncio.gather(*pending, return_exceptions=True)
+                self._let_finish(task)
+
+    def _let_finish(self, loser: asyncio.Future[_Won | None]) -> None:
+        """A hedge's losing call runs to its end (bounded by the hop timeout) instead of being cancelled:
+        cancelling a grpc.aio call while its read is in flight leaks native memory (grpc/grpc#43360),
+        and the loser's real latency is what keeps its hedge delay honest."""
+        self._stragglers.add(loser)
+        loser.add_done_callback(self._straggler_done)
+
+    def _straggler_done(self, loser: asyncio.Future[_Won | None]) -> None:
+        self._stragglers.discard(loser)
+        if loser.cancelled():
+            return
+        if (exc := loser.exception()) is not None:  # _attempt turns call failures into None: this is a bug
+            log.error("a hedge's losing call raised", exc_info=exc)
+            return
+        won = loser.result()
+        if won is not None:
+            record, _out, latency_ms = won
+            self.registry.record_success(record.address, latency_ms)
+
+    async def close(self) -> None:
+        """Cancel hedge losers still running (the coordinator is stopping)."""
+        for task in list(self._stragglers):
+            task.cancel()
+        await asyncio.gather(*self._stragglers, return_exceptions=True)
 
     async def _attempt(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> _Won | None:
         """One call; a failure goes into the trace and the registry, and gives None."""
