@@ -124,7 +124,12 @@ def make_verifier(settings: CoordinatorSettings) -> Verifier | None:
     if settings.verify_rate is None:
         return None
     dirs = [settings.model_dir, *settings.family_dirs]
-    return Verifier(dirs, VerifySettings(rate=settings.verify_rate, probation_hops=settings.verify_probation))
+    return Verifier(
+        dirs,
+        VerifySettings(
+            rate=settings.verify_rate, probation_hops=settings.verify_probation, reexecute_on=settings.verify_on
+        ),
+    )
 
 
 class Coordinator:
@@ -139,6 +144,8 @@ class Coordinator:
         self.pool = ClientPool(transport=settings.transport, security=settings.security)
         self.min_blocks = default_min_blocks(settings, self.manifest)
         self.verifier = make_verifier(settings)
+        if self.verifier is not None:
+            self.verifier.quarantine_referee = self.registry.quarantine
         self.executor = PathExecutor(self.registry, self.pool, self.verifier)
         token = settings.security.token
         self.relay = (

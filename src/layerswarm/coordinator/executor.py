@@ -23,6 +23,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
 from .linkmap import COORDINATOR
+from .peer_check import same_weights
 from .planner import Plan, substitutes
 from .registry import NodeRecord, Registry
 from .text_hops import hop_mask, text_hop_cost, text_reply
@@ -305,6 +306,14 @@ class PathExecutor:
                     yield record
 
     async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, state: _RequestState) -> torch.Tensor:
+        out, token_mask = await self._forward(record, x, position, state)
+        await self._verify(record, x, out, position, state, token_mask)
+        return out
+
+    async def _forward(
+        self, record: NodeRecord, x: torch.Tensor, position: int, state: _RequestState
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One Forward call and the reply's form checked (shape, dtype, finite); float32 out."""
         opts = state.opts
         timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
         activations = codec.encode(x, opts.wire_dtype)
@@ -329,9 +338,7 @@ class PathExecutor:
         self._observe_links(record, (time.monotonic() - started) * 1e3, reply, len(activations.data))
         try:
             if token_mask is not None:  # text: the reply holds the active tokens only
-                out = text_reply(x, token_mask, reply.activations, opts.wire_dtype)
-                await self._verify(record, x, out, position, opts, token_mask)
-                return out
+                return text_reply(x, token_mask, reply.activations, opts.wire_dtype), token_mask
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:
                 raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
@@ -340,9 +347,7 @@ class PathExecutor:
         except codec.TensorError as exc:
             log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
             raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
-        out = out.to(torch.float32)
-        await self._verify(record, x, out, position, opts)
-        return out
+        return out.to(torch.float32), None
 
     def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
         """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
@@ -357,19 +362,38 @@ class PathExecutor:
         x: torch.Tensor,
         out: torch.Tensor,
         position: int,
-        opts: ExecOptions,
+        state: _RequestState,
         token_mask: torch.Tensor | None = None,
     ) -> None:
         """Blame the node whose reply is wrong, before its output reaches the next (honest) hop."""
+        opts = state.opts
         if self.verifier is None:
             hard = hard_range_problem(out, position, opts.wire_dtype)
             if hard is not None:
                 log.warning("quarantining %s: %s", record.address, hard)
                 raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
             return
+
+        async def ask(peer: NodeRecord) -> torch.Tensor | None:
+            """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
+            try:
+                return (await self._forward(peer, x, position, state))[0]
+            except HopFailed as exc:
+                log.info("referee %s gave no usable answer: %s", peer.address, exc)
+                return None
+
+        replicas = same_weights(record, list(self.registry.nodes.values()))
         try:
             await self.verifier.check(
-                record, x, out, position, opts.wire_dtype, force=opts.force_verify, token_mask=token_mask
+                record,
+                x,
+                out,
+                position,
+                opts.wire_dtype,
+                force=opts.force_verify,
+                token_mask=token_mask,
+                replicas=[r for r in replicas if r.address not in state.failed],
+                ask=ask,
             )
         except Lie as exc:
             raise HopFailed(str(exc), quarantine=True, evidence=exc.evidence) from exc

@@ -17,6 +17,7 @@ from layerswarm.wire.settings import ProcessSettings, security_from_files
 
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
+    "verify_on": ("auto", "coordinator", "peers"),
     "wire_dtype": ("fp32", "fp16", "bf16", "int8"),
     "transport": ("stream", "unary"),
     "exit_rule": ("calibrated", "none", "confidence", "entropy", "patience"),
@@ -72,6 +73,12 @@ class CoordinatorSettings(ProcessSettings):
         description="share of hops the coordinator re-executes to catch lying nodes, after each new node's probation",
     )
     verify_probation: int = Field(default=2, ge=0, description="hops of each new node always re-executed")
+    verify_on: str = Field(
+        default="auto",
+        description="where checked hops are re-executed: coordinator (its verified copy), peers (replicas "
+        "with the same weights hash, majority of two; the coordinator breaks ties), auto (the coordinator "
+        "when it holds the model, else peers)",
+    )
     exit_rule: str = Field(
         default="calibrated",
         description="default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval "

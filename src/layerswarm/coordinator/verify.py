@@ -15,9 +15,11 @@ Every reply passes two layers before it is used:
    wire dtype's rounding quarantines the node; the evidence goes to /v1/nodes. When the coordinator
    holds no copy of that model (an unlisted model, non-strict mode), the reference is the family
    envelope: the same block index of every member it holds; the reply must lie closer to one of them
-   than the members lie to each other (times `envelope_slack`).
+   than the members lie to each other (times `envelope_slack`). With `reexecute_on` "peers" (or
+   "auto" for a model the coordinator does not hold), the hop goes to one or two other nodes that serve
+   the same weights hash instead, judged by majority (peer_check.py).
 
-Cost: one block forward on the coordinator per verified hop (counted in `stats()`); nothing else.
+Cost: one block forward per verified hop, on the coordinator or on a replica (counted in `stats()`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +42,7 @@ from layerswarm.models.text.tokens import run_active, scatter_active
 from layerswarm.models.vit import Block
 from layerswarm.wire import codec
 
+from .peer_check import Ask, PeerVerdict, judge, order_referees
 from .registry import NodeRecord
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,10 @@ class VerifySettings:
     rate: float = 0.05  # fraction of hops re-executed after probation
     probation_hops: int = 2  # every hop of a new node incarnation is checked until it has passed this many
     envelope_slack: float = 1.5  # unlisted models: how much further than members lie from each other
+    # where a checked hop is re-executed: "coordinator" (its verified copy; the envelope for unlisted
+    # models), "peers" (replicas with the same weights hash; the coordinator breaks ties and stands in
+    # when no replica is up), "auto" (the coordinator when it holds the model, else peers)
+    reexecute_on: str = "auto"
 
 
 class Lie(Exception):
@@ -79,7 +87,11 @@ class VerifyStats:
     reexecuted: int = 0
     reexecute_ms: float = 0.0
     flagged: int = 0
+    peer_reexecuted: int = 0  # hops re-executed on replicas (each asks one or two)
+    peer_calls: int = 0
+    unresolved: int = 0  # one replica against another, no second opinion: nobody convicted
     detections: list[dict[str, Any]] = field(default_factory=list)
+    disagreements: list[dict[str, Any]] = field(default_factory=list)
 
 
 def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> dict[str, Any] | None:
@@ -115,6 +127,8 @@ class Verifier:
         self._rng = random.Random(seed)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.counters = VerifyStats()
+        # set by the coordinator: quarantine a referee caught lying (a node other than the one checked)
+        self.quarantine_referee: Callable[[str, str, dict[str, Any]], None] | None = None
 
     def wants(self, record: NodeRecord) -> bool:
         """Would a hop of `record` be re-executed (on probation, or sampled now)? Relay chains ask this
@@ -133,10 +147,13 @@ class Verifier:
         wire: torch.dtype,
         force: bool = False,
         token_mask: torch.Tensor | None = None,
+        replicas: list[NodeRecord] | None = None,
+        ask: Ask | None = None,
     ) -> None:
         """Raise Lie when `out` (the node's reply to `x` at `position`) is wrong; return when it passes.
         `force`: re-execute whatever the sampling rate says (the hop was sampled already).
-        token_mask: a text hop's mask (models/text/tokens.py): the reference computes the same tokens."""
+        token_mask: a text hop's mask (models/text/tokens.py): the reference computes the same tokens.
+        replicas, ask: nodes serving the same weights, and how to send them this hop (peer_check.py)."""
         ident = record.identity
         if ident is None:
             return
@@ -152,6 +169,15 @@ class Verifier:
             self.counters.flagged += 1
         if soft is None and not on_probation and not force and self._rng.random() >= self.settings.rate:
             return
+        use_peers = bool(replicas) and ask is not None and self._peers_first(ident.model_id)
+        if use_peers and replicas and ask is not None:
+            verdict = await self._on_peers(record, out, position, wire, replicas, ask, x, token_mask)
+            if verdict is not None:
+                if verdict.liar == record.address and verdict.evidence is not None:
+                    raise self._convict(record, seen, {**verdict.evidence, "position": position})
+                if verdict.passed:
+                    seen.passed += 1
+                return
         evidence = await self._reexecute(ident.model_id, ident.block, x, out, position, wire, token_mask)
         if evidence is not None:
             if soft is not None:
@@ -168,7 +194,12 @@ class Verifier:
             "hops_reexecuted": c.reexecuted,
             "hops_flagged_by_range": c.flagged,
             "reexecute_ms_total": round(c.reexecute_ms, 3),
+            "reexecute_on": self.settings.reexecute_on,
+            "hops_reexecuted_on_peers": c.peer_reexecuted,
+            "peer_calls": c.peer_calls,
+            "unresolved_disagreements": c.unresolved,
             "detections": c.detections,
+            "disagreements": c.disagreements,
         }
 
     def forget(self, address: str) -> None:
@@ -203,7 +234,73 @@ class Verifier:
             }
         return None
 
-    # --- layer 2: re-execution -------------------------------------------------------------------------
+    # --- layer 2: re-execution on replicas -----------------------------------------------------------
+
+    def _peers_first(self, model_id: str) -> bool:
+        mode = self.settings.reexecute_on
+        return mode == "peers" or (mode == "auto" and model_id not in self.manifests)
+
+    def _trusted(self, address: str) -> bool:
+        seen = self._seen.get(address)
+        return seen is not None and seen.passed >= self.settings.probation_hops
+
+    async def _on_peers(
+        self,
+        record: NodeRecord,
+        out: torch.Tensor,
+        position: int,
+        wire: torch.dtype,
+        replicas: list[NodeRecord],
+        ask: Ask,
+        x: torch.Tensor,
+        token_mask: torch.Tensor | None,
+    ) -> PeerVerdict | None:
+        """Majority judgement by replicas; None when none answered (the caller falls back)."""
+        assert record.identity is not None
+        model_id, block = record.identity.model_id, record.identity.block
+        out_wire = codec.as_sent(out, wire)
+
+        async def counted_ask(peer: NodeRecord) -> torch.Tensor | None:
+            self.counters.peer_calls += 1
+            return await ask(peer)
+
+        async def coordinator_copy() -> torch.Tensor | None:
+            ref = await self._run([(model_id, block)], codec.as_sent(x, wire), position, token_mask)
+            return ref[0]
+
+        fallback = coordinator_copy if model_id in self.manifests else None
+        referees = order_referees(replicas, self._trusted, self._rng)[:2]
+        verdict = await judge(
+            record,
+            referees,
+            counted_ask,
+            lambda ref: relative_error(out_wire, codec.as_sent(ref, wire)),
+            TOLERANCE[wire],
+            fallback,
+        )
+        if verdict is None:
+            return None
+        self.counters.peer_reexecuted += 1
+        if verdict.liar is not None and verdict.liar != record.address and verdict.evidence is not None:
+            self._convict_referee(verdict.liar, {**verdict.evidence, "position": position})
+        elif verdict.liar is None and not verdict.passed:
+            self.counters.unresolved += 1
+            self.counters.disagreements.append(
+                {"address": record.address, **(verdict.evidence or {}), "at": time.time()}
+            )
+            del self.counters.disagreements[:-100]  # bounded
+            log.warning("unresolved disagreement on %s: %s", record.address, verdict.evidence)
+        return verdict
+
+    def _convict_referee(self, address: str, evidence: dict[str, Any]) -> None:
+        evidence = {**evidence, "at": time.time()}
+        self.counters.detections.append({"address": address, **evidence})
+        del self.counters.detections[:-100]
+        log.warning("quarantining %s (a referee that lied) on evidence: %s", address, evidence)
+        if self.quarantine_referee is not None:
+            self.quarantine_referee(address, f"verification failed: {evidence['check']}", evidence)
+
+    # --- layer 2: re-execution on the coordinator ---------------------------------------------------
 
     async def _reexecute(
         self,
