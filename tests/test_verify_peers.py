@@ -127,3 +127,22 @@ async def test_a_rogue_replica_is_caught_by_its_peers_without_coordinator_comput
         assert not any(r.convicted for r in honest_block0)  # the liar's word convicted no honest replica
     finally:
         await coord.stop()
+
+
+async def test_a_referee_caught_lying_is_quarantined_through_the_coordinator(family_dirs: list[Path]) -> None:
+    from layerswarm.coordinator.verify import Verifier, VerifySettings
+
+    verifier = Verifier(family_dirs[1:], VerifySettings(rate=1.0, probation_hops=0, reexecute_on="peers"), seed=0)
+    quarantined: list[tuple[str, dict[str, object]]] = []
+    verifier.quarantine_referee = lambda address, reason, evidence: quarantined.append((address, evidence))
+    node, liar, honest = replica(1), replica(2), replica(3)
+    x = torch.randn(1, 5, 32)
+    replies = {liar.address: torch.zeros_like(x), honest.address: x}
+    for _ in range(8):  # referees are asked in random order: sooner or later the liar is asked first
+        await verifier.check(node, x, x, 0, torch.float16, replicas=[liar, honest], ask=answers(replies))
+        if quarantined:
+            break
+    assert [a for a, _ in quarantined] == [liar.address]
+    evidence = quarantined[0][1]
+    assert evidence["check"] == "re-execution on peers" and "hops_before_detection" in evidence
+    assert verifier.stats()["hops_reexecuted"] == 0  # all judged by replicas, none by the coordinator

@@ -3,7 +3,8 @@ requests and seconds until each liar is quarantined; what verification costs.
 
     python -m layerswarm.bench.rogue [--requests 40] [--only NAME] [--json bench/results/rogue.json]
 
-Sixteen real gRPC nodes on loopback, in this process (members 0 and 1, every block); in a rogue
+Sixteen real gRPC nodes on loopback, in this process (members 0 and 1, every block; four more honest
+replicas of member 0's blocks 0-3 in the "peers" scenarios, where replicas referee); in a rogue
 scenario member 0's nodes for blocks 0-3 lie (harness/faults.py), or run genuine software on a forged
 copy of member 0 (then the coordinator runs non-strict, or it would refuse them outright). The
 coordinator is in process too, with the shipped defaults (shuffle policy, fp16 wire, verification
@@ -41,9 +42,17 @@ FORGE_SCALE = 2.0  # noise of twice each tensor's std on every block: at 0.5 acc
 
 
 async def scenario(
-    members: list[Path], rogue: str | None, verify: float | None, requests: int, forged: Path | None, after: int = 0
+    members: list[Path],
+    rogue: str | None,
+    verify: float | None,
+    requests: int,
+    forged: Path | None,
+    after: int = 0,
+    verify_on: str = "coordinator",
 ) -> dict[str, Any]:
-    layout = _nodes(members, rogue, forged, after)
+    """verify_on "peers": member 0's blocks 0-3 get an honest replica each, which (with the liar
+    itself) referees the others' hops instead of the coordinator."""
+    layout = _nodes(members, rogue, forged, after, replicas=verify_on == "peers")
     nodes = [n for n, _ in layout]
     for n in nodes:
         await n.start()
@@ -56,6 +65,7 @@ async def scenario(
             mdns=False,
             strict=False if forged is not None else None,
             verify_rate=verify,
+            verify_on=verify_on,
             min_blocks=1,
         )
     )
@@ -68,9 +78,14 @@ async def scenario(
             await n.stop()
 
 
-def _nodes(members: list[Path], rogue: str | None, forged: Path | None, after: int) -> list[tuple[Node, bool]]:
-    """(node, lies) for every block of members 0 and 1."""
+def _nodes(
+    members: list[Path], rogue: str | None, forged: Path | None, after: int, replicas: bool = False
+) -> list[tuple[Node, bool]]:
+    """(node, lies) for every block of members 0 and 1, and honest replicas of member 0's rogue blocks."""
     out: list[tuple[Node, bool]] = []
+    if replicas:
+        for block in ROGUE_BLOCKS:
+            out.append((Node(NodeSettings(model_dir=members[0], block=block, advertise=False, grace_s=0.1)), False))
     for m, model_dir in enumerate(members[:2]):
         for block in range(read_manifest(model_dir).config.depth):
             liar = m == 0 and block in ROGUE_BLOCKS and rogue is not None
@@ -141,6 +156,9 @@ def _summary(
         out["reexecuted_hops_per_request"] = round(stats["hops_reexecuted"] / len(rows), 3)
         out["reexecute_ms_per_request"] = round(stats["reexecute_ms_total"] / len(rows), 3)
         out["reexecute_share_of_request_time"] = round(stats["reexecute_ms_total"] / total_ms, 4)
+        out["peer_reexecuted_hops_per_request"] = round(stats["hops_reexecuted_on_peers"] / len(rows), 3)
+        out["peer_calls_per_request"] = round(stats["peer_calls"] / len(rows), 3)
+        out["unresolved_disagreements"] = stats["unresolved_disagreements"]
     return out
 
 
@@ -149,21 +167,35 @@ async def run(requests: int, only: str | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"environment": environment(), "requests_per_scenario": requests, "scenarios": {}}
     with tempfile.TemporaryDirectory() as tmp:
         forged = forge_model_dir(members[0], Path(tmp) / "forged", scale=FORGE_SCALE)
-        plan: list[tuple[str, str | None, float | None, Path | None, int]] = [
-            ("honest, verification off", None, None, None, 0),
-            ("honest, verification on", None, 0.05, None, 0),
+        plan: list[tuple[str, str | None, float | None, Path | None, int, str]] = [
+            ("honest, verification off", None, None, None, 0, "coordinator"),
+            ("honest, verification on", None, 0.05, None, 0, "coordinator"),
+            ("honest, replicas, verification on peers", None, 0.05, None, 0, "peers"),
+            ("noise, replicas, verification on peers", "noise", 0.05, None, 0, "peers"),
+            ("noise after 2 honest hops, replicas, verification on peers", "noise", 0.25, None, 2, "peers"),
         ]
         for mode in ("zeros", "noise", "other-block", "forged"):
             f = forged if mode == "forged" else None
-            plan.append((f"{mode}, verification off", mode, None, f, 0))
-            plan.append((f"{mode}, verification on", mode, 0.05, f, 0))
-        plan.append(("noise after 2 honest hops (past probation), verification on", "noise", 0.05, None, 2))
-        plan.append(("noise after 2 honest hops (past probation), verification rate 0.25", "noise", 0.25, None, 2))
-        for name, kind, verify, f, after in plan:
+            plan.append((f"{mode}, verification off", mode, None, f, 0, "coordinator"))
+            plan.append((f"{mode}, verification on", mode, 0.05, f, 0, "coordinator"))
+        plan.append(
+            ("noise after 2 honest hops (past probation), verification on", "noise", 0.05, None, 2, "coordinator")
+        )
+        plan.append(
+            (
+                "noise after 2 honest hops (past probation), verification rate 0.25",
+                "noise",
+                0.25,
+                None,
+                2,
+                "coordinator",
+            )
+        )
+        for name, kind, verify, f, after, where in plan:
             if only is not None and only not in name:
                 continue
             log.info("scenario: %s", name)
-            report["scenarios"][name] = await scenario(members, kind, verify, requests, f, after)
+            report["scenarios"][name] = await scenario(members, kind, verify, requests, f, after, where)
     return report
 
 

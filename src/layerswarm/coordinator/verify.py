@@ -293,7 +293,13 @@ class Verifier:
         return verdict
 
     def _convict_referee(self, address: str, evidence: dict[str, Any]) -> None:
-        evidence = {**evidence, "at": time.time()}
+        seen = self._seen.get(address)  # None: it lied as a referee before any hop of its own was routed
+        evidence = {
+            **evidence,
+            "hops_before_detection": seen.hops if seen else 0,
+            "seconds_since_first_hop": round(time.monotonic() - seen.first_hop, 3) if seen else 0.0,
+            "at": time.time(),
+        }
         self.counters.detections.append({"address": address, **evidence})
         del self.counters.detections[:-100]
         log.warning("quarantining %s (a referee that lied) on evidence: %s", address, evidence)
