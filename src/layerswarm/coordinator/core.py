@@ -36,6 +36,7 @@ from .relay import RelayRunner
 from .settings import CoordinatorSettings
 from .topology import TopologyChooser
 from .verify import Verifier, VerifySettings
+from .wire_choice import WireChoice, measure_codec_ms_per_mb
 
 log = logging.getLogger(__name__)
 MDNS_QUIET_S = 0.3  # the first round waits until no advert came for this long
@@ -120,6 +121,13 @@ def default_min_blocks(settings: CoordinatorSettings, manifest: Manifest) -> int
     return evaluated
 
 
+def wire_choice(tokens: int, dim: int) -> WireChoice:
+    """--wire-dtype auto: the int8 codec's cost measured here, once (coordinator/wire_choice.py)."""
+    choice = WireChoice(measure_codec_ms_per_mb(tokens, dim), dim)
+    log.info("wire dtype auto: int8 codec %.2f ms per MB of fp16 activations", choice.codec_ms_per_mb)
+    return choice
+
+
 def make_verifier(settings: CoordinatorSettings) -> Verifier | None:
     if settings.verify_rate is None:
         return None
@@ -165,7 +173,9 @@ class Coordinator:
         self.metrics = CoordinatorMetrics(self.registry)
         self.adaptive = load_defaults(settings.model_dir, settings.exit_rule, settings.exit_threshold)
         log.info("adaptive compute defaults: %s", self.adaptive.to_json())
-        self.wire_dtype = codec.dtype_by_name(settings.wire_dtype)
+        auto_wire = settings.wire_dtype == "auto"
+        self.wire_dtype = codec.dtype_by_name("fp16" if auto_wire else settings.wire_dtype)
+        self.wire_choice = wire_choice(self.config.num_tokens, self.config.dim) if auto_wire else None
         tokens = None if self.config.is_text else self.config.num_tokens  # text: any T up to the maximum
         self.spec = codec.TensorSpec((None, tokens, self.config.dim), max_batch=settings.max_batch)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
@@ -350,6 +360,7 @@ class Coordinator:
             min_blocks=setup.min_blocks,
             shuffle_robust=self.shuffle_robust and setup.policy is not Policy.SEQUENTIAL,
             wire_dtype=self.wire_dtype,
+            wire_choice=self.wire_choice,
             spec=self.spec,
             request_id=f"{setup.request_id}-{index}" if index else setup.request_id,
             early_exit=early_exit,

@@ -28,6 +28,7 @@ from .planner import Plan, substitutes
 from .registry import NodeRecord, Registry
 from .text_hops import hop_mask, text_hop_cost, text_reply
 from .verify import Lie, Verifier, hard_range_problem
+from .wire_choice import WireChoice
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,12 @@ class Hop:
     send_ms: float | None = None  # relayed hops: forwarding to the next node (less its compute)
     tokens: int | None = None  # text: tokens this hop computed (frozen ones only read)
     wire_bytes: int | None = None  # text: tensor payload bytes of request and reply
+    wire: str | None = None  # --wire-dtype auto: the dtype this hop's link was sent in
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["latency_ms"] = round(self.latency_ms, 3)
-        for key in ("tokens", "wire_bytes"):  # image traces keep their keys
+        for key in ("tokens", "wire_bytes", "wire"):  # image traces keep their keys
             if data[key] is None:
                 data.pop(key)
         return data
@@ -114,6 +116,7 @@ class ExecOptions:
     path_length: int | None = None  # blocks in the whole path (None: this plan's)
     key_mask: torch.Tensor | None = None  # text: (B, T) True for real tokens; hops carry a token mask
     token_depth: torch.Tensor | None = None  # text: (B, T) hops each token runs before it freezes
+    wire_choice: WireChoice | None = None  # --wire-dtype auto: per link (wire_dtype is then fp16, for relays)
 
 
 DEADLINE_REACHED = "request deadline reached"
@@ -279,7 +282,7 @@ class PathExecutor:
         """One call; a failure goes into the trace and the registry, and gives None."""
         started = time.monotonic()
         try:
-            out = await self._call(record, x, hop.position, state)
+            out = await self._call(record, x, hop, state)
         except HopFailed as exc:
             state.failed.add(record.address)
             ident = record.identity
@@ -305,18 +308,30 @@ class PathExecutor:
                 if record.routable and record.address not in tried:
                     yield record
 
-    async def _call(self, record: NodeRecord, x: torch.Tensor, position: int, state: _RequestState) -> torch.Tensor:
-        out, token_mask = await self._forward(record, x, position, state)
-        await self._verify(record, x, out, position, state, token_mask)
+    async def _call(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> torch.Tensor:
+        out, token_mask, wire = await self._forward(record, x, hop.position, state)
+        if state.opts.wire_choice is not None:
+            hop.wire = codec.dtype_name(wire)
+        await self._verify(record, x, out, hop.position, state, wire, token_mask)
         return out
+
+    def _wire_for(self, record: NodeRecord, x: torch.Tensor, opts: ExecOptions) -> torch.dtype:
+        """The request's wire dtype, or with --wire-dtype auto the one this link pays for."""
+        if opts.wire_choice is None:
+            return opts.wire_dtype
+        links = self.registry.links
+        measured = [links.per_mb(COORDINATOR, record.address), links.per_mb(record.address, COORDINATOR)]
+        return opts.wire_choice.choose(measured, x.numel())
 
     async def _forward(
         self, record: NodeRecord, x: torch.Tensor, position: int, state: _RequestState
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One Forward call and the reply's form checked (shape, dtype, finite); float32 out."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.dtype]:
+        """One Forward call and the reply's form checked (shape, dtype, finite): float32 out, the
+        text hop's token mask, and the wire dtype used."""
         opts = state.opts
+        wire = self._wire_for(record, x, opts)
         timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
-        activations = codec.encode(x, opts.wire_dtype)
+        activations = codec.encode(x, wire)
         token_mask = None if opts.key_mask is None else hop_mask(opts.key_mask, opts.token_depth, position)
         request = pb.ForwardRequest(
             request_id=opts.request_id,
@@ -338,16 +353,16 @@ class PathExecutor:
         self._observe_links(record, (time.monotonic() - started) * 1e3, reply, len(activations.data))
         try:
             if token_mask is not None:  # text: the reply holds the active tokens only
-                return text_reply(x, token_mask, reply.activations, opts.wire_dtype), token_mask
+                return text_reply(x, token_mask, reply.activations, wire), token_mask, wire
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:
                 raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
-            if codec.torch_dtype(reply.activations.dtype) != opts.wire_dtype:
-                raise codec.TensorError(f"reply dtype {out.dtype}, asked for {opts.wire_dtype}")
+            if codec.torch_dtype(reply.activations.dtype) != wire:
+                raise codec.TensorError(f"reply dtype {out.dtype}, asked for {wire}")
         except codec.TensorError as exc:
             log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
             raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
-        return out.to(torch.float32), None
+        return out.to(torch.float32), None, wire
 
     def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
         """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
@@ -363,12 +378,13 @@ class PathExecutor:
         out: torch.Tensor,
         position: int,
         state: _RequestState,
+        wire: torch.dtype,
         token_mask: torch.Tensor | None = None,
     ) -> None:
         """Blame the node whose reply is wrong, before its output reaches the next (honest) hop."""
         opts = state.opts
         if self.verifier is None:
-            hard = hard_range_problem(out, position, opts.wire_dtype)
+            hard = hard_range_problem(out, position, wire)
             if hard is not None:
                 log.warning("quarantining %s: %s", record.address, hard)
                 raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
@@ -377,7 +393,7 @@ class PathExecutor:
         async def ask(peer: NodeRecord) -> torch.Tensor | None:
             """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
             try:
-                return (await self._forward(peer, x, position, state))[0]
+                return (await self._forward(peer, x, position, state))[0]  # its own link's dtype: judged as sent
             except HopFailed as exc:
                 log.info("referee %s gave no usable answer: %s", peer.address, exc)
                 return None
@@ -389,7 +405,7 @@ class PathExecutor:
                 x,
                 out,
                 position,
-                opts.wire_dtype,
+                wire,
                 force=opts.force_verify,
                 token_mask=token_mask,
                 replicas=[r for r in replicas if r.address not in state.failed],

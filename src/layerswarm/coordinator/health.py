@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -18,6 +19,7 @@ from layerswarm.wire.discovery import HEALTH_SERVICE
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool, NodeNotProven
+from .linkmap import COORDINATOR
 from .periodic import Periodic
 from .registry import NodeIdentity, NodeState, Registry
 
@@ -97,9 +99,11 @@ class HealthMonitor:
                 # Identity can change under one address (a restarted node): re-read it before re-admitting.
                 info = await client.info(self.timeout_s)
                 self.registry.admit(address, identity_from_info(info))
+            started = time.monotonic()
             reply = await client.health.Check(
                 health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self.timeout_s
             )
+            self.registry.links.observe_rtt(COORDINATOR, address, (time.monotonic() - started) * 1e3)
         except NodeNotProven as exc:
             self.registry.refuse(address, f"swarm authentication: {exc}")
             return False

@@ -2,9 +2,12 @@
 
 Fed passively from real traffic: star hops give coordinator <-> node (the hop's time less the node's
 compute, half each way), relay traces give node -> node (each node's forwarding time until the next
-node's acknowledgement, less that node's compute). Read by the network-aware planner through one
-method, `transfer_ms(src, dst, nbytes)` (coordinator/netorder.py: LinkCosts), so another estimator
-(e.g. one fitting RTT and throughput separately) can stand in without touching the planner.
+node's acknowledgement, less that node's compute). The health checks (a few bytes every health
+interval, busy or idle) are the small probes: their round trip is the link's fixed cost, so a
+transfer costs `rtt / 2 + bytes x ms_per_mb` and the per-byte part is what is left of a large
+message's time once half the RTT is taken off. (Node -> node links have no probe yet: their fixed
+cost stays inside ms_per_mb.) Read by the network-aware planner through `transfer_ms(src, dst,
+nbytes)` (coordinator/netorder.py: LinkCosts) and by the wire choice through `per_mb`.
 """
 
 from __future__ import annotations
@@ -18,22 +21,32 @@ MAX_LINKS = 4096  # (src, dst) pairs kept; past this new pairs are not recorded 
 
 @dataclass
 class LinkSample:
-    ms_per_mb: float = 0.0  # EWMA of transfer time per megabyte (one message of activation size)
+    ms_per_mb: float = 0.0  # EWMA of transfer time per megabyte, less half the RTT when one is known
     last_bytes: int = 0
     samples: int = 0
+    rtt_ms: float | None = None  # EWMA of the health probe's round trip (coordinator links)
     ALPHA = 0.2
 
     def observe(self, nbytes: int, ms: float) -> None:
-        value = max(ms, 0.0) / max(nbytes / 1e6, 1e-6)
+        fixed = (self.rtt_ms or 0.0) / 2
+        value = max(ms - fixed, 0.0) / max(nbytes / 1e6, 1e-6)
         self.ms_per_mb = value if self.samples == 0 else self.ms_per_mb + self.ALPHA * (value - self.ms_per_mb)
         self.last_bytes = nbytes
         self.samples += 1
+
+    def observe_rtt(self, ms: float) -> None:
+        ms = max(ms, 0.0)
+        self.rtt_ms = ms if self.rtt_ms is None else self.rtt_ms + self.ALPHA * (ms - self.rtt_ms)
+
+    def transfer_ms(self, nbytes: int) -> float:
+        return (self.rtt_ms or 0.0) / 2 + self.ms_per_mb * nbytes / 1e6
 
     def to_json(self) -> dict[str, Any]:
         mbps = 8e3 / self.ms_per_mb if self.ms_per_mb > 0 else None
         return {
             "ms_per_mb": round(self.ms_per_mb, 3),
-            "mbps": None if mbps is None else round(mbps, 1),
+            "mbps": None if mbps is None or self.samples == 0 else round(mbps, 1),
+            "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "samples": self.samples,
         }
 
@@ -50,10 +63,22 @@ class LinkMap:
             return
         self._links.setdefault(key, LinkSample()).observe(nbytes, ms)
 
+    def observe_rtt(self, src: str, dst: str, ms: float) -> None:
+        """A small probe's round trip between src and dst (both directions share it)."""
+        for key in ((src, dst), (dst, src)):
+            if key not in self._links and len(self._links) >= MAX_LINKS:
+                continue
+            self._links.setdefault(key, LinkSample()).observe_rtt(ms)
+
     def transfer_ms(self, src: str, dst: str, nbytes: int) -> float | None:
-        """Expected milliseconds to move `nbytes` from src to dst; None when never measured."""
+        """Expected milliseconds to move `nbytes` from src to dst; None when no activation crossed it yet."""
         sample = self._links.get((src, dst))
-        return None if sample is None else sample.ms_per_mb * nbytes / 1e6
+        return None if sample is None or sample.samples == 0 else sample.transfer_ms(nbytes)
+
+    def per_mb(self, src: str, dst: str) -> float | None:
+        """The per-byte part of a transfer (ms per megabyte); None when no activation crossed it yet."""
+        sample = self._links.get((src, dst))
+        return None if sample is None or sample.samples == 0 else sample.ms_per_mb
 
     def from_node(self, address: str) -> dict[str, dict[str, Any]]:
         """The links measured out of `address` (for /v1/nodes)."""

@@ -60,6 +60,7 @@ class _Run:
     handbacks: list[dict[str, Any]] = field(default_factory=list)
     avoid: set[str] = field(default_factory=set)  # nodes that failed in this request
     chains: int = 0
+    wire: torch.dtype | None = None  # the current chain's wire dtype (--wire-dtype auto: per chain)
 
     @property
     def depth(self) -> int:
@@ -154,7 +155,8 @@ class RelayRunner:
         run.chains += 1
         rid = f"{opts.request_id}-c{run.chains}"
         issued = int(time.time() * 1000)
-        activations = codec.encode(run.x, opts.wire_dtype)
+        run.wire = self._chain_wire(run, chain)
+        activations = codec.encode(run.x, run.wire)
         left = max(0.001, opts.deadline - time.monotonic())
         request = pb.RelayRequest(
             forward=pb.ForwardRequest(
@@ -181,6 +183,14 @@ class RelayRunner:
         if result.handback is None and len(result.hops) == len(segment):
             self._observe_ends(chain, result.hops, (time.monotonic() - started) * 1e3, len(activations.data))
         return result
+
+    def _chain_wire(self, run: _Run, chain: list[pb.RelayStep]) -> torch.dtype:
+        """The request's wire dtype, or with --wire-dtype auto the one the chain's links pay for."""
+        if run.opts.wire_choice is None:
+            return run.opts.wire_dtype
+        ends = [COORDINATOR, *(step.address for step in chain), COORDINATOR]
+        measured = [self.registry.links.per_mb(a, b) for a, b in itertools.pairwise(ends)]
+        return run.opts.wire_choice.choose(measured, run.x.numel())
 
     def _observe_ends(self, chain: list[pb.RelayStep], hops: list[Hop], elapsed_ms: float, nbytes: int) -> None:
         """A whole chain measures its two coordinator legs together: its time less every hop's compute
@@ -240,7 +250,8 @@ class RelayRunner:
         except codec.TensorError as exc:
             log.warning("relay result malformed: %s", exc)
             return None
-        if out.shape != run.x.shape or hard_range_problem(out, run.depth, run.opts.wire_dtype) is not None:
+        wire = run.wire or run.opts.wire_dtype
+        if out.shape != run.x.shape or hard_range_problem(out, run.depth, wire) is not None:
             return None
         return out.to(torch.float32)
 

@@ -18,7 +18,7 @@ from layerswarm.wire.settings import ProcessSettings, security_from_files
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
     "verify_on": ("auto", "coordinator", "peers"),
-    "wire_dtype": ("fp32", "fp16", "bf16", "int8"),
+    "wire_dtype": ("fp32", "fp16", "bf16", "int8", "auto"),
     "transport": ("stream", "unary"),
     "exit_rule": ("calibrated", "none", "confidence", "entropy", "patience"),
     "topology": ("star", "relay", "auto"),
@@ -95,7 +95,8 @@ class CoordinatorSettings(ProcessSettings):
     wire_dtype: str = Field(  # measured: bench, wire formats
         default="fp16",
         description="activations on the wire (fp16: half the bytes, no accuracy lost on the shipped family; "
-        "fp32 for bit-exact outputs)",
+        "fp32 for bit-exact outputs; int8: half again, for slow links; auto: int8 on each link where the bytes "
+        "saved outweigh its codec time, from measured link costs, else fp16)",
     )
     transport: str = Field(
         default="stream", description="stream: reused bidirectional streams; unary: one call per hop"

@@ -58,6 +58,11 @@ def dtype_by_name(name: str) -> torch.dtype:
         raise ValueError(f"unknown wire dtype {name!r}: choose one of {', '.join(DTYPES)}") from None
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name `dtype_by_name` takes (fp16 for torch.float16)."""
+    return next(name for name, d in DTYPES.items() if d is dtype)
+
+
 def wire_dtype(dtype: torch.dtype) -> int:
     try:
         return _TO_WIRE[dtype]
