@@ -69,9 +69,11 @@ def start_nodes(hosts: list[Host], placement: list[int], model: Path, token_file
     return spawn_many(specs, timeout=300)
 
 
+WIRES = ("fp16", "int8", "auto")  # auto: int8 or fp16 per link, from measured link costs
+
+
 def wires() -> list[str]:
-    """fp16, and int8 once the codec and the coordinator offer it (another part of issue 12)."""
-    return [w for w in ("fp16", "int8") if w in CHOICES["wire_dtype"]]
+    return [w for w in WIRES if w in CHOICES["wire_dtype"]]
 
 
 def coordinator(model: Path, procs: list[Proc], token_file: Path, topology: str, wire: str = "fp16") -> Coordinator:
@@ -133,6 +135,8 @@ async def interleaved(
                     raise RuntimeError(f"{name}: only {result.path.depth} of {depth} blocks ran")
                 if rep >= 2 and result.path.network is not None:
                     extras[name].append(result.path.network)
+                if rep >= 2 and name.endswith("_auto"):  # what auto chose, hop by hop
+                    extras[name].append({"wires": sorted({str(h.wire) for h in result.path.hops})})
             if rep >= 2:
                 samples[name].append(elapsed)
     return samples, extras
@@ -164,11 +168,15 @@ async def uniform(
                 try:
                     seq = ClassifyOptions(policy=Policy.SEQUENTIAL)
                     runs = {name: (c, seq) for name, c in coords.items()}
-                    samples, _ = await interleaved(runs, monolith, reps, depth)
+                    samples, extras = await interleaved(runs, monolith, reps, depth)
                 finally:
                     for c in coords.values():
                         await c.stop()
-                rows.append({"tcp_slow_start_after_idle": restart, **_uniform_row(mbit, tcp, nbytes, depth, samples)})
+                row = _uniform_row(mbit, tcp, nbytes, depth, samples)
+                for name, seen in extras.items():
+                    if name.endswith("_auto"):
+                        row[f"{name}_chose"] = sorted({w for e in seen for w in e.get("wires", [])})
+                rows.append({"tcp_slow_start_after_idle": restart, **row})
         finally:
             stop_all(procs)
     return rows
@@ -298,9 +306,11 @@ def render(r: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for u in r["uniform"]:
-        for w in (w for w in ("fp16", "int8") if f"star_{w}_ms" in u):
+        for w in (w for w in WIRES if f"star_{w}_ms" in u):
+            chose = u.get(f"star_{w}_chose")
+            label = f"{w} (star: {'/'.join(chose)}; relay: {'/'.join(u.get(f'relay_{w}_chose', []))})" if chose else w
             lines.append(
-                f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} | {w} "
+                f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} | {label} "
                 f"| {u['raw_tcp_mbit']} | {u['compute_ms']} | {u['bound_ms']} | {u[f'star_{w}_ms']} "
                 f"| {u[f'star_{w}_over_bound']} | {u[f'relay_{w}_ms']} | {u[f'relay_{w}_over_bound']} |"
             )

@@ -180,6 +180,9 @@ class RelayRunner:
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else "timeout"
             return self._failed_start(run, segment[0][1], reason)
         result = await self._accept(run, segment, events, activations.data, collect)
+        if opts.wire_choice is not None:  # --wire-dtype auto: the trace says what the chain was sent in
+            for hop in result.hops:
+                hop.wire = codec.dtype_name(run.wire)
         if result.handback is None and len(result.hops) == len(segment):
             self._observe_ends(chain, result.hops, (time.monotonic() - started) * 1e3, len(activations.data))
         return result
