@@ -38,7 +38,13 @@ class Parser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps hand-wrapped descriptions and appends every plain argparse default to its help."""
+    """Keeps hand-wrapped descriptions and appends every plain argparse default to its help (not a
+    None default: such a flag's help says itself what happens when it is not given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_command(sub: Subparsers, name: str, func: Callable[[argparse.Namespace], int], **kw: Any) -> Parser:
