@@ -173,3 +173,51 @@ def test_anytime_answers_before_a_late_hop(family_dirs: list[Path]) -> None:
             assert "layerswarm_anytime_answers_total 3.0" in client.get("/metrics").text
     finally:
         stop_all([c for c in (coord,) if c is not None] + nodes)
+
+
+@pytest.fixture(scope="module")
+def member_swarm(family_dirs: list[Path]) -> Iterator[httpx.Client]:
+    """Two members' blocks, one node each; the coordinator holds both (--family-dir); fp32 wire."""
+    own, other = family_dirs[0], family_dirs[1]
+    nodes = start_nodes([(d, b) for d in (own, other) for b in range(3)])
+    coord = coordinator_process(
+        own, nodes, "--health-interval", "0.2", "--wire-dtype", "fp32", "--family-dir", str(other), "--no-verify"
+    )
+    client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=30)
+    try:
+        yield client
+    finally:
+        client.close()
+        stop_all([coord, *nodes])
+
+
+def test_an_ensemble_over_members_runs_each_members_stem_nodes_and_head(
+    member_swarm: httpx.Client, family_dirs: list[Path]
+) -> None:
+    """Route 1 is member 1 end to end: its nodes, and the averaged answer is exactly member 0's and
+    member 1's local logits averaged (a route that silently ran member 0 again fails this)."""
+    ids = [load_model(d)[1].model_id for d in family_dirs[:2]]
+    fields = {"ensemble": 2, "ensemble_mode": "parallel", "exit_rule": "none", "policy": "sequential"}
+    reply = member_swarm.post("/v1/classify", files={"file": ("a.png", png(5), "image/png")}, data=fields)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    trace = body["trace"]["ensemble"]
+    assert [r["model_id"] for r in trace["routes"]] == ids
+    assert {h["model_id"] for h in body["trace"]["hops"]} == {ids[0]}
+    assert {h["model_id"] for h in trace["extra_route_hops"][0]} == {ids[1]}
+    logits = [local_prefix(d, 5, [0, 1, 2])[:, -1] for d in family_dirs[:2]]
+    expected = ((logits[0] + logits[1]) / 2).softmax(-1)[0]
+    top = body["labels"][0]
+    assert top["index"] == int(expected.argmax()) and top["probability"] == pytest.approx(
+        float(expected.max()), abs=1e-4
+    )
+
+
+def test_an_ensemble_over_orders_stays_on_the_coordinators_own_model(
+    member_swarm: httpx.Client, family_dirs: list[Path]
+) -> None:
+    own = load_model(family_dirs[0])[1].model_id
+    fields = {"ensemble": 2, "ensemble_mode": "parallel", "exit_rule": "none", "ensemble_over": "orders"}
+    reply = member_swarm.post("/v1/classify", files={"file": ("a.png", png(6), "image/png")}, data=fields)
+    assert reply.status_code == 200, reply.text
+    assert [r["model_id"] for r in reply.json()["trace"]["ensemble"]["routes"]] == [own, own]

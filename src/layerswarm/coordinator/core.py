@@ -26,6 +26,7 @@ from .ensemble import EnsembleResult, Route, run_ensemble
 from .executor import ExecOptions, PathExecutor, PathResult
 from .exits import RouteExit, load_defaults, request_policy
 from .health import HealthMonitor
+from .members import Member, load_members
 from .metrics import CoordinatorMetrics
 from .netorder import NetPlan, plan_from_registry
 from .peer_memory import load_peers, save_peers
@@ -65,6 +66,7 @@ class ClassifyOptions:
     ensemble: int = 1  # routes whose logits are averaged
     ensemble_mode: str = "adaptive"  # adaptive: another route only while unsure; parallel: all at once
     ensemble_confidence: float | None = None  # adaptive: unsure below this; None: the calibrated value
+    ensemble_over: str = "members"  # members: route i runs member i (stem, nodes, head); orders: one model
     repeats: bool | None = None  # None: where calibration showed repeated blocks help
     token_depth: torch.Tensor | None = None  # text: (B, T) hops per token before it freezes (None: all)
 
@@ -84,7 +86,8 @@ class Classification:
 class _RouteSetup:
     """What every route of one request shares."""
 
-    x: torch.Tensor
+    images: torch.Tensor  # the request's input, for other members' stems
+    x: torch.Tensor  # our own stem's output
     policy: Policy
     seed: int
     opts: ClassifyOptions
@@ -146,6 +149,7 @@ class Coordinator:
         self.manifest = read_manifest(settings.model_dir)
         self.config = self.manifest.config
         self.stem, self.head = load_parts(settings.model_dir, self.manifest)
+        self.members = load_members(settings.model_dir, self.manifest, self.stem, self.head, settings.family_dirs)
         self.registry = Registry(
             family_spec(settings), settings.eject_after, settings.quarantine_s, on_change=self._on_node_event
         )
@@ -305,6 +309,7 @@ class Coordinator:
         exit_policy = request_policy(self.adaptive, opts.exit_rule, opts.exit_threshold, opts.exit_confidence)
         budget_s = self.settings.request_timeout_s
         setup = _RouteSetup(
+            images=images,
             x=await self._run_local(self.stem, images),
             policy=opts.policy or self.default_policy,
             seed=opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**31),
@@ -336,24 +341,32 @@ class Coordinator:
         )
 
     async def _route(self, setup: _RouteSetup, index: int, exit_policy: ExitPolicy | None) -> Route:
-        """One path through the swarm: route i takes its own random order and nodes (seed + i)."""
+        """One path through the swarm: route i takes its own random order and nodes (seed + i), and in
+        ensembles over members member i's stem, nodes (preferred) and head."""
         rng = random.Random(setup.seed + index)
+        member = self._member(setup.opts, index)
+        own = member is self.members[0]
+        x = setup.x if own else await self._run_local(member.stem, setup.images)
+
+        async def head(activations: torch.Tensor) -> torch.Tensor:
+            return await (self._head_logits(activations) if own else self._run_local(member.head, activations))
+
         plan = plan_path(
             setup.policy,
             self.registry.routable_by_block(),
             self.config.depth,
             rng,
             setup.opts.max_blocks,
-            preferred_model=self.manifest.model_id,
+            preferred_model=member.model_id,
         )
         topology = self._topology(len(plan.steps))
-        netplan = self._network_plan(plan, setup.x, topology) if setup.policy is Policy.NETWORK else None
+        netplan = self._network_plan(plan, x, topology) if setup.policy is Policy.NETWORK else None
         if netplan is not None:
             plan = Plan(netplan.plan.steps, plan.unreachable)
         repeats = setup.opts.repeats if setup.opts.repeats is not None else self.adaptive.repeats
         if repeats:
             plan = with_repeats(plan, setup.min_blocks, rng, shuffle=setup.policy is not Policy.SEQUENTIAL)
-        early_exit = RouteExit(exit_policy, self._head_logits) if exit_policy is not None else None
+        early_exit = RouteExit(exit_policy, head) if exit_policy is not None else None
         exec_opts = ExecOptions(
             hop_timeout_s=self.settings.hop_timeout_s,
             deadline=setup.deadline,
@@ -372,9 +385,9 @@ class Coordinator:
         )
         started = time.monotonic()
         if topology == "relay" and self.relay is not None:
-            path = await self.relay.run(setup.x, plan, exec_opts, rng)  # no per-hop exit inside a chain
+            path = await self.relay.run(x, plan, exec_opts, rng)  # no per-hop exit inside a chain
         else:
-            path = await self.executor.run(setup.x, plan, exec_opts, rng)
+            path = await self.executor.run(x, plan, exec_opts, rng)
         if self.topology is not None:
             self.topology.observe(topology, (time.monotonic() - started) * 1e3, path.depth)
         if netplan is not None:
@@ -386,7 +399,13 @@ class Coordinator:
             }
         for hop in path.hops:
             self.metrics.hops.labels(hop.outcome).inc()
-        return Route(index, path, await self._head_logits(path.activations))
+        return Route(index, path, await head(path.activations), member.model_id)
+
+    def _member(self, opts: ClassifyOptions, index: int) -> Member:
+        """Whose stem and head route `index` uses: ours, or in ensembles over members the i-th member."""
+        if opts.ensemble_over == "orders" or opts.ensemble <= 1:
+            return self.members[0]
+        return self.members[index % len(self.members)]
 
     def _topology(self, steps: int) -> str:
         """star or relay for this route: the setting, or under `auto` the measured faster one."""

@@ -1,4 +1,6 @@
-"""Path ensembles: k routes through the swarm (other orders, other nodes), logits averaged.
+"""Path ensembles: k routes through the swarm, logits averaged. Routes go over other family members
+(their stem, nodes and head; `over="members"`, the default where the coordinator holds several) or
+over other random orders of one model (`over="orders"`).
 
 `parallel` runs the k routes at once. `adaptive` runs one route and starts another only while the
 answer so far is unsure (top-class probability of the mean logits below a threshold: the exit rule in
@@ -20,6 +22,7 @@ from .executor import DepthError, PathResult
 log = logging.getLogger(__name__)
 
 MODES = ("parallel", "adaptive")
+OVER = ("members", "orders")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Route:
     index: int
     path: PathResult
     logits: torch.Tensor  # (B, classes)
+    model_id: str | None = None  # the member whose stem and head this route used (coordinator/members.py)
 
 
 @dataclass

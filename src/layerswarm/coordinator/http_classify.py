@@ -30,6 +30,7 @@ def classify_options(params: ClassifyParams) -> ClassifyOptions:
         ensemble=params.ensemble,
         ensemble_mode=params.ensemble_mode,
         ensemble_confidence=params.ensemble_confidence,
+        ensemble_over=params.ensemble_over,
         repeats=params.repeats,
     )
 

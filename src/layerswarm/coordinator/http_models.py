@@ -41,6 +41,11 @@ class ClassifyParams(BaseModel):
     ensemble_confidence: float | None = Field(
         None, gt=0.0, le=1.0, description="adaptive ensembles: add a route while below this; default: calibrated"
     )
+    ensemble_over: Literal["members", "orders"] = Field(
+        "members",
+        description="members: route i runs the i-th family member the coordinator holds (its stem, nodes and "
+        "head; diverse); orders: every route runs the coordinator's own model in another order",
+    )
     repeats: bool | None = Field(
         None, description="run reachable blocks again when too few indices are reachable; default: as calibrated"
     )

@@ -76,7 +76,12 @@ def _adaptive_trace(result: Any) -> dict[str, Any]:
             "requested": ensemble.requested,
             "mode": ensemble.mode,
             "routes": [
-                {"depth": r.path.depth, "exited_early": r.path.exited_early, "anytime": r.path.anytime}
+                {
+                    "depth": r.path.depth,
+                    "exited_early": r.path.exited_early,
+                    "anytime": r.path.anytime,
+                    "model_id": r.model_id,
+                }
                 for r in ensemble.routes
             ],
             "extra_route_hops": [[h.to_json() for h in r.path.hops] for r in ensemble.routes[1:]],
