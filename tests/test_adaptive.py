@@ -197,7 +197,7 @@ def test_an_ensemble_over_members_runs_each_members_stem_nodes_and_head(
     """Route 1 is member 1 end to end: its nodes, and the averaged answer is exactly member 0's and
     member 1's local logits averaged (a route that silently ran member 0 again fails this)."""
     ids = [load_model(d)[1].model_id for d in family_dirs[:2]]
-    fields = {"ensemble": 2, "ensemble_mode": "parallel", "exit_rule": "none", "policy": "sequential"}
+    fields = {"ensemble": 2, "ensemble_mode": "parallel", "exit_rule": "none", "policy": "shuffle", "seed": 1}
     reply = member_swarm.post("/v1/classify", files={"file": ("a.png", png(5), "image/png")}, data=fields)
     assert reply.status_code == 200, reply.text
     body = reply.json()
@@ -205,7 +205,9 @@ def test_an_ensemble_over_members_runs_each_members_stem_nodes_and_head(
     assert [r["model_id"] for r in trace["routes"]] == ids
     assert {h["model_id"] for h in body["trace"]["hops"]} == {ids[0]}
     assert {h["model_id"] for h in trace["extra_route_hops"][0]} == {ids[1]}
-    logits = [local_prefix(d, 5, [0, 1, 2])[:, -1] for d in family_dirs[:2]]
+    hops = [body["trace"]["hops"], trace["extra_route_hops"][0]]  # under shuffle, each member's own nodes
+    orders = [[h["block"] for h in route] for route in hops]
+    logits = [local_prefix(d, 5, order)[:, -1] for d, order in zip(family_dirs[:2], orders, strict=True)]
     expected = ((logits[0] + logits[1]) / 2).softmax(-1)[0]
     top = body["labels"][0]
     assert top["index"] == int(expected.argmax()) and top["probability"] == pytest.approx(

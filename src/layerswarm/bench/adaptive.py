@@ -3,7 +3,9 @@
 - exit curves: the head's logits after every hop of real paths, swept like `layerswarm eval` does, so
   the live curves can be compared with eval's;
 - calibrated defaults against the full path, batch 1, interleaved: accuracy, blocks per request, latency;
-- adaptive path ensembles against single paths on a harder held-back split (noisy test images);
+- adaptive path ensembles against single paths on a harder held-back split (noisy test images), with
+  the second route over another order of the same model or over another family member (its stem,
+  nodes and head), in eval (offline) and through a swarm of both members' nodes;
 - anytime answers under a deadline that allows about half the path.
 
 Every figure is on the held-out half of the test split (the half calibration did not choose on).
@@ -35,14 +37,15 @@ NOISE = 0.25  # std of the noise of the harder split: layershuffle-0 drops from 
 CHUNK = 50  # images per recorded batch: one random order each, as eval's calibration uses
 
 
-async def run(members: list[Path], images: int) -> dict[str, Any]:
+async def run(members: list[tuple[Path, Path | None]], images: int) -> dict[str, Any]:
+    """members: (model dir, the partner member its ensembles route over, if any)."""
     out: dict[str, Any] = {"images": images, "noise": NOISE, "members": {}}
-    for member in members:
-        out["members"][member.name] = await _member(member, images)
+    for member, partner in members:
+        out["members"][member.name] = await _member(member, partner, images)
     return out
 
 
-async def _member(member: Path, images: int) -> dict[str, Any]:
+async def _member(member: Path, partner: Path | None, images: int) -> dict[str, Any]:
     manifest = read_manifest(member)
     data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)))
     half = len(data.test_y) // 2
@@ -56,11 +59,20 @@ async def _member(member: Path, images: int) -> dict[str, Any]:
             result["live_curves"] = await _live_curves(coord, x, y)
             result["live_vs_eval"] = _agreement(member, x, y, result["live_curves"])
             result["calibrated_vs_full"] = await _calibrated_vs_full(coord, x, y)
-            threshold = _noisy_ensemble_threshold(member, noisy)
-            nx, ny = noisy.test_x[half : half + images], noisy.test_y[half : half + images]
-            result["ensemble_noisy"] = await _ensemble(coord, nx, ny, threshold)
             full_ms = result["calibrated_vs_full"]["full"]["latency_p50_ms"]
             result["anytime"] = await _anytime(coord, x, y, full_ms / 2)
+        finally:
+            await coord.stop()
+    result["eval_noisy"] = _noisy_ensembles(member, partner, noisy)
+    threshold = result["eval_noisy"]["threshold"]
+    nx, ny = noisy.test_x[half : half + images], noisy.test_y[half : half + images]
+    with nodes(layout([member, *([partner] if partner else [])])) as procs:
+        settings = coordinator(member, addresses(procs), "fp16", "stream").settings
+        family = (partner,) if partner else ()
+        coord = Coordinator(settings.model_copy(update={"family_dirs": family}))
+        await coord.start()
+        try:
+            result["ensemble_noisy"] = await _ensemble(coord, nx, ny, threshold, with_members=partner is not None)
         finally:
             await coord.stop()
     return result
@@ -160,41 +172,66 @@ async def _calibrated_vs_full(coord: Coordinator, x: torch.Tensor, y: torch.Tens
     return out
 
 
-def _noisy_ensemble_threshold(member: Path, noisy: Dataset) -> float:
-    """Calibrated offline on the noisy split's calibration half (eval's code), as the policy would be."""
-    model, manifest = load_model(member)
+def _full_logits(model_dir: Path, images: torch.Tensor, rng: random.Random) -> torch.Tensor:
+    model, manifest = load_model(model_dir)
     with torch.inference_mode():
-        stem = model.stem(noisy.test_x)
-        rng = random.Random(0)
-        blocks = list(model.blocks)
-        first = prefix_logits(blocks, model.head, stem, manifest.config.shuffle_robust, rng, CHUNK)
-        second = prefix_logits(blocks, model.head, stem, manifest.config.shuffle_robust, rng, CHUNK)
-    chosen = calibrate_ensemble(first, second, noisy.test_y, CalibrationPlan())["chosen"]
-    return float(chosen["threshold"]) if chosen else 0.9
+        stem = model.stem(images)
+        return prefix_logits(list(model.blocks), model.head, stem, manifest.config.shuffle_robust, rng, CHUNK)
 
 
-async def _ensemble(coord: Coordinator, x: torch.Tensor, y: torch.Tensor, threshold: float) -> dict[str, Any]:
-    """Single full paths against adaptive ensembles of up to two routes (no early exit in either)."""
-    rows: dict[str, dict[str, list[float]]] = {
-        k: {"correct": [], "blocks": [], "seconds": []} for k in ("single", "adaptive")
-    }
-    routes = []
+def _noisy_ensembles(member: Path, partner: Path | None, noisy: Dataset) -> dict[str, Any]:
+    """Offline, eval's code, on the whole noisy test split: the second route another order of the
+    member, or the partner member. The threshold (the one the swarm uses) is calibrated on the
+    calibration half for the route the swarm's default takes (members where there is a partner)."""
+    rng = random.Random(0)
+    images = noisy.test_x
+    assert isinstance(images, torch.Tensor)  # generated data: in memory
+    first = _full_logits(member, images, rng)
+    other_order = _full_logits(member, images, rng)
+    out: dict[str, Any] = {"orders": calibrate_ensemble(first, other_order, noisy.test_y, CalibrationPlan())}
+    if partner is not None:
+        second = _full_logits(partner, images, rng)
+        out["members"] = calibrate_ensemble(first, second, noisy.test_y, CalibrationPlan())
+        out["partner"] = partner.name
+    for curve in (v for k, v in out.items() if k in ("orders", "members")):
+        curve.pop("curve", None)
+    chosen = out["members" if partner is not None else "orders"]["chosen"]
+    out["threshold"] = float(chosen["threshold"]) if chosen else 0.9
+    return out
+
+
+async def _ensemble(
+    coord: Coordinator, x: torch.Tensor, y: torch.Tensor, threshold: float, with_members: bool
+) -> dict[str, Any]:
+    """Single full paths against adaptive ensembles of up to two routes (no early exit in any), the
+    second route over another order of the same model, or (with_members) over another member."""
+    configs = [("single", 1, "orders"), ("adaptive_orders", 2, "orders")]
+    if with_members:
+        configs.append(("adaptive_members", 2, "members"))
+    rows = _rows(*(name for name, _, _ in configs))
+    routes: dict[str, list[int]] = {name: [] for name, k, _ in configs if k > 1}
     for i in range(len(y)):
-        for name, k in (("single", 1), ("adaptive", 2)):
+        for name, k, over in configs:
             opts = ClassifyOptions(
-                policy=Policy.SHUFFLE, seed=i, exit_rule="none", ensemble=k, ensemble_confidence=threshold
+                policy=Policy.SHUFFLE,
+                seed=i,
+                exit_rule="none",
+                ensemble=k,
+                ensemble_confidence=threshold,
+                ensemble_over=over,
             )
             result, seconds = await _timed(coord, x[i : i + 1], opts)
             rows[name]["correct"].append(float(int(result.probs.argmax(-1)[0]) == int(y[i])))
             rows[name]["blocks"].append(sum(r.path.depth for r in result.ensemble.routes))
             rows[name]["seconds"].append(seconds)
             if k > 1:
-                routes.append(len(result.ensemble.routes))
+                routes[name].append(len(result.ensemble.routes))
     out: dict[str, Any] = {name: _summary(r) for name, r in rows.items()}
     out["threshold"] = threshold
-    out["second_route_share"] = round(sum(r > 1 for r in routes) / len(routes), 4)
-    out["points_gained"] = round((out["adaptive"]["accuracy"] - out["single"]["accuracy"]) * 100, 2)
-    out["hops_ratio"] = round(out["adaptive"]["mean_blocks"] / out["single"]["mean_blocks"], 3)
+    for name, counts in routes.items():
+        out[name]["second_route_share"] = round(sum(r > 1 for r in counts) / len(counts), 4)
+        out[name]["points_gained"] = round((out[name]["accuracy"] - out["single"]["accuracy"]) * 100, 2)
+        out[name]["hops_ratio"] = round(out[name]["mean_blocks"] / out["single"]["mean_blocks"], 3)
     return out
 
 

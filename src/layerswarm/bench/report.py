@@ -164,20 +164,30 @@ def _calibrated(a: dict[str, Any], members: dict[str, Any]) -> list[str]:
 def _ensembles(a: dict[str, Any], members: dict[str, Any]) -> list[str]:
     rows = []
     for name, m in members.items():
-        e = m["ensemble_noisy"]
-        single, adaptive = (f"{e[k]['accuracy']} / {e[k]['mean_blocks']}" for k in ("single", "adaptive"))
-        rows.append(
-            _row(
-                name,
-                single,
-                adaptive,
-                f"{e['threshold']:g}",
-                *_cells(e, "second_route_share", "points_gained", "hops_ratio"),
+        e, offline = m["ensemble_noisy"], m["eval_noisy"]
+        for over in ("orders", "members"):
+            key = f"adaptive_{over}"
+            if key not in e:
+                continue
+            ev = offline[over]
+            held = (ev.get("chosen") or {}).get("held_out") or {}
+            eval_cell = f"{ev['single_accuracy']['held_out']:.4f} -> {held.get('accuracy', float('nan')):.4f}"
+            rows.append(
+                _row(
+                    name,
+                    over if over == "orders" else f"members (+{offline['partner']})",
+                    f"{e['single']['accuracy']} / {e['single']['mean_blocks']}",
+                    f"{e[key]['accuracy']} / {e[key]['mean_blocks']}",
+                    f"{e['threshold']:g}",
+                    *_cells(e[key], "second_route_share", "points_gained", "hops_ratio"),
+                    eval_cell,
+                )
             )
-        )
     title = f"Adaptive ensembles (up to 2 routes) on the noisy split (noise std {a['noise']}), no early exit:"
-    columns = ["member", "single: acc / blocks", "adaptive: acc / blocks", "threshold", "second route"]
-    return _table(title, [*columns, "points gained", "hops ratio"], rows)
+    columns = ["member", "second route over", "single: acc / blocks", "adaptive: acc / blocks", "threshold"]
+    return _table(
+        title, [*columns, "second route", "points gained", "hops ratio", "eval held out: single -> adaptive"], rows
+    )
 
 
 def _live_vs_eval(members: dict[str, Any]) -> list[str]:

@@ -28,11 +28,17 @@ from .fixtures import nodes, vitb_model_dir
 from .report import render
 
 
-def adaptive_members() -> list[Path]:
-    """The shipped family's first LayerShuffle member, and the exit-aware member where it is shipped."""
-    members = robust_members(family_root())[:1]
+def adaptive_members() -> list[tuple[Path, Path | None]]:
+    """The shipped family's first LayerShuffle member, and the exit-aware member where it is shipped,
+    each with the member its ensembles route over (the next LayerShuffle member; the first for the
+    exit-aware one)."""
+    robust = robust_members(family_root())
+    partner = robust[1] if len(robust) > 1 else None
+    members: list[tuple[Path, Path | None]] = [(robust[0], partner)]
     exit_aware = family_root("shapes-exit")
-    return members + (robust_members(exit_aware) if exit_aware.is_dir() else [])
+    if exit_aware.is_dir():
+        members += [(m, robust[0]) for m in robust_members(exit_aware)]
+    return members
 
 
 def run_adaptive(quick: bool) -> dict[str, Any]:

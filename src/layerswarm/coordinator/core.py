@@ -358,6 +358,7 @@ class Coordinator:
             rng,
             setup.opts.max_blocks,
             preferred_model=member.model_id,
+            keep_to_model=self._over_members(setup.opts),
         )
         topology = self._topology(len(plan.steps))
         netplan = self._network_plan(plan, x, topology) if setup.policy is Policy.NETWORK else None
@@ -401,11 +402,13 @@ class Coordinator:
             self.metrics.hops.labels(hop.outcome).inc()
         return Route(index, path, await head(path.activations), member.model_id)
 
+    def _over_members(self, opts: ClassifyOptions) -> bool:
+        return opts.ensemble > 1 and opts.ensemble_over == "members" and len(self.members) > 1
+
     def _member(self, opts: ClassifyOptions, index: int) -> Member:
-        """Whose stem and head route `index` uses: ours, or in ensembles over members the i-th member."""
-        if opts.ensemble_over == "orders" or opts.ensemble <= 1:
-            return self.members[0]
-        return self.members[index % len(self.members)]
+        """Whose stem and head route `index` uses: ours, or in ensembles over members the i-th member
+        (whose nodes the route then keeps to, where they are up)."""
+        return self.members[index % len(self.members)] if self._over_members(opts) else self.members[0]
 
     def _topology(self, steps: int) -> str:
         """star or relay for this route: the setting, or under `auto` the measured faster one."""

@@ -44,8 +44,10 @@ def plan_path(
     rng: random.Random,
     max_blocks: int | None = None,
     preferred_model: str | None = None,
+    keep_to_model: bool = False,
 ) -> Plan:
-    """Choose the blocks, their order, and each step's candidate nodes (best first)."""
+    """Choose the blocks, their order, and each step's candidate nodes (best first). `keep_to_model`:
+    the preferred model's nodes first whatever the policy (a route of an ensemble over members)."""
     present = [b for b in range(depth) if by_block.get(b)]
     unreachable = [b for b in range(depth) if not by_block.get(b)]
     limit = len(present) if max_blocks is None else min(max_blocks, len(present))
@@ -54,19 +56,27 @@ def plan_path(
     else:
         # Pruned sequential paths keep blocks spread over the depth, in order (as in the paper).
         blocks = spread_evenly(present, limit)
-    steps = [Step(block=b, candidates=rank_candidates(policy, by_block[b], rng, preferred_model)) for b in blocks]
+    steps = [
+        Step(block=b, candidates=rank_candidates(policy, by_block[b], rng, preferred_model, keep_to_model))
+        for b in blocks
+    ]
     return Plan(steps=steps, unreachable=unreachable)
 
 
 def rank_candidates(
-    policy: Policy, nodes: list[NodeRecord], rng: random.Random, preferred_model: str | None
+    policy: Policy,
+    nodes: list[NodeRecord],
+    rng: random.Random,
+    preferred_model: str | None,
+    keep_to_model: bool = False,
 ) -> list[NodeRecord]:
-    if policy is Policy.FASTEST:
+    if policy is Policy.FASTEST and not keep_to_model:
         return sorted(nodes, key=lambda r: (r.score(), r.address))
     shuffled = list(nodes)
     rng.shuffle(shuffled)  # spread load over the family's models
-    if policy is Policy.SEQUENTIAL and preferred_model is not None:
-        # Sequential order is what a non-robust model was trained for: its own blocks first.
+    if (policy is Policy.SEQUENTIAL or keep_to_model) and preferred_model is not None:
+        # Sequential order is what a non-robust model was trained for, and a member's route in an
+        # ensemble should be that member (diversity): its own blocks first.
         shuffled.sort(key=lambda r: r.identity is None or r.identity.model_id != preferred_model)
     return shuffled
 
