@@ -82,6 +82,7 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], opts: ChaosOptions, tool
     report["nodes"] = len(swarm.nodes)
     report["nodes_faulted"] = len({e["target"] for e in events if e["target"].startswith("node")})
     report["options"] = vars(opts)
+    report["coordinator_errors"] = list(swarm.coordinator.errors) if swarm.coordinator else []  # this incarnation
     t0 = records[0].sent if records else 0.0
     for event in events:
         event["at_s"] = round(event["at"] - t0, 3)

@@ -81,6 +81,7 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     report["options"] = vars(opts)
     report["environment"] = {"start": at_start, "end": environment()}
     report["resources"] = {"samples": resources, "start_end": start_end(resources)}
+    report["coordinator_errors"] = list(swarm.coordinator.errors) if swarm.coordinator else []
     return report
 
 
@@ -232,6 +233,9 @@ def render_soak(report: dict[str, Any]) -> str:
         f"  coordinator RSS {_kib(coord['start'])} -> {_kib(coord['end'])} MiB, open files "
         f"{_fds(coord['start'])} -> {_fds(coord['end'])}",
     ]
+    errors = report.get("coordinator_errors") or []
+    lines.append(f"  coordinator error and traceback lines: {len(errors)}")
+    lines += [f"    {line.rstrip()}" for line in errors[:60]]
     if "node_rss_kib_total" in res:
         rss, fds = res["node_rss_kib_total"], res["node_fds_total"]
         lines.append(

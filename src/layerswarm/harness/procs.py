@@ -31,6 +31,9 @@ class Proc:
     ready: dict[str, Any] = field(default_factory=dict)
     output: list[str] = field(default_factory=list)
     lines: queue.Queue[str | None] = field(default_factory=queue.Queue, repr=False)
+    # Errors and tracebacks it printed, kept apart from the rolling `output` tail: a long run (a soak)
+    # must still be able to say what went wrong in its first minute.
+    errors: list[str] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -85,7 +88,7 @@ def launch(name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> 
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     popen = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
     proc = Proc(name, popen)
-    threading.Thread(target=_pump, args=(popen, proc.output, proc.lines), daemon=True).start()
+    threading.Thread(target=_pump, args=(popen, proc), daemon=True).start()
     return proc
 
 
@@ -121,13 +124,25 @@ def spawn_many(specs: Sequence[tuple[str, Sequence[str]]], timeout: float = 90.0
         raise
 
 
-def _pump(popen: subprocess.Popen[str], sink: list[str], lines: queue.Queue[str | None]) -> None:
+ERROR_MARKS = ("ERROR", "CRITICAL", "Traceback (most recent call last)")
+TRACEBACK_LINES = 40  # lines kept after a "Traceback" line (the frames and the exception)
+MAX_ERROR_LINES = 400
+
+
+def _pump(popen: subprocess.Popen[str], proc: Proc) -> None:
     assert popen.stdout is not None
+    follow = 0
     for line in popen.stdout:
-        sink.append(line)
-        del sink[:-200]  # keep the tail only: bounded memory for long runs
-        lines.put(line)
-    lines.put(None)
+        proc.output.append(line)
+        del proc.output[:-200]  # keep the tail only: bounded memory for long runs
+        if "Traceback (most recent call last)" in line:
+            follow = TRACEBACK_LINES
+        if follow > 0 or any(mark in line for mark in ERROR_MARKS):
+            proc.errors.append(line)
+            del proc.errors[:-MAX_ERROR_LINES]
+            follow -= 1
+        proc.lines.put(line)
+    proc.lines.put(None)
 
 
 def stop_all(procs: Sequence[Proc], timeout: float = 10.0) -> None:
