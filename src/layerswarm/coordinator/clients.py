@@ -9,10 +9,11 @@ signed for a node that has not given that proof."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, identity_string, metadata_value
 from layerswarm.wire.discovery import METHOD_PREFIX
@@ -28,10 +29,26 @@ KEEPALIVE_OPTIONS = [
     ("grpc.enable_retries", 0),  # the coordinator decides what to retry, and where
 ]
 MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
+T = TypeVar("T")
 
 
 class NodeNotProven(Exception):
     """The node could not prove it holds the swarm token: an impostor, or not of this swarm."""
+
+
+async def _call(awaitable: Awaitable[T]) -> T:
+    """Await one RPC. grpc.aio cancels the calls in flight on a channel that is closed (the health
+    monitor drops the channel of a node that left), and the awaiting coroutine then sees
+    asyncio.CancelledError although nobody cancelled it: that is an UNAVAILABLE failure of this call,
+    which the executor routes around. A real cancellation of the caller still propagates."""
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+        if task is None or cancelling is None or cancelling():
+            raise
+        raise _unavailable("the call was cancelled under us: the channel to the node closed") from None
 
 
 class NodeClient:
@@ -60,13 +77,13 @@ class NodeClient:
         """One block forward. Raises grpc.aio.AioRpcError, or TimeoutError past `timeout`."""
         if self.transport == "unary":
             try:
-                return await self.block.Forward(request, timeout=timeout, metadata=self._signed("Forward"))
+                return await _call(self.block.Forward(request, timeout=timeout, metadata=self._signed("Forward")))
             except grpc.aio.AioRpcError as exc:
                 self._learn(exc)
                 raise
         call = self._take_stream()
         try:
-            reply = await asyncio.wait_for(self._exchange(call, request), timeout)
+            reply = await _call(asyncio.wait_for(self._exchange(call, request), timeout))
         except asyncio.InvalidStateError as exc:  # the stream ended under us (the node went away)
             call.cancel()
             raise _unavailable(f"stream closed: {exc}") from exc
@@ -116,8 +133,8 @@ class NodeClient:
         from the token is sent before that proof."""
         nonce = CallSigner.new_nonce()
         call = self.block.Info(pb.InfoRequest(), timeout=timeout, metadata=((NONCE_KEY, nonce),))
-        reply = await call
-        trailing = await call.trailing_metadata()
+        reply = await _call(call)
+        trailing = await _call(call.trailing_metadata())
         if self.signer is None:
             if metadata_value(trailing, CHALLENGE_KEY):
                 raise NodeNotProven("it requires a swarm token and we have none (--token-file)")
@@ -132,8 +149,12 @@ class NodeClient:
     async def relay(self, request: pb.RelayRequest, timeout: float) -> list[pb.RelayEvent]:
         """Start a relay chain at this node; its events (acknowledgement, then the final one)."""
         call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
-        try:
+
+        async def events() -> list[pb.RelayEvent]:
             return [event async for event in call]
+
+        try:
+            return await _call(events())
         except grpc.aio.AioRpcError as exc:
             self._learn(exc)
             raise
@@ -142,10 +163,14 @@ class NodeClient:
         """The result a chain's last node kept for us."""
         request = pb.CollectRequest(request_id=request_id)
         try:
-            return await self.block.Collect(request, timeout=timeout, metadata=self._signed("Collect"))
+            return await _call(self.block.Collect(request, timeout=timeout, metadata=self._signed("Collect")))
         except grpc.aio.AioRpcError as exc:
             self._learn(exc)
             raise
+
+    async def check_health(self, service: str, timeout: float) -> Any:
+        """grpc.health.v1 Check (its reply)."""
+        return await _call(self.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout))
 
     @staticmethod
     async def _exchange(call: Any, request: pb.ForwardRequest) -> pb.ForwardResponse:

@@ -100,9 +100,7 @@ class HealthMonitor:
                 info = await client.info(self.timeout_s)
                 self.registry.admit(address, identity_from_info(info))
             started = time.monotonic()
-            reply = await client.health.Check(
-                health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self.timeout_s
-            )
+            reply = await client.check_health(HEALTH_SERVICE, self.timeout_s)
             self.registry.links.observe_rtt(COORDINATOR, address, (time.monotonic() - started) * 1e3)
         except NodeNotProven as exc:
             self.registry.refuse(address, f"swarm authentication: {exc}")
