@@ -111,6 +111,27 @@ async def test_a_node_refuses_a_chain_the_coordinator_did_not_mac(relay_swarm: t
         await client.close()
 
 
+async def test_a_chain_over_slow_links_is_sent_in_int8_with_wire_auto(
+    relay_swarm: tuple[Path, Path, list[Proc]],
+) -> None:
+    model_dir, token_file, procs = relay_swarm
+    coord = coordinator(model_dir, procs, topology="relay", token_file=token_file, verify_rate=None, wire_dtype="auto")
+    await coord.start()
+    try:
+        await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
+        first = await coord.classify(images(), SEQ)
+        assert {h.wire for h in first.path.hops} == {"fp16"}  # loopback-fast links: fp16
+        ends = ["coordinator", *(address(p) for p in procs), "coordinator"]
+        for a, b in itertools.pairwise(ends):  # as a very slow LAN would measure (160 kbit/s)
+            for _ in range(20):
+                coord.registry.links.observe(a, b, 1_000, 50.0)
+        slow = await coord.classify(images(), SEQ)
+        assert slow.path.topology == "relay" and {h.wire for h in slow.path.hops} == {"int8"}
+        assert torch.allclose(slow.probs, first.probs, atol=2e-2)
+    finally:
+        await coord.stop()
+
+
 async def test_a_node_killed_mid_chain_is_handed_back_and_the_request_answers(
     relay_swarm: tuple[Path, Path, list[Proc]],
 ) -> None:
@@ -229,24 +250,3 @@ async def test_verification_still_sees_new_nodes_in_relay_mode(tmp_path: Path) -
         await coord.stop()
         for node in served:
             await node.stop()
-
-
-async def test_a_chain_over_slow_links_is_sent_in_int8_with_wire_auto(
-    relay_swarm: tuple[Path, Path, list[Proc]],
-) -> None:
-    model_dir, token_file, procs = relay_swarm
-    coord = coordinator(model_dir, procs, topology="relay", token_file=token_file, verify_rate=None, wire_dtype="auto")
-    await coord.start()
-    try:
-        await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
-        first = await coord.classify(images(), SEQ)
-        assert {h.wire for h in first.path.hops} == {"fp16"}  # loopback-fast links: fp16
-        ends = ["coordinator", *(address(p) for p in procs), "coordinator"]
-        for a, b in itertools.pairwise(ends):  # as a very slow LAN would measure (160 kbit/s)
-            for _ in range(20):
-                coord.registry.links.observe(a, b, 1_000, 50.0)
-        slow = await coord.classify(images(), SEQ)
-        assert slow.path.topology == "relay" and {h.wire for h in slow.path.hops} == {"int8"}
-        assert torch.allclose(slow.probs, first.probs, atol=2e-2)
-    finally:
-        await coord.stop()

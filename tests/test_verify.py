@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import default_min_blocks
+from layerswarm.coordinator.assembly import default_min_blocks
 from layerswarm.coordinator.registry import FamilySpec, NodeIdentity, NodeRecord, NodeState, Registry
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.coordinator.verify import Lie, Verifier, VerifySettings

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from layerswarm.models import policy
-from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
 from layerswarm.models.checkpoint import load_stem_head as load_parts
+from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.exits import ExitPolicy
 from layerswarm.models.text.tokenizer import PAD_ID
 from layerswarm.wire import codec
 from layerswarm.wire.auth import derive_key
 
+from .assembly import default_min_blocks, family_spec, log_node_event, make_verifier, wire_choice
 from .clients import ClientPool
 from .discovery import DnsDiscovery, MdnsDiscovery
 from .ensemble import EnsembleResult, Route, run_ensemble
@@ -32,24 +32,13 @@ from .netorder import NetPlan, plan_from_registry
 from .peer_memory import load_peers, save_peers
 from .periodic import Periodic
 from .planner import Plan, Policy, plan_path, with_repeats
-from .registry import FamilySpec, NodeEvent, NodeState, Registry
+from .registry import NodeEvent, NodeState, Registry
 from .relay import RelayRunner
 from .settings import CoordinatorSettings
 from .topology import TopologyChooser
-from .verify import Verifier, VerifySettings
-from .wire_choice import WireChoice, measure_codec_ms_per_mb
 
 log = logging.getLogger(__name__)
 MDNS_QUIET_S = 0.3  # the first round waits until no advert came for this long
-NEW_STATES = (NodeState.HEALTHY, NodeState.PENDING)
-
-
-def log_node_event(event: NodeEvent) -> None:
-    """Every state change of a node, with its reason: ejections and refusals at WARNING."""
-    old = event.old.value if event.old else "new"
-    new = event.new.value if event.new else "forgotten"
-    level = logging.INFO if event.new is None or event.new in NEW_STATES else logging.WARNING
-    log.log(level, "node %s: %s -> %s (%s)", event.address, old, new, event.reason)
 
 
 @dataclass
@@ -96,51 +85,6 @@ class _RouteSetup:
     request_id: str
     anytime_deadline: float | None  # the caller's budget: no hop starts past it once min depth ran
     key_mask: torch.Tensor | None = None  # text: real tokens of the ids
-
-
-def family_spec(settings: CoordinatorSettings) -> FamilySpec:
-    """The coordinator's family, with the weights its own and sibling manifests vouch for."""
-    own = read_manifest(settings.model_dir)
-    known: dict[tuple[str, int], str] = {}
-    for model_dir in (settings.model_dir, *settings.family_dirs):
-        manifest = own if model_dir == settings.model_dir else read_manifest(model_dir)
-        if manifest.family_id != own.family_id:
-            raise ModelDirError(f"{model_dir} is of family {manifest.family_id}, not {own.family_id}")
-        for i in range(manifest.config.depth):
-            known[(manifest.model_id, i)] = manifest.block_sha256(i)
-    cfg = own.config
-    strict = bool(settings.family_dirs) if settings.strict is None else settings.strict
-    return FamilySpec(own.family_id, cfg.depth, cfg.num_tokens, cfg.dim, known, strict)
-
-
-def default_min_blocks(settings: CoordinatorSettings, manifest: Manifest) -> int:
-    """--min-blocks, else the minimum useful depth `layerswarm eval` measured, else 1 (with a warning)."""
-    if settings.min_blocks is not None:
-        return settings.min_blocks
-    evaluated = policy.min_blocks(manifest)
-    if evaluated is None:
-        log.warning("%s has no evaluated minimum depth (run layerswarm eval): min_blocks is 1", settings.model_dir)
-        return 1
-    return evaluated
-
-
-def wire_choice(tokens: int, dim: int) -> WireChoice:
-    """--wire-dtype auto: the int8 codec's cost measured here, once (coordinator/wire_choice.py)."""
-    choice = WireChoice(measure_codec_ms_per_mb(tokens, dim), dim)
-    log.info("wire dtype auto: int8 codec %.2f ms per MB of fp16 activations", choice.codec_ms_per_mb)
-    return choice
-
-
-def make_verifier(settings: CoordinatorSettings) -> Verifier | None:
-    if settings.verify_rate is None:
-        return None
-    dirs = [settings.model_dir, *settings.family_dirs]
-    return Verifier(
-        dirs,
-        VerifySettings(
-            rate=settings.verify_rate, probation_hops=settings.verify_probation, reexecute_on=settings.verify_on
-        ),
-    )
 
 
 class Coordinator:

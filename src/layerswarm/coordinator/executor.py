@@ -15,19 +15,18 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import grpc
 import torch
 
 from layerswarm.wire import codec
-from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
-from .linkmap import COORDINATOR
+from .hop_call import HopCaller, HopFailed
 from .peer_check import same_weights
 from .planner import Plan, substitutes
+from .ranges import hard_range_problem
 from .registry import NodeRecord, Registry
-from .text_hops import hop_mask, text_hop_cost, text_reply
-from .verify import Lie, Verifier, hard_range_problem
+from .text_hops import text_hop_cost
+from .verify import Lie, Verifier
 from .wire_choice import WireChoice
 
 log = logging.getLogger(__name__)
@@ -141,13 +140,6 @@ def _next_hop_fits(candidates: list[NodeRecord], opts: ExecOptions) -> bool:
     return (min(known) if known else 0.0) + opts.anytime_reserve_ms <= left_ms
 
 
-class HopFailed(Exception):
-    def __init__(self, message: str, quarantine: bool = False, evidence: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.quarantine = quarantine
-        self.evidence = evidence  # set when verification caught a lie: kept until the node restarts
-
-
 @dataclass
 class _RequestState:
     """What one request's hops share: options, its random source, and what ran or failed so far."""
@@ -163,7 +155,7 @@ class _RequestState:
 class PathExecutor:
     def __init__(self, registry: Registry, pool: ClientPool, verifier: Verifier | None = None) -> None:
         self.registry = registry
-        self.pool = pool
+        self.hops = HopCaller(registry, pool)
         self.verifier = verifier  # None: replies are only checked for form (codec), not for truth
         self._stragglers: set[asyncio.Future[_Won | None]] = set()  # hedge losers left to finish
 
@@ -309,67 +301,11 @@ class PathExecutor:
                     yield record
 
     async def _call(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> torch.Tensor:
-        out, token_mask, wire = await self._forward(record, x, hop.position, state)
+        out, token_mask, wire = await self.hops.forward(record, x, hop.position, state.opts, state.path_length)
         if state.opts.wire_choice is not None:
             hop.wire = codec.dtype_name(wire)
         await self._verify(record, x, out, hop.position, state, wire, token_mask)
         return out
-
-    def _wire_for(self, record: NodeRecord, x: torch.Tensor, opts: ExecOptions) -> torch.dtype:
-        """The request's wire dtype, or with --wire-dtype auto the one this link pays for."""
-        if opts.wire_choice is None:
-            return opts.wire_dtype
-        links = self.registry.links
-        measured = [links.per_mb(COORDINATOR, record.address), links.per_mb(record.address, COORDINATOR)]
-        return opts.wire_choice.choose(measured, x.numel())
-
-    async def _forward(
-        self, record: NodeRecord, x: torch.Tensor, position: int, state: _RequestState
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.dtype]:
-        """One Forward call and the reply's form checked (shape, dtype, finite): float32 out, the
-        text hop's token mask, and the wire dtype used."""
-        opts = state.opts
-        wire = self._wire_for(record, x, opts)
-        timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
-        activations = codec.encode(x, wire)
-        token_mask = None if opts.key_mask is None else hop_mask(opts.key_mask, opts.token_depth, position)
-        request = pb.ForwardRequest(
-            request_id=opts.request_id,
-            activations=activations,
-            position=position,
-            path_length=state.path_length,
-            token_mask=None if token_mask is None else codec.encode(token_mask),
-        )
-        record.begin_call()
-        started = time.monotonic()
-        try:
-            reply = await self.pool.get(record.address).forward(request, timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise HopFailed(f"{exc.code().name}: {exc.details()}") from exc
-        except asyncio.TimeoutError as exc:
-            raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
-        finally:
-            record.end_call()
-        self._observe_links(record, (time.monotonic() - started) * 1e3, reply, len(activations.data))
-        try:
-            if token_mask is not None:  # text: the reply holds the active tokens only
-                return text_reply(x, token_mask, reply.activations, wire), token_mask, wire
-            out = codec.decode(reply.activations, opts.spec)
-            if out.shape != x.shape:
-                raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
-            if codec.torch_dtype(reply.activations.dtype) != wire:
-                raise codec.TensorError(f"reply dtype {out.dtype}, asked for {wire}")
-        except codec.TensorError as exc:
-            log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
-            raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
-        return out.to(torch.float32), None, wire
-
-    def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
-        """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
-        half each way (passive: real traffic only)."""
-        one_way = max(round_trip_ms - reply.compute_ms, 0.0) / 2
-        self.registry.links.observe(COORDINATOR, record.address, sent, one_way)
-        self.registry.links.observe(record.address, COORDINATOR, len(reply.activations.data), one_way)
 
     async def _verify(
         self,
@@ -393,7 +329,7 @@ class PathExecutor:
         async def ask(peer: NodeRecord) -> torch.Tensor | None:
             """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
             try:
-                return (await self._forward(peer, x, position, state))[0]  # its own link's dtype: judged as sent
+                return (await self.hops.forward(peer, x, position, opts, state.path_length))[0]  # judged as sent
             except HopFailed as exc:
                 log.info("referee %s gave no usable answer: %s", peer.address, exc)
                 return None

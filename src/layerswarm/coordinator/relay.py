@@ -36,8 +36,9 @@ from .clients import ClientPool
 from .executor import DepthError, ExecOptions, Hop, PathExecutor, PathResult
 from .linkmap import COORDINATOR
 from .planner import Plan, Step
+from .ranges import hard_range_problem
 from .registry import NodeRecord, Registry
-from .verify import Verifier, hard_range_problem
+from .verify import Verifier
 
 log = logging.getLogger(__name__)
 MAX_TRACE_MS = 3.6e6  # a reported time past an hour is a lie or a bug

@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, load_block, read_manifest
 from layerswarm.models.text.tokens import run_active, scatter_active
 from layerswarm.models.vit import Block
 from layerswarm.wire import codec
 
 from .peer_check import Ask, PeerVerdict, judge, order_referees
+from .ranges import hard_range_problem, position_ranges, range_problem
 from .registry import NodeRecord
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 # rounding of one cast to the wire dtype (the only difference between two honest computations).
 # int8 (per-row scales) rounds to 1/254 of each row's peak: about 1% RMS on real activations.
 TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-4, torch.int8: 3e-2}
-STATS_MARGIN = 4.0  # the range filter's slack over what evaluation saw (soft violations only)
 
 
 @dataclass(frozen=True)
@@ -94,21 +93,6 @@ class VerifyStats:
     disagreements: list[dict[str, Any]] = field(default_factory=list)
 
 
-def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> dict[str, Any] | None:
-    """Values past half the wire dtype's limit: the next hop (a residual block adds to its input) would
-    overflow. Checked on every reply, verification on or off, so the sender is blamed, not the next hop."""
-    peak = float(out.abs().max()) if out.numel() else 0.0
-    limit = codec.value_limit(wire) / 2
-    if peak <= limit:
-        return None
-    return {
-        "check": "hard range",
-        "against": f"half the {str(wire).removeprefix('torch.')} limit ({limit:.6g}): the next hop would overflow",
-        "discrepancy": f"max |x| {peak:.6g}",
-        "position": position,
-    }
-
-
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """RMS of the difference over RMS of the reference (per whole batch)."""
     return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-6))
@@ -121,7 +105,7 @@ class Verifier:
         for d in model_dirs:
             m = read_manifest(d)
             self.manifests[m.model_id] = (d, m)
-        self.ranges = _ranges([m for _, m in self.manifests.values()])
+        self.ranges = position_ranges([m for _, m in self.manifests.values()])
         self._blocks: dict[tuple[str, int], Block] = {}
         self._seen: dict[str, _Seen] = {}
         self._rng = random.Random(seed)
@@ -163,7 +147,7 @@ class Verifier:
         hard = hard_range_problem(out, position, wire)
         if hard is not None:
             raise self._convict(record, seen, hard)
-        soft = self._range_problem(out, position)
+        soft = range_problem(self.ranges, out, position)
         on_probation = seen.passed < self.settings.probation_hops
         if soft is not None:
             self.counters.flagged += 1
@@ -214,25 +198,6 @@ class Verifier:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    # --- layer 1: ranges -------------------------------------------------------------------------------
-
-    def _range_problem(self, out: torch.Tensor, position: int) -> dict[str, Any] | None:
-        if position >= len(self.ranges):
-            return None
-        r = self.ranges[position]
-        peak = float(out.abs().max()) if out.numel() else 0.0
-        rms = out.float().pow(2).mean(dim=tuple(range(1, out.dim()))).sqrt()
-        lo, hi = float(rms.min()), float(rms.max())
-        if peak > r["max_abs"] * STATS_MARGIN or lo < r["rms_min"] / STATS_MARGIN or hi > r["rms_max"] * STATS_MARGIN:
-            return {
-                "check": "activation statistics",
-                "against": f"evaluation at position {position}: max |x| {r['max_abs']}, "
-                f"RMS {r['rms_min']}..{r['rms_max']} (x{STATS_MARGIN:g} margin)",
-                "discrepancy": f"max |x| {peak:.4g}, RMS {lo:.4g}..{hi:.4g}",
-                "position": position,
-            }
-        return None
 
     # --- layer 2: re-execution on replicas -----------------------------------------------------------
 
@@ -391,19 +356,3 @@ class Verifier:
         del self.counters.detections[:-100]  # bounded
         log.warning("quarantining %s on evidence: %s", record.address, evidence)
         return Lie(f"verification failed: {evidence['check']} ({evidence['discrepancy']})", evidence)
-
-
-def _ranges(manifests: list[Manifest]) -> list[dict[str, float]]:
-    """The widest per-position range over the coordinator's own manifests ([] when none recorded)."""
-    found = [e["positions"] for m in manifests if (e := policy.entry(m, policy.ACTIVATION_STATS))]
-    if not found:
-        return []
-    depth = min(len(p) for p in found)
-    return [
-        {
-            "max_abs": max(p[i]["max_abs"] for p in found),
-            "rms_min": min(p[i]["rms_min"] for p in found),
-            "rms_max": max(p[i]["rms_max"] for p in found),
-        }
-        for i in range(depth)
-    ]

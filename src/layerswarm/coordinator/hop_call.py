@@ -1,0 +1,98 @@
+"""One hop's call: encode, send over the pooled channel, check the reply's form, measure the link.
+
+What a hop means for the path (retry elsewhere, hedge, verify, skip) is the executor's; this module only
+turns one Forward call into float32 activations or a HopFailed that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import torch
+
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .clients import ClientPool
+from .linkmap import COORDINATOR
+from .registry import NodeRecord, Registry
+from .text_hops import hop_mask, text_reply
+
+if TYPE_CHECKING:
+    from .executor import ExecOptions
+
+log = logging.getLogger(__name__)
+
+
+class HopFailed(Exception):
+    """A hop that gave no usable answer: why, and whether the node is to be quarantined (with evidence)."""
+
+    def __init__(self, message: str, quarantine: bool = False, evidence: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.quarantine = quarantine
+        self.evidence = evidence  # set when verification caught a lie: kept until the node restarts
+
+
+class HopCaller:
+    def __init__(self, registry: Registry, pool: ClientPool) -> None:
+        self.registry = registry
+        self.pool = pool
+
+    def wire_for(self, record: NodeRecord, x: torch.Tensor, opts: ExecOptions) -> torch.dtype:
+        """The request's wire dtype, or with --wire-dtype auto the one this link pays for."""
+        if opts.wire_choice is None:
+            return opts.wire_dtype
+        links = self.registry.links
+        measured = [links.per_mb(COORDINATOR, record.address), links.per_mb(record.address, COORDINATOR)]
+        return opts.wire_choice.choose(measured, x.numel())
+
+    async def forward(
+        self, record: NodeRecord, x: torch.Tensor, position: int, opts: ExecOptions, path_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.dtype]:
+        """One Forward call and the reply's form checked (shape, dtype, finite): float32 out, the
+        text hop's token mask, and the wire dtype used. Raises HopFailed."""
+        wire = self.wire_for(record, x, opts)
+        timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
+        activations = codec.encode(x, wire)
+        token_mask = None if opts.key_mask is None else hop_mask(opts.key_mask, opts.token_depth, position)
+        request = pb.ForwardRequest(
+            request_id=opts.request_id,
+            activations=activations,
+            position=position,
+            path_length=path_length,
+            token_mask=None if token_mask is None else codec.encode(token_mask),
+        )
+        record.begin_call()
+        started = time.monotonic()
+        try:
+            reply = await self.pool.get(record.address).forward(request, timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise HopFailed(f"{exc.code().name}: {exc.details()}") from exc
+        except asyncio.TimeoutError as exc:
+            raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
+        finally:
+            record.end_call()
+        self._observe_links(record, (time.monotonic() - started) * 1e3, reply, len(activations.data))
+        try:
+            if token_mask is not None:  # text: the reply holds the active tokens only
+                return text_reply(x, token_mask, reply.activations, wire), token_mask, wire
+            out = codec.decode(reply.activations, opts.spec)
+            if out.shape != x.shape:
+                raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
+            if codec.torch_dtype(reply.activations.dtype) != wire:
+                raise codec.TensorError(f"reply dtype {out.dtype}, asked for {wire}")
+        except codec.TensorError as exc:
+            log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
+            raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
+        return out.to(torch.float32), None, wire
+
+    def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
+        """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
+        half each way (passive: real traffic only)."""
+        one_way = max(round_trip_ms - reply.compute_ms, 0.0) / 2
+        self.registry.links.observe(COORDINATOR, record.address, sent, one_way)
+        self.registry.links.observe(record.address, COORDINATOR, len(reply.activations.data), one_way)
