@@ -4,6 +4,7 @@ its verifier and wire choice, and how node state changes are logged."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
@@ -15,6 +16,7 @@ from .wire_choice import WireChoice, measure_codec_ms_per_mb
 
 log = logging.getLogger("layerswarm.coordinator.core")  # the name operators filter on
 NEW_STATES = (NodeState.HEALTHY, NodeState.PENDING)
+_WARNED: set[Path] = set()  # model dirs already warned about (no evaluated minimum depth)
 
 
 def log_node_event(event: NodeEvent) -> None:
@@ -46,7 +48,9 @@ def default_min_blocks(settings: CoordinatorSettings, manifest: Manifest) -> int
         return settings.min_blocks
     evaluated = policy.min_blocks(manifest)
     if evaluated is None:
-        log.warning("%s has no evaluated minimum depth (run layerswarm eval): min_blocks is 1", settings.model_dir)
+        if settings.model_dir not in _WARNED:  # once per process: benches build many coordinators
+            _WARNED.add(settings.model_dir)
+            log.warning("%s has no evaluated minimum depth (run layerswarm eval): min_blocks is 1", settings.model_dir)
         return 1
     return evaluated
 
