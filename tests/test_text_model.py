@@ -175,7 +175,9 @@ def test_text_depth_command_writes_tables_and_reports(tmp_path: Path, capsys: py
     common = ["--data", "words:300:60", "--epochs", "1", "--depth", "2", "--dim", "16", "--heads", "2"]
     assert main(["train", *common, "--warmup-steps", "2", "--max-tokens", "20", "--out", str(out)]) == 0
     report = tmp_path / "depth.json"
-    assert main(["depth", str(out), "--sentences", "20", "--orders", "1", "--json", str(report)]) == 0
+    assert (
+        main(["depth", str(out), "--sentences", "20", "--mlm-steps", "3", "--orders", "1", "--json", str(report)]) == 0
+    )
     policy = read_manifest(out).policy[DEPTH_POLICY]
     assert policy["bins"] == 2 and len(policy["mi"]) == read_manifest(out).config.vocab_size
     assert all(1 <= d <= 2 for d in policy["mi"] + policy["reconstruction"])
