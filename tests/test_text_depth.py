@@ -91,3 +91,20 @@ def test_frozen_tokens_are_not_computed() -> None:
     full_logits, _ = run_with_depths(model, ids, list(model.blocks), None)
     depth_logits, _ = run_with_depths(model, ids, list(model.blocks), depth)
     assert not torch.allclose(full_logits, depth_logits)  # frozen words were not updated
+
+
+def test_training_forward_with_depths_matches_serving() -> None:
+    """`train --token-depth`: the encoder's own forward with a depth table gives what the swarm's
+    active-tokens-only path gives, in any block order."""
+    torch.manual_seed(1)
+    model = TextEncoder(CFG).eval()
+    table = torch.tensor([4, 4, 4, 4, 1, 1, 2, 3, 1, 2, 1, 2])
+    ids, _ = labelled_sentences(6)
+    order = [2, 0, 3, 1]
+    served, _ = run_with_depths(
+        model, ids, [model.blocks[i] for i in order], token_depths({"mi": table.tolist()}, "mi", ids)
+    )
+    model.token_depth_table = table
+    with torch.inference_mode():
+        trained = model(ids, order)
+    torch.testing.assert_close(trained, served, rtol=1e-5, atol=1e-5)

@@ -188,6 +188,12 @@ def test_text_depth_command_writes_tables_and_reports(tmp_path: Path, capsys: py
         <= rows["full"]["sequential"]["tokens_computed_per_sentence"]
     )
     assert set(rows) == {"full", "mi", "reconstruction", f"fixed-{max(1, round(rows['mi']['mean_depth_per_token']))}"}
+    tuned = tmp_path / "tuned"
+    tune = ["train", "--data", "words:300:60", "--init", str(out), "--epochs", "1", "--out", str(tuned)]
+    assert main([*tune, "--token-depth", "reconstruction", "--warmup-steps", "2"]) == 0
+    assert read_manifest(tuned).recipe["token_depth"] == "reconstruction"
+    assert read_manifest(tuned).policy[DEPTH_POLICY] == policy  # served with the tables it trained with
+    assert main(["depth", str(tuned), "--existing", "--orders", "1"]) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
