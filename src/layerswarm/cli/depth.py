@@ -38,6 +38,11 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--no-write", action="store_true", help="evaluate only, leave the model directories as they are")
     p.add_argument(
+        "--limit",
+        type=int_at_least(10),
+        help="evaluate on the first N test sentences only (default: all)",
+    )
+    p.add_argument(
         "--existing",
         action="store_true",
         help="evaluate the tables already in each model's policy (e.g. those `train --token-depth` trained with) "

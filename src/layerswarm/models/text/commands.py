@@ -179,7 +179,10 @@ def text_depth_main(args: argparse.Namespace) -> int:
         report[name] = {
             "mean_table_depth": policy["mean_over_vocab"],
             "reconstruction_loss_per_layer": word_losses,
-            "results": evaluate_depths(model, data.test_x, data.test_y, policy, orders=args.orders),
+            "test_sentences": len(data.test_y[: args.limit]),
+            "results": evaluate_depths(
+                model, data.test_x[: args.limit], data.test_y[: args.limit], policy, orders=args.orders
+            ),
         }
         print(json.dumps({name: report[name]["results"]}))
     if args.json:
