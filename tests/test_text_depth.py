@@ -3,15 +3,19 @@ in-process check of what `layerswarm depth` and the swarm rely on."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor, nn
 
+from layerswarm.coordinator.text_hops import text_reply
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.text.depth import mi_depths, token_depths
 from layerswarm.models.text.depth_eval import run_with_depths
 from layerswarm.models.text.model import TextEncoder
 from layerswarm.models.text.reconstruction import depths_from_losses, reconstruction_depths
 from layerswarm.models.text.tokenizer import CLS_ID, PAD_ID
+from layerswarm.models.text.tokens import hop_mask
+from layerswarm.wire import codec
 
 CFG = ViTConfig(kind="text", vocab_size=12, max_tokens=8, num_classes=2, dim=16, heads=2, depth=4)
 LABEL_WORD = {0: 4, 1: 5}  # token 4 is in every label-0 sentence, token 5 in every label-1 sentence
@@ -108,3 +112,14 @@ def test_training_forward_with_depths_matches_serving() -> None:
     with torch.inference_mode():
         trained = model(ids, order)
     torch.testing.assert_close(trained, served, rtol=1e-5, atol=1e-5)
+
+
+def test_a_reply_carrying_frozen_tokens_is_refused() -> None:
+    """The coordinator takes exactly the active tokens back: a reply with every token (frozen ones
+    included) is a malformed reply (the node gets quarantined), not silently scattered."""
+    x = torch.randn(1, 5, 16)
+    mask = hop_mask(torch.ones(1, 5, dtype=torch.bool), torch.tensor([[4, 1, 2, 1, 1]]), 1)  # 2 active
+    good = text_reply(x, mask, codec.encode(torch.randn(2, 16)), torch.float32)
+    assert torch.equal(good[0, [1, 3, 4]], x[0, [1, 3, 4]])  # frozen states untouched
+    with pytest.raises(codec.TensorError):
+        text_reply(x, mask, codec.encode(torch.randn(5, 16)), torch.float32)
