@@ -27,4 +27,14 @@ for model in "$WORK"/member-* "$WORK/base"; do
   cp "$model"/manifest.json "$model"/tokenizer.json "$model"/*.safetensors "$ZOO/$name/"
 done
 $L eval "$ZOO"/layershuffle-* "$ZOO/baseline" --json "$ZOO/report.json" | tee "$ZOO/report.md"
-$L depth "$ZOO/layershuffle-0" --json "$ZOO/depth.json" --swarm 200 --sentences 300 --orders 3
+# Per-token depth: tables for layershuffle-0 (MI; reconstruction from an anytime masked LM), then a copy of
+# it fine-tuned one epoch WITH those reconstruction depths (frozen tokens, as the paper trains), measured
+# in-process and through a loopback swarm.
+$L depth "$ZOO/layershuffle-0" --json "$ZOO/depth.json" --sentences 300 --orders 3 --limit 1000
+$L train --data words --variant layershuffle --init "$ZOO/layershuffle-0" --token-depth reconstruction \
+  --out "$WORK/depth-reconstruction" --epochs 1 --lr 1e-3 --warmup-steps 20 --seed 20 --threads 1
+rm -rf "${ZOO:?}-depth/reconstruction" && mkdir -p "$ZOO-depth/reconstruction"
+cp "$WORK/depth-reconstruction"/{manifest.json,tokenizer.json} "$WORK/depth-reconstruction"/*.safetensors \
+  "$ZOO-depth/reconstruction/"
+$L depth "$ZOO-depth/reconstruction" --existing --orders 3 --limit 1000 --swarm 100 \
+  --json "$ZOO-depth/depth.json"

@@ -175,7 +175,9 @@ def test_text_depth_command_writes_tables_and_reports(tmp_path: Path, capsys: py
     common = ["--data", "words:300:60", "--epochs", "1", "--depth", "2", "--dim", "16", "--heads", "2"]
     assert main(["train", *common, "--warmup-steps", "2", "--max-tokens", "20", "--out", str(out)]) == 0
     report = tmp_path / "depth.json"
-    assert main(["depth", str(out), "--sentences", "20", "--orders", "1", "--json", str(report)]) == 0
+    assert (
+        main(["depth", str(out), "--sentences", "20", "--mlm-steps", "3", "--orders", "1", "--json", str(report)]) == 0
+    )
     policy = read_manifest(out).policy[DEPTH_POLICY]
     assert policy["bins"] == 2 and len(policy["mi"]) == read_manifest(out).config.vocab_size
     assert all(1 <= d <= 2 for d in policy["mi"] + policy["reconstruction"])
@@ -186,6 +188,12 @@ def test_text_depth_command_writes_tables_and_reports(tmp_path: Path, capsys: py
         <= rows["full"]["sequential"]["tokens_computed_per_sentence"]
     )
     assert set(rows) == {"full", "mi", "reconstruction", f"fixed-{max(1, round(rows['mi']['mean_depth_per_token']))}"}
+    tuned = tmp_path / "tuned"
+    tune = ["train", "--data", "words:300:60", "--init", str(out), "--epochs", "1", "--out", str(tuned)]
+    assert main([*tune, "--token-depth", "reconstruction", "--warmup-steps", "2"]) == 0
+    assert read_manifest(tuned).recipe["token_depth"] == "reconstruction"
+    assert read_manifest(tuned).policy[DEPTH_POLICY] == policy  # served with the tables it trained with
+    assert main(["depth", str(tuned), "--existing", "--orders", "1"]) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -74,7 +74,7 @@ def test_mi_depths_make_label_words_shallow(text_dir: Path) -> None:
     assert table[tok.token_to_id("red")] < table[tok.token_to_id("swims")]  # red decides the label
     ids = encode_batch(tok, ["red swims", "blue"], 8)
     depth = token_depths(read_manifest(text_dir).policy[DEPTH_POLICY], "mi", ids)
-    assert depth[0, 0] == max(depth[0, 1], depth[0, 2]) and depth[1, 3:].eq(0).all()  # [CLS]: deepest; pad: 0
+    assert depth[0, 0] == 3 and depth[1, 0] == 3 and depth[1, 3:].eq(0).all()  # [CLS]: full depth; pad: 0
     assert ids[0, 0] == CLS_ID
 
 
@@ -96,6 +96,7 @@ async def test_padding_and_frozen_tokens(stub: pb_grpc.BlockNodeStub, text_dir: 
     x = torch.randn(1, 5, 32)
     mask = torch.tensor([[ACTIVE_CODE, FROZEN_CODE, ACTIVE_CODE, PAD_CODE, PAD_CODE]])
     first = codec.decode((await stub.Forward(request(x, mask))).activations)
+    assert tuple(first.shape) == (2, 32)  # the reply carries the 2 active tokens only, not the frozen one
     noisy = x.clone()
     noisy[0, 3:] = torch.randn(2, 32) * 5
     second = codec.decode((await stub.Forward(request(noisy, mask))).activations)

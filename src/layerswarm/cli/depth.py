@@ -15,13 +15,20 @@ def register(sub: Subparsers) -> None:
         run,
         help="per-token depth for text models (mutual information, reconstruction)",
         description="Estimate each word's depth from the model's training data (MI: log-scaled, N equal-width "
-        "bins, smoothing 0.1; reconstruction: argmin_n(loss_n - 0.1 n)), write the tables into each model "
+        "bins, smoothing 0.1; reconstruction: an anytime masked LM fine-tuned from the model, "
+        "argmin_n(loss_n + 0.1 n)), write the tables into each model "
         "directory's policy, and evaluate accuracy and mean depth per token against full depth.",
     )
     p.add_argument("model_dirs", nargs="+", type=Path, help="text model directories")
     p.add_argument("--json", type=Path, help="also write the report here")
     p.add_argument("--orders", type=int_at_least(1), default=5, help="random block orders for the arbitrary figure")
     p.add_argument("--sentences", type=int_at_least(10), default=1000, help="sentences for the reconstruction estimate")
+    p.add_argument(
+        "--mlm-steps",
+        type=int_at_least(1),
+        default=400,
+        help="fine-tuning steps (batch 128) of the anytime masked LM behind the reconstruction estimate",
+    )
     p.add_argument(
         "--swarm",
         type=int_at_least(1),
@@ -30,6 +37,17 @@ def register(sub: Subparsers) -> None:
         "tokens, bytes, latency per request vs full depth",
     )
     p.add_argument("--no-write", action="store_true", help="evaluate only, leave the model directories as they are")
+    p.add_argument(
+        "--limit",
+        type=int_at_least(10),
+        help="evaluate on the first N test sentences only (default: all)",
+    )
+    p.add_argument(
+        "--existing",
+        action="store_true",
+        help="evaluate the tables already in each model's policy (e.g. those `train --token-depth` trained with) "
+        "instead of estimating new ones",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

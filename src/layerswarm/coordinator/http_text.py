@@ -3,7 +3,7 @@ errors as /v1/classify for images; registered by http_api.create_app with one li
 
 Per-token depth: `"token_depth": "mi"` or `"reconstruction"` gives each word the number of hops it runs
 before it freezes (the tables `layerswarm depth` wrote into the model directory's policy); the
-[CLS] token runs as deep as the deepest word, and the path stops there. Default "full": every token
+[CLS] runs the full depth (the head reads it). Default "full": every token
 runs every hop.
 """
 

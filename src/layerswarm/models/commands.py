@@ -59,6 +59,8 @@ def train_main(args: argparse.Namespace) -> int:
     )
     if args.patch_size is None and args.init is None:  # the data's own size decides (imagefolder: native)
         patch_size = patch_size_for(data.image_shape[1])
+    if getattr(args, "token_depth", None):
+        raise ValueError("--token-depth is for text models (per-token depth); this is image data")
     arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size}
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
     recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip)

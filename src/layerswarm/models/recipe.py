@@ -24,6 +24,9 @@ class TrainRecipe:
     # Early-exit loss weight (LayerSkip-style): cross-entropy through the shared head after every
     # truncation depth of the batch's random order, so early answers are usable. 0: off.
     exit_loss: float = 0.0
+    # Text: train with per-token depth (the --init model's "mi" or "reconstruction" table): each token
+    # freezes after its depth, as served. "": every token runs every block.
+    token_depth: str = ""
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
@@ -33,4 +36,6 @@ class TrainRecipe:
 def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
     """The recipe a `layerswarm train` command line asks for (`overrides`: what the data decides)."""
     fields = ("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "threads", "exit_loss")
+    if getattr(args, "token_depth", None):
+        overrides = {"token_depth": args.token_depth, **overrides}
     return TrainRecipe(**{name: getattr(args, name) for name in fields}, **overrides)

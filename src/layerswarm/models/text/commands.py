@@ -70,6 +70,8 @@ def text_train_main(args: argparse.Namespace) -> int:
             heads=args.heads,
         )
         model, lineage = TextEncoder(cfg), Lineage(source="scratch")
+    if getattr(args, "token_depth", None):
+        model.token_depth_table = _init_depth_table(args, model.cfg.vocab_size)
     recipe = recipe_from_args(args, augment=False)  # image flips and shifts would scramble word order
     trainer = Trainer(model, data, recipe, pick_train_device(args.device), args.out / ".train_state")
     if args.resume:
@@ -83,9 +85,25 @@ def text_train_main(args: argparse.Namespace) -> int:
     dataset = {**data.describe(), "data_seed": args.data_seed}
     save_tokenizer(tok, args.out)
     manifest = save_model(trained.cpu(), args.out, lineage, recipe=record, dataset=dataset, metrics=metrics)
+    if recipe.token_depth:  # serve with the very tables it was trained with
+        from .depth import DEPTH_POLICY
+
+        write_entry(args.out, DEPTH_POLICY, read_manifest(args.init).policy[DEPTH_POLICY])
     event = {"event": "trained", "out": str(args.out), "model_id": manifest.model_id}
     print(json.dumps({**event, "family_id": manifest.family_id, "variant": args.variant, **metrics}))
     return 0
+
+
+def _init_depth_table(args: argparse.Namespace, vocab_size: int) -> torch.Tensor:
+    """The --init model's per-token depth table named by --token-depth (a clear error without one)."""
+    from .depth import DEPTH_POLICY
+
+    if not args.init:
+        raise ValueError("--token-depth needs --init: the depth table comes from that model's policy")
+    table = read_manifest(args.init).policy.get(DEPTH_POLICY, {}).get(args.token_depth)
+    if not isinstance(table, list) or len(table) != vocab_size:
+        raise ValueError(f"--init model has no {args.token_depth} token depths: run `layerswarm depth {args.init}`")
+    return torch.tensor(table, dtype=torch.long)
 
 
 def _fine_tune_copy(parent: Any, manifest: Manifest, data: TextDataset, variant: str) -> tuple[TextEncoder, Lineage]:
@@ -130,8 +148,9 @@ def text_eval_main(args: argparse.Namespace, spec: str) -> int:
 def text_depth_main(args: argparse.Namespace) -> int:
     """Depth tables from each model's own training split, written to its policy, then evaluated on
     its test split."""
-    from .depth import DEPTH_POLICY, depth_policy, mi_depths, reconstruction_depths
+    from .depth import DEPTH_POLICY, depth_policy, mi_depths
     from .depth_eval import evaluate_depths
+    from .reconstruction import reconstruction_depths
 
     report: dict[str, Any] = {}
     for model_dir in args.model_dirs:
@@ -143,15 +162,27 @@ def text_depth_main(args: argparse.Namespace) -> int:
         model, _ = load_model(model_dir)
         cfg = model.cfg
         assert isinstance(data.train_x, torch.Tensor) and isinstance(data.test_x, torch.Tensor)
-        mi = mi_depths(data.train_x, data.train_y, cfg.vocab_size, cfg.num_classes, bins=cfg.depth)
-        recon = reconstruction_depths(model, data.train_x, max_sentences=args.sentences)
-        policy = depth_policy(mi, recon, cfg.depth)
-        if not args.no_write:
-            write_entry(model_dir, DEPTH_POLICY, policy)
+        word_losses: dict[str, list[float]] = {}
+        if args.existing:
+            policy = manifest.policy.get(DEPTH_POLICY)
+            if not isinstance(policy, dict):
+                raise ValueError(f"{model_dir} has no token depth tables to evaluate: run without --existing")
+        else:
+            mi = mi_depths(data.train_x, data.train_y, cfg.vocab_size, cfg.num_classes, bins=cfg.depth)
+            recon, word_losses = reconstruction_depths(
+                model, data.train_x, max_sentences=args.sentences, steps=args.mlm_steps
+            )
+            policy = depth_policy(mi, recon, cfg.depth)
+            if not args.no_write:
+                write_entry(model_dir, DEPTH_POLICY, policy)
         name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
         report[name] = {
             "mean_table_depth": policy["mean_over_vocab"],
-            "results": evaluate_depths(model, data.test_x, data.test_y, policy, orders=args.orders),
+            "reconstruction_loss_per_layer": word_losses,
+            "test_sentences": len(data.test_y[: args.limit]),
+            "results": evaluate_depths(
+                model, data.test_x[: args.limit], data.test_y[: args.limit], policy, orders=args.orders
+            ),
         }
         print(json.dumps({name: report[name]["results"]}))
     if args.json:

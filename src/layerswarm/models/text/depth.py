@@ -4,15 +4,16 @@
   P(i_x, i_y) log(P(i_x, i_y) / (P(i_x) P(i_y))) from sentence counts on the TRAINING set (smoothing
   0.1 per cell), scaled as -log MI(x), cut into N equal-width bins (N = the model's depth): the bin
   index (1..N) is the word's depth, so label-bearing words (high MI) get shallow depths.
-- Reconstruction: each word is replaced by [MASK] in its training sentences and read after every
-  depth n with one shared classifier; its depth is argmin_n(loss_n - lambda n), lambda 0.1, averaged
-  per word (the formula as printed in the paper and the issue; its text says the penalty should favour
-  shallow layers, which "- lambda n" does not: we keep the printed sign and report what it gives).
-  The paper fine-tunes a masked LM with that shared classifier; we read the family's own
-  encoder through its (tied) token embedding with no extra training: cheaper, and a weaker estimate.
+  This is the paper's direction (eq. 3; "the larger MI(x, y) is ... fewer computations are needed"):
+  words that say nothing about the label (MI near 0) get a large -log MI and so go DEEP.
+- Reconstruction (reconstruction.py): an anytime masked LM, argmin_n(loss_n + lambda n), lambda 0.1.
 
-Both tables (depth per token id) go into the model directory's policy under "token_depth"; the
-coordinator gives [CLS] the deepest depth of its sentence, and special tokens the full depth.
+Both tables (depth per token id) go into the model directory's policy under "token_depth". [CLS] is
+looked up like any token and both give it the full depth N: MI(x) is 0 for a token in every sentence
+(-log MI: the last bin), and [CLS] is never reconstructed. That matters: the head reads [CLS], so the
+classifier always sees a full-depth [CLS] that read the frozen words (the paper pools over all states
+at the deepest word's layer instead). An earlier rule here ran [CLS] only as deep as its deepest word,
+which made "every word at depth 1" (the reconstruction estimate on `words`) classify from one block.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..vit import ViT
 from .model import key_mask_of
-from .tokenizer import CLS_ID, MASK_ID, PAD_ID
+from .reconstruction import LAMBDA
+from .tokenizer import CLS_ID, PAD_ID
 
 DEPTH_POLICY = "token_depth"
 SMOOTHING = 0.1
-LAMBDA = 0.1
 ESTIMATES = ("mi", "reconstruction")
 
 
@@ -68,36 +68,6 @@ def mi_depths(ids: Tensor, labels: Tensor, vocab_size: int, num_classes: int, bi
     return [int(d) for d in depth]
 
 
-@torch.inference_mode()
-def reconstruction_depths(model: ViT, ids: Tensor, max_sentences: int = 1000, lam: float = LAMBDA) -> list[int]:
-    """Depth 1..N per token id: argmin_n(loss_n - lam n) of the masked word read after n blocks (in
-    order) through the tied token embedding, averaged per word over up to `max_sentences` sentences."""
-    cfg = model.cfg
-    stem: Any = model.stem
-    embed: Tensor = stem.token_embed.weight
-    depth_n = cfg.depth
-    sums = torch.zeros(cfg.vocab_size, depth_n, dtype=torch.float64)
-    counts = torch.zeros(cfg.vocab_size, dtype=torch.float64)
-    for sentence in ids[:max_sentences]:
-        length = int((sentence != PAD_ID).sum())
-        positions = torch.arange(1, length)  # every word, not [CLS]
-        masked = sentence[:length].repeat(len(positions), 1)
-        masked[torch.arange(len(positions)), positions] = MASK_ID
-        x, mask = model.stem(masked), key_mask_of(masked)
-        targets = sentence[positions]
-        for n, block in enumerate(model.blocks):
-            x = block(x, n, mask)
-            h = F.layer_norm(x[torch.arange(len(positions)), positions], x.shape[-1:])
-            loss = F.cross_entropy(h @ embed.T, targets, reduction="none")
-            sums[targets, n] += loss.to(torch.float64)
-        counts[targets] += 1.0
-    penalty = lam * torch.arange(1, depth_n + 1, dtype=torch.float64)
-    chosen = ((sums / counts.clamp_min(1.0)[:, None]) - penalty).argmin(1) + 1
-    chosen[counts == 0] = depth_n
-    chosen[[PAD_ID, CLS_ID]] = depth_n
-    return [int(d) for d in chosen]
-
-
 def depth_policy(mi: list[int], reconstruction: list[int], depth: int) -> dict[str, Any]:
     def mean(values: list[int]) -> float:
         return round(sum(values) / len(values), 3)
@@ -113,8 +83,8 @@ def depth_policy(mi: list[int], reconstruction: list[int], depth: int) -> dict[s
 
 
 def token_depths(policy: object, estimate: str, ids: Tensor) -> Tensor:
-    """(B, T) hops per token for `ids` from a model's depth policy; [CLS] gets its sentence's deepest
-    word, padding 0. Raises ValueError when the model has no such table."""
+    """(B, T) hops per token for `ids` from a model's depth policy, padding 0. [CLS] is a token like
+    the others: both estimates give it the full depth. Raises ValueError when the model has no such table."""
     if estimate not in ESTIMATES:
         raise ValueError(f"unknown token depth estimate {estimate!r}: choose one of {', '.join(ESTIMATES)}")
     if not isinstance(policy, dict) or not isinstance(policy.get(estimate), list):
@@ -124,9 +94,6 @@ def token_depths(policy: object, estimate: str, ids: Tensor) -> Tensor:
         raise ValueError("the depth table is shorter than the vocabulary")
     depth = table[ids]
     real = key_mask_of(ids)
-    words = torch.where(real & (ids != CLS_ID), depth, torch.zeros_like(depth))
-    deepest = words.max(dim=1, keepdim=True).values.clamp_min(1)
-    depth = torch.where(ids == CLS_ID, deepest, depth)
     return torch.where(real, depth, torch.zeros_like(depth))
 
 

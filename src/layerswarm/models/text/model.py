@@ -57,12 +57,24 @@ class TextEncoder(ViT):
         self.head = Head(cfg)
         self.apply(_init_weights)
         nn.init.normal_(stem.token_embed.weight, std=TOKEN_EMBED_STD)
+        # Per-token depth while training (`train --token-depth`): (V,) hops per token id; None: all.
+        # A plain attribute, not a buffer: it is not part of the weights, ids or hashes.
+        self.token_depth_table: Tensor | None = None
+
+    def _run_block(self, block: nn.Module, x: Tensor, hops_run: int, ids: Tensor, mask: Tensor) -> Tensor:
+        """One block; with a depth table, tokens that already ran their depth keep their state (they
+        are still keys and values): the same result as a node computing only the active tokens."""
+        out: Tensor = block(x, hops_run, mask)
+        if self.token_depth_table is None:
+            return out
+        active = self.token_depth_table.to(ids.device)[ids] > hops_run
+        return torch.where(active[..., None], out, x)
 
     def features(self, images: Tensor, order: Sequence[int] | None = None) -> Tensor:
         ids = images
         x, mask = self.stem(ids), key_mask_of(ids)
         for position, index in enumerate(self.default_order() if order is None else order):
-            x = self.blocks[index](x, position, mask)
+            x = self._run_block(self.blocks[index], x, position, ids, mask)
         return x
 
     def training_loss(self, ids: Tensor, labels: Tensor, order: list[int], exit_loss: float = 0.0) -> Tensor:
@@ -73,7 +85,7 @@ class TextEncoder(ViT):
         early: list[Tensor] = []
         for position, index in enumerate(order):
             block: Block = self.blocks[index]  # type: ignore[assignment]
-            x = block(x, position, mask)
+            x = self._run_block(block, x, position, ids, mask)
             if block.position_head is not None:
                 target = torch.full((x.shape[0],), position, dtype=torch.long, device=x.device)
                 loss = loss + F.cross_entropy(block.position_logits(x), target)
