@@ -59,9 +59,9 @@ def train_main(args: argparse.Namespace) -> int:
     )
     if args.patch_size is None and args.init is None:  # the data's own size decides (imagefolder: native)
         patch_size = patch_size_for(data.image_shape[1])
-    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size}
+    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size, "stem": args.stem}
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
-    recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip)
+    recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip, stem=model.cfg.stem)
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
         trainer.load_state()
@@ -79,6 +79,7 @@ def train_main(args: argparse.Namespace) -> int:
         "init": args.init,
         "command": args.command_line,
         "history": trainer.history,
+        "stopped": trainer.stopped or f"ran all {recipe.epochs} epochs",
         "seconds": round(time.perf_counter() - started, 1),
     }
     dataset = {**data.describe(), "data_seed": args.data_seed, "image_size": model.cfg.image_size}
