@@ -160,7 +160,7 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.gen = torch.Generator().manual_seed(recipe.seed)
         self.epoch, self.best_val, self.stale = 0, math.inf, 0  # stale: validations since the best
-        self.planned = False  # whether the time budget has fixed total_steps yet
+        self.planned = False  # whether the time budget has set total_steps yet
         self.best_state: dict[str, Tensor] | None = None
 
     def _lr_factor(self, step: int) -> float:
@@ -170,11 +170,13 @@ class Trainer:
         progress = (step - self.recipe.warmup_steps) / max(1, self.total_steps - self.recipe.warmup_steps)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
-    def _plan_steps(self, step_s: float) -> None:
-        """After the first epoch: shorten the schedule to the steps the time budget allows at this epoch's
-        pace, so the cosine ends at the budget. Fixed once and saved, so a resumed run follows the same one."""
-        affordable = int(self.recipe.time_budget_s / max(step_s, 1e-9))
-        self.total_steps = max(self.steps_per_epoch, min(self.total_steps, affordable))
+    def _plan_steps(self) -> None:
+        """After every epoch: fit the schedule to the steps the time budget allows at the pace so far, so
+        the cosine ends at the budget (the pace of a shared machine changes: one epoch is a poor guess).
+        Saved with the train state, so a resumed run goes on with the same plan."""
+        done = int(self.sched.last_epoch)
+        affordable = int(self.recipe.time_budget_s * done / max(self.trained_seconds(), 1e-9))
+        self.total_steps = max(done + 1, min(self.steps_per_epoch * self.recipe.epochs, affordable))
         self.planned = True
         log.info("schedule: %d optimizer steps (time budget %.0f s)", self.total_steps, self.recipe.time_budget_s)
 
@@ -201,11 +203,10 @@ class Trainer:
     def fit(self, on_epoch: Callable[[dict[str, float]], None] | None = None) -> dict[str, float]:
         for epoch in range(self.epoch, self.recipe.epochs):
             record = self._train_epoch(epoch)
-            if not self.planned:
-                self._plan_steps(record["step_s"])
-            record["planned_steps"] = self.total_steps
             record.update(self._validate())
             self.history.append(record)
+            self._plan_steps()  # with this epoch's seconds in the history
+            record["planned_steps"] = self.total_steps
             log.info("%s", describe_epoch(record, self.recipe.epochs))
             if record["val_loss"] < self.best_val:
                 self.best_val, self.stale = record["val_loss"], 0
