@@ -91,7 +91,10 @@ def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, caps
     assert learned["chance"] == 0.125 and 0 <= learned["reference"]["val_acc"] <= 1
     assert {"vit_val_sequential", "vit_val_arbitrary", "ratio_val_sequential"} <= set(learned)
     assert manifest.recipe["hflip"] is False
-    assert manifest.config.patch_size == 4  # derived from 32 x 32: 64 tokens, not 16
+    assert manifest.config.stem == "conv" and manifest.config.patch_size == 8  # from 32 x 32, for a conv stem
+    recipe = manifest.recipe
+    assert recipe["stem"] == "conv" and recipe["label_smoothing"] > 0 and recipe["patience"] > 0
+    assert recipe["time_budget_s"] > 0 and "stopped" in recipe and recipe["history"][-1]["planned_steps"] >= 1
     json.dumps(learned)  # plain JSON in the manifest
 
 
@@ -104,6 +107,7 @@ def test_family_members_inherit_the_bases_augmentation() -> None:
 
 def test_patch_size_follows_the_image_size() -> None:
     assert [patch_size_for(s) for s in (16, 28, 32, 64, 224, 7)] == [2, 4, 4, 8, 16, 1]
+    assert [patch_size_for(s, "conv") for s in (16, 28, 32, 64, 224, 7)] == [4, 4, 8, 16, 16, 1]
 
 
 def test_datasets_command_writes_a_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

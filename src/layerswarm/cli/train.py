@@ -118,7 +118,7 @@ def register(sub: Subparsers) -> None:
         "--patch-size",
         type=positive_int,
         help="patch side P (from scratch only; none: from the image size, the largest of 16, 8, 4, 2 leaving at "
-        "least 7 patches a side: 32 x 32 -> 4)",
+        "least 7 patches a side, 4 for a conv stem: 32 x 32 -> 8 (conv), 4 (patch))",
     )
     p.add_argument(
         "--max-tokens", type=int_at_least(2), default=32, help="text: longest sequence, [CLS] included (from scratch)"

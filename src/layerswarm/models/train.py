@@ -153,7 +153,7 @@ class Trainer:
             model.parameters(), lr=recipe.lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=recipe.weight_decay
         )
         self.steps_per_epoch = math.ceil(len(self.train_idx) / recipe.batch_size)
-        self.total_steps = self.steps_per_epoch * recipe.epochs
+        self.step_cap = self.total_steps = self.steps_per_epoch * recipe.epochs  # the schedule's longest
         self.history: list[dict[str, float]] = []
         self.epoch_started: float | None = None
         self.stopped = ""  # why training ended before the last epoch, if it did
@@ -176,7 +176,7 @@ class Trainer:
         Saved with the train state, so a resumed run goes on with the same plan."""
         done = int(self.sched.last_epoch)
         affordable = int(self.recipe.time_budget_s * done / max(self.trained_seconds(), 1e-9))
-        self.total_steps = max(done + 1, min(self.steps_per_epoch * self.recipe.epochs, affordable))
+        self.total_steps = max(done + 1, min(self.step_cap, affordable))
         self.planned = True
         log.info("schedule: %d optimizer steps (time budget %.0f s)", self.total_steps, self.recipe.time_budget_s)
 
@@ -318,6 +318,8 @@ class Trainer:
                 self.opt.state[param] = state
         self.gen.set_state(tensors["rng"])
         self.sched.load_state_dict(meta["sched"])
+        for group, lr in zip(self.opt.param_groups, self.sched.get_last_lr(), strict=True):
+            group["lr"] = lr  # the optimiser's rate is not in its saved state: the next step's comes from the schedule
         self.epoch, self.best_val, self.history = meta["epoch"], meta["best_val"], meta["history"]
         self.stale = int(meta.get("stale", 0))
         if meta.get("planned_steps"):
