@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from layerswarm.cli import main
@@ -52,14 +53,15 @@ def test_relation_labels_follow_the_geometry_and_a_mirror_swaps_left_and_right()
 
 def test_flips_are_off_by_default_and_on_when_asked() -> None:
     assert TrainRecipe().hflip is False
-    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    images = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    padded = F.pad(images, (2, 2, 2, 2))
+    shifts = [padded[..., dy : dy + 4, dx : dx + 4] for dy in range(5) for dx in range(5)]  # zero-filled moves
     gen = torch.Generator().manual_seed(0)
-    for _ in range(10):  # never a mirror image without hflip: only shifts (rolls) of the original
+    for _ in range(10):  # never a mirror image without hflip: only each image moved by a few pixels
         out = _augment(images, gen, hflip=False)
-        rolls = [torch.roll(images, (dy, dx), (-2, -1)) for dy in range(-2, 3) for dx in range(-2, 3)]
-        assert any(torch.equal(out, r) for r in rolls)
+        assert all(any(torch.equal(out[i], s[i]) for s in shifts) for i in range(2))
     outputs = [_augment(images, gen, hflip=True)[0] for _ in range(20)]
-    flipped = [not any(torch.equal(out, r[0]) for r in rolls) for out in outputs]  # a roll of the mirror image
+    flipped = [not any(torch.equal(out, s[0]) for s in shifts) for out in outputs]  # a move of the mirror image
     assert any(flipped)
 
 
@@ -89,7 +91,10 @@ def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, caps
     assert learned["chance"] == 0.125 and 0 <= learned["reference"]["val_acc"] <= 1
     assert {"vit_val_sequential", "vit_val_arbitrary", "ratio_val_sequential"} <= set(learned)
     assert manifest.recipe["hflip"] is False
-    assert manifest.config.patch_size == 4  # derived from 32 x 32: 64 tokens, not 16
+    assert manifest.config.stem == "conv" and manifest.config.patch_size == 8  # from 32 x 32, for a conv stem
+    recipe = manifest.recipe
+    assert recipe["stem"] == "conv" and recipe["label_smoothing"] > 0 and recipe["patience"] > 0
+    assert recipe["time_budget_s"] > 0 and "stopped" in recipe and recipe["history"][-1]["planned_steps"] >= 1
     json.dumps(learned)  # plain JSON in the manifest
 
 
@@ -102,6 +107,7 @@ def test_family_members_inherit_the_bases_augmentation() -> None:
 
 def test_patch_size_follows_the_image_size() -> None:
     assert [patch_size_for(s) for s in (16, 28, 32, 64, 224, 7)] == [2, 4, 4, 8, 16, 1]
+    assert [patch_size_for(s, "conv") for s in (16, 28, 32, 64, 224, 7)] == [4, 4, 8, 16, 16, 1]
 
 
 def test_datasets_command_writes_a_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

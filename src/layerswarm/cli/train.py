@@ -34,6 +34,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be above 0")
+    return value
+
+
 def register(sub: Subparsers) -> None:
     p = add_command(
         sub,
@@ -50,7 +58,33 @@ def register(sub: Subparsers) -> None:
         help="start from a model directory (fine-tune: same family) or hf:PATH (a local Hugging Face ViT with "
         "config.json + model.safetensors); none: from scratch",
     )
-    p.add_argument("--epochs", type=positive_int, default=R.epochs, help="passes over the training data")
+    p.add_argument(
+        "--epochs", type=positive_int, default=R.epochs, help="passes over the training data at most (see --patience)"
+    )
+    p.add_argument(
+        "--time-budget",
+        dest="time_budget_s",
+        type=positive_float,
+        default=R.time_budget_s,
+        help="seconds of training at most; the learning rate anneals to this budget or the last epoch, whichever "
+        "comes first",
+    )
+    p.add_argument(
+        "--patience",
+        type=non_negative_int,
+        default=R.patience,
+        help="stop after this many epochs without a lower validation loss, keeping the best (0: never stop early)",
+    )
+    p.add_argument(
+        "--label-smoothing", type=float, default=R.label_smoothing, help="images: label smoothing of the loss"
+    )
+    p.add_argument(
+        "--stem",
+        choices=("conv", "patch"),
+        default=R.stem,
+        help="how images become tokens (from scratch only): conv (a few 3x3 stride-2 convolutions; a small ViT "
+        "learns far more from little data) or patch (one strided convolution, the classic ViT stem)",
+    )
     p.add_argument("--seed", type=int, default=R.seed, help="training seed (order of batches, block orders, init)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
     p.add_argument("--batch-size", type=positive_int, default=R.batch_size, help="examples per step")
@@ -84,7 +118,7 @@ def register(sub: Subparsers) -> None:
         "--patch-size",
         type=positive_int,
         help="patch side P (from scratch only; none: from the image size, the largest of 16, 8, 4, 2 leaving at "
-        "least 7 patches a side: 32 x 32 -> 4)",
+        "least 7 patches a side, 4 for a conv stem: 32 x 32 -> 8 (conv), 4 (patch))",
     )
     p.add_argument(
         "--max-tokens", type=int_at_least(2), default=32, help="text: longest sequence, [CLS] included (from scratch)"

@@ -47,7 +47,7 @@ def train_main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = pick_train_device(args.device)
     image_size = resolve_image_size(args.init, args.image_size)
-    patch_size = args.patch_size or patch_size_for(image_size or 32)
+    patch_size = args.patch_size or patch_size_for(image_size or 32, args.stem)
     if args.init is None and (image_size or 32) % patch_size:
         raise ValueError(f"--image-size {image_size or 32} is not a multiple of --patch-size {patch_size}")
     data = load_dataset(
@@ -58,12 +58,12 @@ def train_main(args: argparse.Namespace) -> int:
         memory_limit_bytes=args.data_memory_mb << 20,
     )
     if args.patch_size is None and args.init is None:  # the data's own size decides (imagefolder: native)
-        patch_size = patch_size_for(data.image_shape[1])
+        patch_size = patch_size_for(data.image_shape[1], args.stem)
     if getattr(args, "token_depth", None):
         raise ValueError("--token-depth is for text models (per-token depth); this is image data")
-    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size}
+    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size, "stem": args.stem}
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
-    recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip)
+    recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip, stem=model.cfg.stem)
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
     if args.resume:
         trainer.load_state()
@@ -81,6 +81,7 @@ def train_main(args: argparse.Namespace) -> int:
         "init": args.init,
         "command": args.command_line,
         "history": trainer.history,
+        "stopped": trainer.stopped or f"ran all {recipe.epochs} epochs",
         "seconds": round(time.perf_counter() - started, 1),
     }
     dataset = {**data.describe(), "data_seed": args.data_seed, "image_size": model.cfg.image_size}

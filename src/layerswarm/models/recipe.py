@@ -11,7 +11,19 @@ from typing import Any
 @dataclass
 class TrainRecipe:
     variant: str = "layershuffle"
-    epochs: int = 10
+    # How images become tokens for a model trained from scratch: "conv" (a few 3x3 convolutions, vit.ConvEmbed)
+    # gives a small ViT the locality it cannot learn from a few thousand images; "patch" is the classic stem.
+    stem: str = "conv"
+    # Passes over the data at most: with the time budget and early stopping, usually not what ends a run.
+    epochs: int = 200
+    # Wall-clock seconds of training steps at most. The schedule is in optimizer steps: after the first epoch
+    # it is cut to the steps this budget allows at that epoch's pace (never more than epochs x steps per
+    # epoch), so the cosine still ends at a low rate when the budget, not the epochs, ends the run.
+    time_budget_s: float = 600.0
+    # Stop when this many validations in a row did not lower the validation loss (0: never stop early);
+    # the weights of the best validation are the ones kept.
+    patience: int = 8
+    label_smoothing: float = 0.1  # images: softens the targets, which small models on small data overfit
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -31,11 +43,16 @@ class TrainRecipe:
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError(f"epochs and batch size must be at least 1, got {self.epochs} and {self.batch_size}")
+        if self.time_budget_s <= 0 or self.patience < 0 or not 0 <= self.label_smoothing < 1:
+            raise ValueError("time budget must be positive, patience at least 0, label smoothing in [0, 1)")
 
 
 def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
-    """The recipe a `layerswarm train` command line asks for (`overrides`: what the data decides)."""
-    fields = ("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "threads", "exit_loss")
+    """The recipe a `layerswarm train` command line asks for (`overrides`: what the data and model decide)."""
+    fields = (
+        *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "threads", "exit_loss"),
+        *("time_budget_s", "patience", "label_smoothing"),
+    )
     if getattr(args, "token_depth", None):
         overrides = {"token_depth": args.token_depth, **overrides}
     return TrainRecipe(**{name: getattr(args, name) for name in fields}, **overrides)

@@ -46,9 +46,17 @@ def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
     return list(range(depth))
 
 
-def training_loss(model: ViT, images: Tensor, labels: Tensor, order: list[int], exit_loss: float = 0.0) -> Tensor:
-    """Task cross-entropy, plus each block's position cross-entropy for layershuffle-predict, plus
-    (exit_loss > 0) the mean cross-entropy of the shared head read after every truncation depth."""
+def training_loss(
+    model: ViT,
+    images: Tensor,
+    labels: Tensor,
+    order: list[int],
+    exit_loss: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Task cross-entropy (label-smoothed for images), plus each block's position cross-entropy for
+    layershuffle-predict, plus (exit_loss > 0) the mean cross-entropy of the shared head read after every
+    truncation depth."""
     own_loss = getattr(model, "training_loss", None)  # text: the encoder masks its padding itself
     if own_loss is not None:
         return own_loss(images, labels, order, exit_loss)
@@ -63,20 +71,34 @@ def training_loss(model: ViT, images: Tensor, labels: Tensor, order: list[int], 
             position_loss = position_loss + F.cross_entropy(block.position_logits(x), target)
         if exit_loss > 0 and position + 1 < len(order):
             early.append(F.cross_entropy(model.head(x), labels))
-    loss = F.cross_entropy(model.head(x), labels) + position_loss
+    loss = F.cross_entropy(model.head(x), labels, label_smoothing=label_smoothing) + position_loss
     if early:
         loss = loss + exit_loss * torch.stack(early).mean()
     return loss
 
 
+SHIFT = 2  # pixels an augmented image may move each way
+
+
 def _augment(images: Tensor, gen: torch.Generator, hflip: bool) -> Tensor:
-    """Small translations (and mirror flips where asked for): cheap, and they keep tiny models from
-    memorising. Flips are off by default: they silently change the label of digits, text and relations."""
+    """Small translations, each image its own (and mirror flips where asked for): cheap, and they keep
+    tiny models from memorising. The border is zero-padded, not wrapped: wrapping would carry an object
+    across the image and could change a spatial relation. Flips are off by default: they silently change
+    the label of digits, text and relations."""
     if hflip:
         flip = torch.rand(images.shape[0], generator=gen) < 0.5
         images = torch.where(flip[:, None, None, None], images.flip(-1), images)
-    dy, dx = (int(v) for v in torch.randint(-2, 3, (2,), generator=gen))
-    return torch.roll(images, shifts=(dy, dx), dims=(-2, -1))
+    return random_translate(images, gen, SHIFT)
+
+
+def random_translate(images: Tensor, gen: torch.Generator, shift: int) -> Tensor:
+    """Each image moved by its own (dy, dx) in [-shift, shift], zeros shifted in: a batched random crop."""
+    b, c, h, w = images.shape
+    padded = F.pad(images, (shift, shift, shift, shift))  # (B, C, H + 2s, W + 2s)
+    dy, dx = torch.randint(0, 2 * shift + 1, (2, b), generator=gen)
+    rows = (dy[:, None] + torch.arange(h))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(w))[:, None, None, :]  # (B, 1, 1, W)
+    return padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
 
 
 @torch.no_grad()
@@ -131,32 +153,75 @@ class Trainer:
             model.parameters(), lr=recipe.lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=recipe.weight_decay
         )
         self.steps_per_epoch = math.ceil(len(self.train_idx) / recipe.batch_size)
-        self.total_steps = self.steps_per_epoch * recipe.epochs
+        self.step_cap = self.total_steps = self.steps_per_epoch * recipe.epochs  # the schedule's longest
+        self.history: list[dict[str, float]] = []
+        self.epoch_started: float | None = None
+        self.stopped = ""  # why training ended before the last epoch, if it did
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.gen = torch.Generator().manual_seed(recipe.seed)
-        self.epoch, self.best_val = 0, math.inf
+        self.epoch, self.best_val, self.stale = 0, math.inf, 0  # stale: validations since the best
+        self.planned = False  # whether the time budget has set total_steps yet
         self.best_state: dict[str, Tensor] | None = None
-        self.history: list[dict[str, float]] = []
 
     def _lr_factor(self, step: int) -> float:
+        """Linear warm-up, then a cosine to zero at the last step or at the time budget, whichever is nearer."""
         if step < self.recipe.warmup_steps:
             return (step + 1) / self.recipe.warmup_steps
         progress = (step - self.recipe.warmup_steps) / max(1, self.total_steps - self.recipe.warmup_steps)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    def _plan_steps(self) -> None:
+        """After every epoch: fit the schedule to the steps the time budget allows at the pace so far, so
+        the cosine ends at the budget (the pace of a shared machine changes: one epoch is a poor guess).
+        Saved with the train state, so a resumed run goes on with the same plan."""
+        done = int(self.sched.last_epoch)
+        affordable = int(self.recipe.time_budget_s * done / max(self.trained_seconds(), 1e-9))
+        self.total_steps = max(done + 1, min(self.step_cap, affordable))
+        self.planned = True
+        log.info("schedule: %d optimizer steps (time budget %.0f s)", self.total_steps, self.recipe.time_budget_s)
+
+    def trained_seconds(self) -> float:
+        """Wall-clock seconds spent in training steps so far (earlier epochs, resumed ones included)."""
+        running = time.perf_counter() - self.epoch_started if self.epoch_started is not None else 0.0
+        return sum(r["seconds"] for r in self.history) + running
+
+    def out_of_time(self) -> bool:
+        return self.trained_seconds() >= self.recipe.time_budget_s
+
+    def schedule_done(self) -> bool:
+        return int(self.sched.last_epoch) >= self.total_steps
+
+    def _stop_reason(self) -> str | None:
+        if self.out_of_time():
+            return f"time budget of {self.recipe.time_budget_s:.0f} s spent"
+        if self.schedule_done():
+            return f"schedule of {self.total_steps} steps done"
+        if self.recipe.patience and self.stale >= self.recipe.patience:
+            return f"validation loss has not improved for {self.stale} epochs"
+        return None
 
     def fit(self, on_epoch: Callable[[dict[str, float]], None] | None = None) -> dict[str, float]:
         for epoch in range(self.epoch, self.recipe.epochs):
             record = self._train_epoch(epoch)
             record.update(self._validate())
             self.history.append(record)
+            self._plan_steps()  # with this epoch's seconds in the history
+            record["planned_steps"] = self.total_steps
             log.info("%s", describe_epoch(record, self.recipe.epochs))
             if record["val_loss"] < self.best_val:
-                self.best_val = record["val_loss"]
+                self.best_val, self.stale = record["val_loss"], 0
                 self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            else:
+                self.stale += 1
             self.epoch = epoch + 1
             self.save_state()
             if on_epoch:
                 on_epoch(record)
+            reason = self._stop_reason()
+            if reason:
+                self.stopped = f"stopped after epoch {self.epoch}: {reason}"
+                log.info("%s", self.stopped)
+                break
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
         return self.history[-1] if self.history else {}
@@ -169,7 +234,8 @@ class Trainer:
         size = self.recipe.batch_size
         index_batches = [perm[s * size : (s + 1) * size] for s in range(self.steps_per_epoch)]
         batches = iterate_batches(self.data.train_x, index_batches, self.workers)
-        started, cpu_started, running = time.perf_counter(), time.process_time(), 0.0
+        self.epoch_started = started = time.perf_counter()
+        cpu_started, running, steps = time.process_time(), 0.0, 0
         bar = tqdm(
             zip(index_batches, batches, strict=True),
             total=self.steps_per_epoch,
@@ -182,21 +248,26 @@ class Trainer:
             images = _augment(batch, self.gen, self.recipe.hflip) if self.recipe.augment else batch
             order = batch_order(self.model, self.recipe.variant, self.gen)
             labels = self.data.train_y[idx].to(self.device)
-            loss = training_loss(self.model, images.to(self.device), labels, order, self.recipe.exit_loss)
+            loss = training_loss(
+                self.model, images.to(self.device), labels, order, self.recipe.exit_loss, self.recipe.label_smoothing
+            )
             self.opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             self.opt.step()
             self.sched.step()
-            running += loss.item()
-            bar.set_postfix(loss=f"{running / (step + 1):.3f}")
-        seconds = time.perf_counter() - started
+            running, steps = running + loss.item(), step + 1
+            bar.set_postfix(loss=f"{running / steps:.3f}")
+            if self.out_of_time() or self.schedule_done():  # ends the epoch early: validate what was trained
+                break
+        bar.close()
+        seconds, self.epoch_started = time.perf_counter() - started, None
         return {
             "epoch": epoch + 1,
-            "train_loss": running / self.steps_per_epoch,
+            "train_loss": running / max(1, steps),
             "seconds": seconds,
-            "step_s": seconds / self.steps_per_epoch,
+            "step_s": seconds / max(1, steps),
             # CPU seconds of this process (all its threads): what a step costs when the machine is shared
-            "step_cpu_s": (time.process_time() - cpu_started) / self.steps_per_epoch,
+            "step_cpu_s": (time.process_time() - cpu_started) / max(1, steps),
             **peak_memory_mb(self.device),
         }
 
@@ -222,6 +293,8 @@ class Trainer:
         meta = {
             "epoch": self.epoch,
             "best_val": self.best_val,
+            "stale": self.stale,
+            "planned_steps": self.total_steps if self.planned else None,
             "history": self.history,
             "sched": self.sched.state_dict(),
             "recipe": asdict(self.recipe),
@@ -245,7 +318,12 @@ class Trainer:
                 self.opt.state[param] = state
         self.gen.set_state(tensors["rng"])
         self.sched.load_state_dict(meta["sched"])
+        for group, lr in zip(self.opt.param_groups, self.sched.get_last_lr(), strict=True):
+            group["lr"] = lr  # the optimiser's rate is not in its saved state: the next step's comes from the schedule
         self.epoch, self.best_val, self.history = meta["epoch"], meta["best_val"], meta["history"]
+        self.stale = int(meta.get("stale", 0))
+        if meta.get("planned_steps"):
+            self.total_steps, self.planned = int(meta["planned_steps"]), True
         log.info("resumed from %s at epoch %d", self.state_dir, self.epoch)
         return True
 

@@ -16,8 +16,31 @@ from torch import Tensor, nn
 from .config import ViTConfig
 
 
+class ConvEmbed(nn.Module):
+    """A convolutional stem (Xiao et al. 2021, "Early convolutions help transformers see better"):
+    3x3 stride-2 convolutions halve the image until one position covers a patch, then a 1x1 conv to D.
+
+    It gives a from-scratch ViT the locality a CNN has, which it cannot learn from a few thousand images;
+    the tokens it makes have the same shape as the patch embedding's, so blocks and head are unchanged."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels, width, side = cfg.in_channels, max(8, cfg.dim // 2), 1
+        while side < cfg.patch_size:  # patch_size is a power of two (the config checks): log2(P) halvings
+            layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width)]
+            layers.append(nn.ReLU())
+            channels, width, side = width, min(width * 2, cfg.dim), side * 2
+        layers.append(nn.Conv2d(channels, cfg.dim, kernel_size=1))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
+
+
 class Stem(nn.Module):
-    """Normalisation, patch embedding, class token and learned position embedding.
+    """Normalisation, patch embedding (a strided conv, or a ConvEmbed), class token and learned position
+    embedding.
 
     Takes images in [0, 1]; the mean and std come from the config, so every caller agrees on them."""
 
@@ -27,13 +50,19 @@ class Stem(nn.Module):
         self.std: Tensor
         self.register_buffer("mean", torch.tensor(cfg.image_mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg.image_std).view(1, -1, 1, 1), persistent=False)
-        self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        # The attribute name is the weight-file key: a patch stem keeps the name every shipped model has.
+        self.embed_name = "conv_embed" if cfg.stem == "conv" else "patch_embed"
+        if cfg.stem == "conv":
+            self.conv_embed = ConvEmbed(cfg)
+        else:
+            self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
         self.pos_embed = nn.Parameter(torch.randn(1, cfg.num_tokens, cfg.dim) * cfg.pos_embed_init_std)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, images: Tensor) -> Tensor:
-        x = self.patch_embed((images - self.mean) / self.std)  # (B, D, H/P, W/P)
+        embed: nn.Module = getattr(self, self.embed_name)
+        x = embed((images - self.mean) / self.std)  # (B, D, H/P, W/P)
         x = x.flatten(2).transpose(1, 2)  # (B, N, D)
         cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
         x = torch.cat([cls, x], dim=1) + self.pos_embed  # (B, T, D)
