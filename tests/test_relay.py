@@ -15,7 +15,9 @@ import torch
 from layerswarm.coordinator.clients import NodeClient
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.http_api import create_app
+from layerswarm.coordinator.linkmap import LinkMap
 from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.relay import observe_relay_link
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.harness.procs import Proc, stop_all
@@ -130,6 +132,43 @@ async def test_a_chain_over_slow_links_is_sent_in_int8_with_wire_auto(
         assert torch.allclose(slow.probs, first.probs, atol=2e-2)
     finally:
         await coord.stop()
+
+
+async def test_node_to_node_links_are_probed_so_their_latency_is_not_counted_as_bytes(
+    relay_swarm: tuple[Path, Path, list[Proc]],
+) -> None:
+    """The sending node probes each link's round trip and reports it in the trace: the coordinator's
+    map then holds node -> node RTTs and takes them off the per-byte cost (the wire choice reads it)."""
+    model_dir, token_file, procs = relay_swarm
+    coord = coordinator(model_dir, procs, topology="relay", token_file=token_file, verify_rate=None)
+    await coord.start()
+    try:
+        await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
+        for _ in range(2):
+            result = await coord.classify(images(), SEQ)
+        assert result.path.topology == "relay"
+        for a, b in itertools.pairwise(procs):
+            link = coord.registry.links.from_node(address(a))[address(b)]
+            assert link["rtt_ms"] is not None and 0 < link["rtt_ms"] < 1_000
+        client = NodeClient(address(procs[0]), 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
+        try:
+            info = await client.info(2.0)
+        finally:
+            await client.close()
+        stat = next(link for link in info.links if link.peer == address(procs[1]))
+        assert stat.rtt_ms > 0 and stat.samples >= 2
+    finally:
+        await coord.stop()
+
+
+def test_a_relay_link_s_per_byte_cost_leaves_out_both_ways_of_the_rtt() -> None:
+    """send_ms = the way there (half the RTT + bytes) + the acknowledgement's way back (half the RTT)."""
+    links = LinkMap()
+    observe_relay_link(
+        links, pb.HopTrace(node="a:1", send_ms=14.0, rtt_ms=4.0, sent_bytes=1_000_000), pb.HopTrace(node="b:2")
+    )
+    assert links.per_mb("a:1", "b:2") == pytest.approx(10.0)
+    assert links.transfer_ms("a:1", "b:2", 1_000_000) == pytest.approx(12.0)
 
 
 async def test_a_node_killed_mid_chain_is_handed_back_and_the_request_answers(

@@ -193,7 +193,15 @@ def test_text_depth_command_writes_tables_and_reports(tmp_path: Path, capsys: py
     assert main([*tune, "--token-depth", "reconstruction", "--warmup-steps", "2"]) == 0
     assert read_manifest(tuned).recipe["token_depth"] == "reconstruction"
     assert read_manifest(tuned).policy[DEPTH_POLICY] == policy  # served with the tables it trained with
-    assert main(["depth", str(tuned), "--existing", "--orders", "1"]) == 0
+    swarm_report = tmp_path / "swarm.json"
+    assert main(["depth", str(tuned), "--existing", "--orders", "1", "--swarm", "4", "--json", str(swarm_report)]) == 0
+    swarm = json.loads(swarm_report.read_text())["swarm"]  # through real node processes, one per block
+    for order in ("sequential", "shuffle"):
+        split, whole = swarm[f"{order}/reconstruction+frozen-int8"], swarm[f"{order}/reconstruction"]
+        assert (
+            split["tokens_per_request"] == whole["tokens_per_request"] <= swarm[f"{order}/full"]["tokens_per_request"]
+        )
+        assert split["wire_bytes_per_request"] <= whole["wire_bytes_per_request"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -19,7 +19,14 @@ from layerswarm.models.policy import write_entry
 from layerswarm.models.text.depth import DEPTH_POLICY, depth_policy, mi_depths, token_depths
 from layerswarm.models.text.model import TextEncoder
 from layerswarm.models.text.tokenizer import CLS_ID, encode_batch, save_tokenizer, train_tokenizer
-from layerswarm.models.text.tokens import ACTIVE_CODE, FROZEN_CODE, PAD_CODE, run_active
+from layerswarm.models.text.tokens import (
+    ACTIVE_CODE,
+    FROZEN_CODE,
+    PAD_CODE,
+    join_states,
+    run_active,
+    split_states,
+)
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
@@ -237,3 +244,113 @@ def test_up_runs_the_text_family_with_kills() -> None:
     summary = json.loads(result.stdout)
     assert summary["requests"] == 12 and summary["succeeded"] == 12 and summary["nodes_killed"] == 2
     assert summary["accuracy"] > 0.5  # 12 classes: chance is 0.083
+
+
+def split_request(x: torch.Tensor, mask: torch.Tensor, frozen_dtype: torch.dtype | None = None) -> pb.ForwardRequest:
+    """The split form: active rows in fp32, frozen rows in `frozen_dtype` (fp32 when None)."""
+    active, frozen = split_states(x, mask)
+    return pb.ForwardRequest(
+        request_id="t",
+        activations=codec.encode(active),
+        frozen=codec.encode(frozen, frozen_dtype),
+        position=1,
+        token_mask=codec.encode(mask),
+    )
+
+
+async def test_split_form_is_the_full_form_with_frozen_rows_apart(stub: pb_grpc.BlockNodeStub, text_dir: Path) -> None:
+    """Frozen rows sent apart (any dtype) are placed back by the mask: fp32 gives the full form's
+    reply bit for bit; int8 gives what the block computes on the int8-rounded keys and values."""
+    x = torch.randn(2, 6, 32)
+    mask = torch.tensor([[2, 1, 2, 2, 1, 0], [2, 1, 1, 0, 0, 0]], dtype=torch.float32)
+    full = codec.decode((await stub.Forward(request(x, mask, position=1))).activations)
+    split = codec.decode((await stub.Forward(split_request(x, mask))).activations)
+    assert torch.equal(split, full)
+    compact = codec.decode((await stub.Forward(split_request(x, mask, torch.int8))).activations)
+    active, frozen = split_states(x, mask)
+    sent = join_states(mask, active, codec.as_sent(frozen, torch.int8))
+    assert torch.equal(compact, run_active(load_block(text_dir, 1), sent, 1, mask))
+    assert not torch.equal(compact, full)  # the frozen rows really arrived rounded
+
+
+def _with(req: pb.ForwardRequest, **changes: object) -> pb.ForwardRequest:
+    out = pb.ForwardRequest()
+    out.CopyFrom(req)
+    for field, value in changes.items():
+        if value is None:
+            out.ClearField(field)
+        else:
+            getattr(out, field).CopyFrom(value)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ({"token_mask": None}, "frozen needs a token_mask"),
+        ({"frozen": codec.encode(torch.randn(3, 32))}, "2 frozen tokens, activations has 3 rows and frozen 3"),
+        ({"activations": codec.encode(torch.randn(2, 32))}, "3 active and 2 frozen"),
+        ({"frozen": codec.encode(torch.randn(2, 16))}, "frozen: dim 1 is 16, expected 32"),
+        ({"frozen": codec.encode(torch.full((2, 32), float("nan")))}, "frozen: tensor has NaN"),
+    ],
+)
+async def test_bad_split_hops_get_invalid_argument(
+    stub: pb_grpc.BlockNodeStub, change: dict[str, object], detail: str
+) -> None:
+    x = torch.randn(1, 6, 32)
+    mask = torch.tensor([[2, 1, 2, 2, 1, 0]], dtype=torch.float32)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Forward(_with(split_request(x, mask), **change))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and detail in (err.value.details() or ""), (
+        err.value.details()
+    )
+
+
+async def test_frozen_tokens_travel_int8_verified_and_counted(text_dir: Path) -> None:
+    """Per-token depth through real nodes, every hop re-executed by the verifier: frozen tokens travel
+    as int8 apart from the active ones (fewer bytes than --frozen-dtype wire, as the trace counts
+    them), no honest node is blamed, and the answer stays the local model's."""
+    from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+    from layerswarm.coordinator.planner import Policy
+    from layerswarm.coordinator.settings import CoordinatorSettings
+    from layerswarm.harness.procs import node_address
+    from layerswarm.models.checkpoint import read_manifest
+    from layerswarm.models.text.depth_eval import run_with_depths
+
+    nodes = start_nodes([(text_dir, b) for b in range(3)])
+    tok = train_tokenizer(SENTENCES)
+    ids = encode_batch(tok, ["red fish swims far away"], 8)
+    ids = ids[:, : int((ids != 0).sum())]
+    depth = token_depths(read_manifest(text_dir).policy[DEPTH_POLICY], "mi", ids)
+    assert depth.min() < depth.max()  # some tokens freeze early: the split form is used
+    local, _ = load_model(text_dir)
+    expected = run_with_depths(local, ids, list(local.blocks), depth)[0].softmax(-1)
+    results = {}
+    try:
+        for frozen in ("int8", "wire"):
+            settings = CoordinatorSettings(
+                model_dir=text_dir,
+                peers=tuple(node_address(n) for n in nodes),
+                mdns=False,
+                wire_dtype="fp32",
+                frozen_dtype=frozen,
+                verify_rate=1.0,
+            )
+            coord = Coordinator(settings)
+            await coord.start()
+            try:
+                await coord.wait_first_round(10.0)
+                opts = ClassifyOptions(policy=Policy.SEQUENTIAL, token_depth=depth, min_blocks=3, max_blocks=3)
+                result = await coord.classify(ids, opts)
+                assert coord.verifier is not None and coord.verifier.counters.detections == []
+                assert all(r.routable for r in coord.registry.nodes.values())
+                results[frozen] = result
+            finally:
+                await coord.stop()
+    finally:
+        stop_all(nodes)
+    int8_bytes = sum(h.wire_bytes or 0 for h in results["int8"].path.hops)
+    wire_bytes = sum(h.wire_bytes or 0 for h in results["wire"].path.hops)
+    assert int8_bytes < wire_bytes
+    torch.testing.assert_close(results["wire"].probs, expected, rtol=1e-5, atol=1e-6)  # fp32, unsplit: exact
+    torch.testing.assert_close(results["int8"].probs, expected, rtol=0.02, atol=0.02)

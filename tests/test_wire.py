@@ -163,3 +163,12 @@ def test_any_non_finite_value_anywhere_is_refused(dtype: torch.dtype, bad_value:
         with pytest.raises(codec.TensorError, match="NaN or Inf"):
             codec.decode(codec.encode(bad), spec)
     assert torch.equal(codec.decode(codec.encode(x), spec), x)  # and a finite one passes, bit-exact
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
+def test_encode_sent_is_encode_and_what_the_receiver_decodes(dtype: torch.dtype) -> None:
+    t = torch.randn(3, 7, 16) * 10
+    msg, sent = codec.encode_sent(t, dtype)
+    assert msg == codec.encode(t, dtype)
+    assert sent.dtype == torch.float32 and torch.equal(sent, codec.decode(msg).float())
+    assert torch.equal(sent, codec.as_sent(t, dtype))

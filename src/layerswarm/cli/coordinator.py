@@ -49,6 +49,7 @@ def register(sub: Subparsers) -> None:
     f.add("--hedge-quantile", "hedge_quantile", type=float)
     f.add("--hedge-min-ms", "hedge_min_ms", type=float)
     f.add("--wire-dtype", "wire_dtype", choices=CHOICES["wire_dtype"])
+    f.add("--frozen-dtype", "frozen_dtype", choices=CHOICES["frozen_dtype"])
     f.add("--transport", "transport", choices=CHOICES["transport"])
     f.add("--topology", "topology", choices=CHOICES["topology"])
     f.add("--max-upload-bytes", "max_upload_bytes", type=int)

@@ -124,6 +124,7 @@ class Coordinator:
         auto_wire = settings.wire_dtype == "auto"
         self.wire_dtype = codec.dtype_by_name("fp16" if auto_wire else settings.wire_dtype)
         self.wire_choice = wire_choice(self.config.num_tokens, self.config.dim) if auto_wire else None
+        self.frozen_dtype = None if settings.frozen_dtype == "wire" else codec.dtype_by_name(settings.frozen_dtype)
         tokens = None if self.config.is_text else self.config.num_tokens  # text: any T up to the maximum
         self.spec = codec.TensorSpec((None, tokens, self.config.dim), max_batch=settings.max_batch)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
@@ -327,6 +328,7 @@ class Coordinator:
             hedge_min_ms=self.settings.hedge_min_ms,
             key_mask=setup.key_mask,
             token_depth=setup.opts.token_depth,
+            frozen_dtype=self.frozen_dtype,
         )
         started = time.monotonic()
         if topology == "relay" and self.relay is not None:

@@ -20,7 +20,7 @@ import torch
 from layerswarm.wire import codec
 
 from .clients import ClientPool
-from .hop_call import HopCaller, HopFailed
+from .hop_call import HopCaller, HopFailed, HopResult
 from .peer_check import same_weights
 from .planner import Plan, substitutes
 from .ranges import hard_range_problem
@@ -116,6 +116,7 @@ class ExecOptions:
     key_mask: torch.Tensor | None = None  # text: (B, T) True for real tokens; hops carry a token mask
     token_depth: torch.Tensor | None = None  # text: (B, T) hops each token runs before it freezes
     wire_choice: WireChoice | None = None  # --wire-dtype auto: per link (wire_dtype is then fp16, for relays)
+    frozen_dtype: torch.dtype | None = None  # text: frozen tokens travel apart in this dtype (None: with the rest)
 
 
 DEADLINE_REACHED = "request deadline reached"
@@ -213,7 +214,10 @@ class PathExecutor:
             hop.outcome = "substituted" if hop.attempts else "hedged" if hop.hedged_to == winner.address else "ok"
             state.used.add(winner.block)
             if state.opts.key_mask is not None:
-                hop.tokens, hop.wire_bytes = text_hop_cost(x, state.opts.key_mask, state.opts.token_depth, hop.position)
+                wire = codec.dtype_by_name(hop.wire) if hop.wire else state.opts.wire_dtype
+                hop.tokens, hop.wire_bytes = text_hop_cost(
+                    x, state.opts.key_mask, state.opts.token_depth, hop.position, wire, state.opts.frozen_dtype
+                )
             return out
         hop.outcome = "skipped"
         return None
@@ -301,26 +305,19 @@ class PathExecutor:
                     yield record
 
     async def _call(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> torch.Tensor:
-        out, token_mask, wire = await self.hops.forward(record, x, hop.position, state.opts, state.path_length)
+        result = await self.hops.forward(record, x, hop.position, state.opts, state.path_length)
         if state.opts.wire_choice is not None:
-            hop.wire = codec.dtype_name(wire)
-        await self._verify(record, x, out, hop.position, state, wire, token_mask)
-        return out
+            hop.wire = codec.dtype_name(result.wire)
+        await self._verify(record, x, result, hop.position, state)
+        return result.out
 
     async def _verify(
-        self,
-        record: NodeRecord,
-        x: torch.Tensor,
-        out: torch.Tensor,
-        position: int,
-        state: _RequestState,
-        wire: torch.dtype,
-        token_mask: torch.Tensor | None = None,
+        self, record: NodeRecord, x: torch.Tensor, result: HopResult, position: int, state: _RequestState
     ) -> None:
         """Blame the node whose reply is wrong, before its output reaches the next (honest) hop."""
         opts = state.opts
         if self.verifier is None:
-            hard = hard_range_problem(out, position, wire)
+            hard = hard_range_problem(result.out, position, result.wire)
             if hard is not None:
                 log.warning("quarantining %s: %s", record.address, hard)
                 raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
@@ -329,7 +326,7 @@ class PathExecutor:
         async def ask(peer: NodeRecord) -> torch.Tensor | None:
             """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
             try:
-                return (await self.hops.forward(peer, x, position, opts, state.path_length))[0]  # judged as sent
+                return (await self.hops.forward(peer, x, position, opts, state.path_length)).out  # judged as sent
             except HopFailed as exc:
                 log.info("referee %s gave no usable answer: %s", peer.address, exc)
                 return None
@@ -339,11 +336,12 @@ class PathExecutor:
             await self.verifier.check(
                 record,
                 x,
-                out,
+                result.out,
                 position,
-                wire,
+                result.wire,
                 force=opts.force_verify,
-                token_mask=token_mask,
+                token_mask=result.token_mask,
+                sent=result.sent,
                 replicas=[r for r in replicas if r.address not in state.failed],
                 ask=ask,
             )

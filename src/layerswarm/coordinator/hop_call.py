@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 import torch
@@ -20,7 +20,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .clients import ClientPool
 from .linkmap import COORDINATOR
 from .registry import NodeRecord, Registry
-from .text_hops import hop_mask, text_reply
+from .text_hops import hop_mask, text_reply, text_request
 
 if TYPE_CHECKING:
     from .executor import ExecOptions
@@ -35,6 +35,13 @@ class HopFailed(Exception):
         super().__init__(message)
         self.quarantine = quarantine
         self.evidence = evidence  # set when verification caught a lie: kept until the node restarts
+
+
+class HopResult(NamedTuple):
+    out: torch.Tensor  # float32, the shape of the request's x
+    token_mask: torch.Tensor | None  # a text hop's mask
+    wire: torch.dtype  # the activations' wire dtype
+    sent: torch.Tensor | None  # what the node decoded, when not codec.as_sent(x, wire) (text, split form)
 
 
 class HopCaller:
@@ -52,19 +59,24 @@ class HopCaller:
 
     async def forward(
         self, record: NodeRecord, x: torch.Tensor, position: int, opts: ExecOptions, path_length: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.dtype]:
+    ) -> HopResult:
         """One Forward call and the reply's form checked (shape, dtype, finite): float32 out, the
-        text hop's token mask, and the wire dtype used. Raises HopFailed."""
+        text hop's token mask, the wire dtype used and, for a split text hop, what the node decoded.
+        Raises HopFailed."""
         wire = self.wire_for(record, x, opts)
         timeout = min(opts.hop_timeout_s, max(0.001, opts.deadline - time.monotonic()))
-        activations = codec.encode(x, wire)
         token_mask = None if opts.key_mask is None else hop_mask(opts.key_mask, opts.token_depth, position)
+        if token_mask is None:
+            activations, frozen, sent = codec.encode(x, wire), None, None
+        else:
+            activations, frozen, sent = text_request(x, token_mask, wire, opts.frozen_dtype)
         request = pb.ForwardRequest(
             request_id=opts.request_id,
             activations=activations,
             position=position,
             path_length=path_length,
             token_mask=None if token_mask is None else codec.encode(token_mask),
+            frozen=frozen,
         )
         record.begin_call()
         started = time.monotonic()
@@ -76,10 +88,14 @@ class HopCaller:
             raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
         finally:
             record.end_call()
-        self._observe_links(record, (time.monotonic() - started) * 1e3, reply, len(activations.data))
+        sent_bytes = len(activations.data) + (len(frozen.data) + len(frozen.scales) if frozen is not None else 0)
+        self._observe_links(record, (time.monotonic() - started) * 1e3, reply, sent_bytes)
         try:
             if token_mask is not None:  # text: the reply holds the active tokens only
-                return text_reply(x, token_mask, reply.activations, wire), token_mask, wire
+                # split: frozen tokens keep the states the node read, so every later hop and the
+                # verifier see the same values
+                base = x if sent is None else sent
+                return HopResult(text_reply(base, token_mask, reply.activations, wire), token_mask, wire, sent)
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:
                 raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
@@ -88,7 +104,7 @@ class HopCaller:
         except codec.TensorError as exc:
             log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
             raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
-        return out.to(torch.float32), None, wire
+        return HopResult(out.to(torch.float32), None, wire, None)
 
     def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
         """A star hop measures the coordinator <-> node link: its round trip less the node's compute,

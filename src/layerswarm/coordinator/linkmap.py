@@ -5,9 +5,10 @@ compute, half each way), relay traces give node -> node (each node's forwarding 
 node's acknowledgement, less that node's compute). The health checks (a few bytes every health
 interval, busy or idle) are the small probes: their round trip is the link's fixed cost, so a
 transfer costs `rtt / 2 + bytes x ms_per_mb` and the per-byte part is what is left of a large
-message's time once half the RTT is taken off. (Node -> node links have no probe yet: their fixed
-cost stays inside ms_per_mb.) Read by the network-aware planner through `transfer_ms(src, dst,
-nbytes)` (coordinator/netorder.py: LinkCosts) and by the wire choice through `per_mb`.
+message's time once half the RTT is taken off. Node -> node links are probed by the sending node
+(node/peers.py), which reports the RTT in each relay trace entry. Read by the network-aware planner
+through `transfer_ms(src, dst, nbytes)` (coordinator/netorder.py: LinkCosts) and by the wire choice
+through `per_mb`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
 from .executor import DepthError, ExecOptions, Hop, PathExecutor, PathResult
-from .linkmap import COORDINATOR
+from .linkmap import COORDINATOR, LinkMap
 from .planner import Plan, Step
 from .ranges import hard_range_problem
 from .registry import NodeRecord, Registry
@@ -238,7 +238,7 @@ class RelayRunner:
             return self._discard(run, segment, trace, problem or "malformed result")
         hops = [self._hop(t, step, record) for t, (step, record) in zip(trace, segment, strict=False)]
         for sender, receiver in itertools.pairwise(trace):  # node -> node links, measured by the sender
-            self.registry.links.observe(sender.node, receiver.node, sender.sent_bytes, sender.send_ms)
+            observe_relay_link(self.registry.links, sender, receiver)
         handback = None
         if final is not None and final.handback_reason:
             failed = segment[len(trace)][1] if len(trace) < len(segment) else None
@@ -286,6 +286,15 @@ class RelayRunner:
         return ChainResult(run.x, [], {"after_step": -1, "reason": f"chain discarded: {problem}"})
 
 
+def observe_relay_link(links: LinkMap, sender: pb.HopTrace, receiver: pb.HopTrace) -> None:
+    """send_ms spans the activation's way there and the acknowledgement's way back: with the sender's
+    probed RTT (checked in range with the trace), the way back is taken off here and the way there's
+    fixed half by the LinkMap, leaving the per-byte part."""
+    if sender.rtt_ms > 0:
+        links.observe_rtt(sender.node, receiver.node, sender.rtt_ms)
+    links.observe(sender.node, receiver.node, sender.sent_bytes, max(sender.send_ms, 0.0) - sender.rtt_ms / 2)
+
+
 def _trace_problem(
     trace: list[pb.HopTrace], segment: list[tuple[Step, NodeRecord]], first_position: int, sent: bytes
 ) -> str | None:
@@ -298,7 +307,7 @@ def _trace_problem(
         if t.node != record.address or t.block != record.block or t.position != first_position + k:
             return f"trace step {k} is not the planned one"
         # send_ms may dip below 0 when the next node overstates its compute: clamped where it is used
-        if not (0 <= t.compute_ms < MAX_TRACE_MS and abs(t.send_ms) < MAX_TRACE_MS):
+        if not (0 <= t.compute_ms < MAX_TRACE_MS and abs(t.send_ms) < MAX_TRACE_MS and 0 <= t.rtt_ms < MAX_TRACE_MS):
             return f"trace step {k} has impossible times"  # never let them into latency estimates
         if k and t.input_sha256 != trace[k - 1].output_sha256:
             return f"digest break between steps {k - 1} and {k} ({trace[k - 1].node} -> {t.node})"

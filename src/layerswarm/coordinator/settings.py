@@ -19,6 +19,7 @@ CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
     "verify_on": ("auto", "coordinator", "peers"),
     "wire_dtype": ("fp32", "fp16", "bf16", "int8", "auto"),
+    "frozen_dtype": ("int8", "wire"),
     "transport": ("stream", "unary"),
     "exit_rule": ("calibrated", "none", "confidence", "entropy", "patience"),
     "topology": ("star", "relay", "auto"),
@@ -97,6 +98,13 @@ class CoordinatorSettings(ProcessSettings):
         description="activations on the wire (fp16: half the bytes, no accuracy lost on the shipped family; "
         "fp32 for bit-exact outputs; int8: half again, for slow links; auto: int8 on each link where the bytes "
         "saved outweigh its codec time, from measured link costs, else fp16)",
+    )
+    # A frozen token is only read (keys and values) by later hops, and every hop must carry it: in the
+    # activations' dtype it bounds per-token depth's byte saving at 2x in star (bench: text depth).
+    frozen_dtype: str = Field(
+        default="int8",
+        description="text with per-token depth: how frozen tokens travel (only read as keys and values by later "
+        "hops): int8 with per-token scales, or wire: in the activations' own dtype",
     )
     transport: str = Field(
         default="stream", description="stream: reused bidirectional streams; unary: one call per hop"

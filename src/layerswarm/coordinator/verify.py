@@ -133,10 +133,12 @@ class Verifier:
         token_mask: torch.Tensor | None = None,
         replicas: list[NodeRecord] | None = None,
         ask: Ask | None = None,
+        sent: torch.Tensor | None = None,
     ) -> None:
         """Raise Lie when `out` (the node's reply to `x` at `position`) is wrong; return when it passes.
         `force`: re-execute whatever the sampling rate says (the hop was sampled already).
         token_mask: a text hop's mask (models/text/tokens.py): the reference computes the same tokens.
+        sent: what the node decoded when it was not codec.as_sent(x, wire) (a split text hop).
         replicas, ask: nodes serving the same weights, and how to send them this hop (peer_check.py)."""
         ident = record.identity
         if ident is None:
@@ -154,15 +156,16 @@ class Verifier:
         if soft is None and not on_probation and not force and self._rng.random() >= self.settings.rate:
             return
         use_peers = bool(replicas) and ask is not None and self._peers_first(ident.model_id)
+        x_sent = codec.as_sent(x, wire) if sent is None else sent  # exactly what the node received
         if use_peers and replicas and ask is not None:
-            verdict = await self._on_peers(record, out, position, wire, replicas, ask, x, token_mask)
+            verdict = await self._on_peers(record, out, position, wire, replicas, ask, x_sent, token_mask)
             if verdict is not None:
                 if verdict.liar == record.address and verdict.evidence is not None:
                     raise self._convict(record, seen, {**verdict.evidence, "position": position})
                 if verdict.passed:
                     seen.passed += 1
                 return
-        evidence = await self._reexecute(ident.model_id, ident.block, x, out, position, wire, token_mask)
+        evidence = await self._reexecute(ident.model_id, ident.block, x_sent, out, position, wire, token_mask)
         if evidence is not None:
             if soft is not None:
                 evidence["range_filter"] = soft["discrepancy"]
@@ -217,10 +220,11 @@ class Verifier:
         wire: torch.dtype,
         replicas: list[NodeRecord],
         ask: Ask,
-        x: torch.Tensor,
+        x_sent: torch.Tensor,
         token_mask: torch.Tensor | None,
     ) -> PeerVerdict | None:
-        """Majority judgement by replicas; None when none answered (the caller falls back)."""
+        """Majority judgement by replicas; None when none answered (the caller falls back). `x_sent`:
+        what the node received."""
         assert record.identity is not None
         model_id, block = record.identity.model_id, record.identity.block
         out_wire = codec.as_sent(out, wire)
@@ -230,7 +234,7 @@ class Verifier:
             return await ask(peer)
 
         async def coordinator_copy() -> torch.Tensor | None:
-            ref = await self._run([(model_id, block)], codec.as_sent(x, wire), position, token_mask)
+            ref = await self._run([(model_id, block)], x_sent, position, token_mask)
             return ref[0]
 
         fallback = coordinator_copy if model_id in self.manifests else None
@@ -277,17 +281,17 @@ class Verifier:
         self,
         model_id: str,
         block: int,
-        x: torch.Tensor,
+        x_wire: torch.Tensor,
         out: torch.Tensor,
         position: int,
         wire: torch.dtype,
         token_mask: torch.Tensor | None = None,
     ) -> dict[str, Any] | None:
-        """None when `out` agrees with a reference; otherwise the evidence."""
+        """None when `out` (the node's reply to `x_wire`, exactly what it received) agrees with a
+        reference; otherwise the evidence."""
         known = model_id in self.manifests
         if not known and len(self.manifests) < 2:
             return None  # an unlisted model and no envelope to judge it by (one member held): unverifiable
-        x_wire = codec.as_sent(x, wire)  # exactly what the node received
         started = time.perf_counter()
         if known:
             refs = await self._run([(model_id, block)], x_wire, position, token_mask)

@@ -193,6 +193,8 @@ class Relayer:
             send_ms = (time.monotonic() - sent) * 1e3 - ack.trace[0].compute_ms
             own.send_ms, own.sent_bytes = send_ms, len(reply.activations.data)
             self.peers.observe(nxt.address, own.sent_bytes, send_ms)
+            self.peers.probe_soon(peer)
+            own.rtt_ms = self.peers.rtt_ms(nxt.address)
             final = await call.read()
         except grpc.aio.AioRpcError as exc:
             if peer is not None:

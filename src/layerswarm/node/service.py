@@ -10,7 +10,7 @@ import grpc
 import torch
 
 from layerswarm import __version__
-from layerswarm.models.text.tokens import mask_problem
+from layerswarm.models.text.tokens import join_states, mask_problem, split_problem
 from layerswarm.wire import codec
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.v1 import block_pb2 as pb
@@ -185,12 +185,23 @@ class BlockService(pb_grpc.BlockNodeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "token_mask is for text families; this is an image block"
             )
         try:
-            x = codec.decode(request.activations, self.spec)
             asked = request.activations.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else request.reply_dtype
             reply_dtype = codec.torch_dtype(asked)  # int8 in, int8 back: the link is as slow both ways
         except codec.TensorError as exc:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
-        token_mask = self._token_mask(request, x) if cfg.is_text else None
+        token_mask = self._token_mask(request) if cfg.is_text else None
+        if request.HasField("frozen"):
+            x = self._joined(request, token_mask)
+        else:
+            x = self._decoded(request.activations, self.spec, "activations")
+            if cfg.is_text and x.shape[1] > cfg.max_tokens:
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{x.shape[1]} tokens; this family takes {cfg.max_tokens}"
+                )
+        if token_mask is not None:
+            problem = mask_problem(token_mask, x)
+            if problem is not None:
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, problem)
         limit = codec.value_limit(reply_dtype) * INPUT_HEADROOM
         peak = float(x.abs().max()) if x.numel() else 0.0
         if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
@@ -201,18 +212,38 @@ class BlockService(pb_grpc.BlockNodeServicer):
             )
         return x, reply_dtype, token_mask
 
-    def _token_mask(self, request: pb.ForwardRequest, x: torch.Tensor) -> torch.Tensor | None:
-        """Text: T within the family's maximum, and the (B, T) token mask (models/text/tokens.py) if sent."""
-        max_tokens = self.runtime.manifest.config.max_tokens
-        if x.shape[1] > max_tokens:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{x.shape[1]} tokens; this family takes {max_tokens}")
+    @staticmethod
+    def _decoded(msg: pb.Tensor, spec: codec.TensorSpec, what: str) -> torch.Tensor:
+        try:
+            return codec.decode(msg, spec)
+        except codec.TensorError as exc:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}") from exc
+
+    def _token_mask(self, request: pb.ForwardRequest) -> torch.Tensor | None:
+        """Text: the (B, T) token mask (models/text/tokens.py) if sent, T within the family's maximum."""
         if not request.HasField("token_mask"):
             return None
-        try:
-            mask = codec.decode(request.token_mask, codec.TensorSpec((None, None), max_batch=self.settings.max_batch))
-        except codec.TensorError as exc:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"token_mask: {exc}") from exc
-        problem = mask_problem(mask.to(torch.float32), x)
+        spec = codec.TensorSpec((None, None), max_batch=self.settings.max_batch)
+        mask = self._decoded(request.token_mask, spec, "token_mask").to(torch.float32)
+        max_tokens = self.runtime.manifest.config.max_tokens
+        if mask.shape[1] > max_tokens:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{mask.shape[1]} tokens; this family takes {max_tokens}"
+            )
+        return mask
+
+    def _joined(self, request: pb.ForwardRequest, mask: torch.Tensor | None) -> torch.Tensor:
+        """The split form (text): active and frozen rows, placed by the mask, as one (B, T, D) input."""
+        if mask is None:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "frozen needs a token_mask to place its rows")
+        rows = codec.TensorSpec(
+            (None, self.runtime.manifest.config.dim),
+            max_batch=mask.numel(),
+            max_bytes=self.settings.max_message_bytes,
+        )
+        active = self._decoded(request.activations, rows, "activations")
+        frozen = self._decoded(request.frozen, rows, "frozen")
+        problem = split_problem(mask, active, frozen)
         if problem is not None:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        return mask.to(torch.float32)
+        return join_states(mask, active, frozen)

@@ -122,6 +122,17 @@ def encode(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> pb.Tensor:
     return pb.Tensor(dtype=code, shape=list(t.shape), data=_bytes(raw))  # type: ignore[arg-type]
 
 
+def encode_sent(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[pb.Tensor, torch.Tensor]:
+    """(the message, what its receiver decodes as float32): `encode` and `as_sent` in one quantization."""
+    t = tensor.detach().cpu()
+    if dtype != torch.int8:
+        return encode(t, dtype), t.to(dtype).float()
+    q, scales = quantize_rows(t)
+    msg = pb.Tensor(dtype=pb.DTYPE_INT8, shape=list(q.shape), data=_bytes(q), scales=_bytes(scales))
+    sent = q.to(torch.float32) * scales.reshape(*t.shape[:-1], 1) if t.numel() else q.to(torch.float32)
+    return msg, sent
+
+
 def _bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().numpy().tobytes()
 

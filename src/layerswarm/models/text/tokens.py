@@ -8,7 +8,8 @@ A hop's token mask is (B, T) float32 with one code per token:
 
 A node computes queries and the MLP for active tokens only and replies with just their new states,
 (N_active, D) in row-major (batch, token) order; the coordinator scatters them back. So compute and
-reply bytes shrink as tokens freeze (the request still carries every real token: keys and values).
+reply bytes shrink as tokens freeze. The request still carries every real token (keys and values);
+in the split form (`split_states`) frozen tokens travel apart in a compact dtype, since a hop only reads them.
 """
 
 from __future__ import annotations
@@ -56,6 +57,32 @@ def run_active(block: Block, x: Tensor, position: int, mask: Tensor) -> Tensor:
     rows = torch.argsort((~active).to(torch.int8), dim=1, stable=True)[:, :width]
     valid = torch.arange(width)[None, :] < counts[:, None]
     return block.forward_active(x, position, keys, rows)[valid]
+
+
+def split_states(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(active tokens' states (N_active, D), frozen tokens' states (N_frozen, D)), row-major: the
+    split form of a text hop, where each part can travel in its own dtype (padding is not sent)."""
+    return x[mask == ACTIVE_CODE], x[mask == FROZEN_CODE]
+
+
+def join_states(mask: Tensor, active: Tensor, frozen: Tensor) -> Tensor:
+    """The (B, T, D) activations `split_states` came from (padding rows zero; float32). The caller
+    checks the row counts against the mask (`split_problem`)."""
+    x = active.new_zeros((*mask.shape, active.shape[-1]), dtype=torch.float32)
+    x[mask == ACTIVE_CODE] = active.to(torch.float32)
+    x[mask == FROZEN_CODE] = frozen.to(torch.float32)
+    return x
+
+
+def split_problem(mask: Tensor, active: Tensor, frozen: Tensor) -> str | None:
+    """Why the split form's parts cannot go with `mask`, or None."""
+    n_active, n_frozen = active_count(mask), int((mask == FROZEN_CODE).sum())
+    if active.shape[0] != n_active or frozen.shape[0] != n_frozen:
+        return (
+            f"split form: token_mask has {n_active} active and {n_frozen} frozen tokens, "
+            f"activations has {active.shape[0]} rows and frozen {frozen.shape[0]}"
+        )
+    return None
 
 
 def scatter_active(x: Tensor, mask: Tensor, updates: Tensor) -> Tensor:

@@ -24,39 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19layerswarm/v1/block.proto\x12\rlayerswarm.v1\"Z\n\x06Tensor\x12#\n\x05\x64type\x18\x01 \x01(\x0e\x32\x14.layerswarm.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06scales\x18\x04 \x01(\x0c\"\xcd\x01\n\x0e\x46orwardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12\x10\n\x08position\x18\x03 \x01(\x05\x12\x13\n\x0bpath_length\x18\x04 \x01(\x05\x12)\n\ntoken_mask\x18\x05 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12)\n\x0breply_dtype\x18\x06 \x01(\x0e\x32\x14.layerswarm.v1.DType\"e\n\x0f\x46orwardResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12\x12\n\ncompute_ms\x18\x03 \x01(\x01\"\r\n\x0bInfoRequest\"Y\n\x04Load\x12\x11\n\tin_flight\x18\x01 \x01(\x05\x12\x15\n\rmax_in_flight\x18\x02 \x01(\x05\x12\x17\n\x0f\x65wma_latency_ms\x18\x03 \x01(\x01\x12\x0e\n\x06served\x18\x04 \x01(\x04\"\x91\x03\n\x08NodeInfo\x12\x11\n\tfamily_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x03 \x01(\x05\x12\x0f\n\x07variant\x18\x04 \x01(\t\x12\x16\n\x0eweights_sha256\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12+\n\rcompute_dtype\x18\x07 \x01(\x0e\x32\x14.layerswarm.v1.DType\x12\x18\n\x10software_version\x18\x08 \x01(\t\x12\x18\n\x10protocol_version\x18\t \x01(\x05\x12\x0f\n\x07\x62oot_id\x18\n \x01(\t\x12!\n\x04load\x18\x0b \x01(\x0b\x32\x13.layerswarm.v1.Load\x12\r\n\x05\x64\x65pth\x18\x0c \x01(\x05\x12\x0e\n\x06tokens\x18\r \x01(\x05\x12\x0b\n\x03\x64im\x18\x0e \x01(\x05\x12\x11\n\tmax_batch\x18\x0f \x01(\x05\x12\x16\n\x0eshuffle_robust\x18\x10 \x01(\x08\x12&\n\x05links\x18\x11 \x03(\x0b\x32\x17.layerswarm.v1.LinkStat\"R\n\x08LinkStat\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x14\n\x0c\x65wma_send_ms\x18\x02 \x01(\x01\x12\x11\n\tewma_mbps\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x04\"=\n\tRelayStep\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\x12\r\n\x05\x62lock\x18\x03 \x01(\x05\"\xd7\x01\n\x0cRelayRequest\x12.\n\x07\x66orward\x18\x01 \x01(\x0b\x32\x1d.layerswarm.v1.ForwardRequest\x12\'\n\x05\x63hain\x18\x02 \x03(\x0b\x32\x18.layerswarm.v1.RelayStep\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x10\n\x08plan_mac\x18\x04 \x01(\t\x12\x11\n\tissued_ms\x18\x05 \x01(\x03\x12\x15\n\rhop_timeout_s\x18\x06 \x01(\x01\x12\x12\n\ndeadline_s\x18\x07 \x01(\x01\x12\x0f\n\x07\x63ollect\x18\x08 \x01(\x08\"\x9f\x01\n\x08HopTrace\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\x05\x12\x10\n\x08position\x18\x03 \x01(\x05\x12\x12\n\ncompute_ms\x18\x04 \x01(\x01\x12\x0f\n\x07send_ms\x18\x05 \x01(\x01\x12\x12\n\nsent_bytes\x18\x06 \x01(\x03\x12\x14\n\x0cinput_sha256\x18\x07 \x01(\t\x12\x15\n\routput_sha256\x18\x08 \x01(\t\"\x9a\x01\n\nRelayEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x61\x63k\x18\x02 \x01(\x08\x12&\n\x05trace\x18\x03 \x03(\x0b\x32\x17.layerswarm.v1.HopTrace\x12*\n\x0b\x61\x63tivations\x18\x04 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12\x17\n\x0fhandback_reason\x18\x05 \x01(\t\"$\n\x0e\x43ollectRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t*h\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0e\n\nDTYPE_INT8\x10\x04\x32\xf3\x02\n\tBlockNode\x12H\n\x07\x46orward\x12\x1d.layerswarm.v1.ForwardRequest\x1a\x1e.layerswarm.v1.ForwardResponse\x12R\n\rForwardStream\x12\x1d.layerswarm.v1.ForwardRequest\x1a\x1e.layerswarm.v1.ForwardResponse(\x01\x30\x01\x12;\n\x04Info\x12\x1a.layerswarm.v1.InfoRequest\x1a\x17.layerswarm.v1.NodeInfo\x12\x41\n\x05Relay\x12\x1b.layerswarm.v1.RelayRequest\x1a\x19.layerswarm.v1.RelayEvent0\x01\x12H\n\x07\x43ollect\x12\x1d.layerswarm.v1.CollectRequest\x1a\x1e.layerswarm.v1.ForwardResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19layerswarm/v1/block.proto\x12\rlayerswarm.v1\"Z\n\x06Tensor\x12#\n\x05\x64type\x18\x01 \x01(\x0e\x32\x14.layerswarm.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06scales\x18\x04 \x01(\x0c\"\xf4\x01\n\x0e\x46orwardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12\x10\n\x08position\x18\x03 \x01(\x05\x12\x13\n\x0bpath_length\x18\x04 \x01(\x05\x12)\n\ntoken_mask\x18\x05 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12)\n\x0breply_dtype\x18\x06 \x01(\x0e\x32\x14.layerswarm.v1.DType\x12%\n\x06\x66rozen\x18\x07 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\"e\n\x0f\x46orwardResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12\x12\n\ncompute_ms\x18\x03 \x01(\x01\"\r\n\x0bInfoRequest\"Y\n\x04Load\x12\x11\n\tin_flight\x18\x01 \x01(\x05\x12\x15\n\rmax_in_flight\x18\x02 \x01(\x05\x12\x17\n\x0f\x65wma_latency_ms\x18\x03 \x01(\x01\x12\x0e\n\x06served\x18\x04 \x01(\x04\"\x91\x03\n\x08NodeInfo\x12\x11\n\tfamily_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x03 \x01(\x05\x12\x0f\n\x07variant\x18\x04 \x01(\t\x12\x16\n\x0eweights_sha256\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12+\n\rcompute_dtype\x18\x07 \x01(\x0e\x32\x14.layerswarm.v1.DType\x12\x18\n\x10software_version\x18\x08 \x01(\t\x12\x18\n\x10protocol_version\x18\t \x01(\x05\x12\x0f\n\x07\x62oot_id\x18\n \x01(\t\x12!\n\x04load\x18\x0b \x01(\x0b\x32\x13.layerswarm.v1.Load\x12\r\n\x05\x64\x65pth\x18\x0c \x01(\x05\x12\x0e\n\x06tokens\x18\r \x01(\x05\x12\x0b\n\x03\x64im\x18\x0e \x01(\x05\x12\x11\n\tmax_batch\x18\x0f \x01(\x05\x12\x16\n\x0eshuffle_robust\x18\x10 \x01(\x08\x12&\n\x05links\x18\x11 \x03(\x0b\x32\x17.layerswarm.v1.LinkStat\"b\n\x08LinkStat\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x14\n\x0c\x65wma_send_ms\x18\x02 \x01(\x01\x12\x11\n\tewma_mbps\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x04\x12\x0e\n\x06rtt_ms\x18\x05 \x01(\x01\"=\n\tRelayStep\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\x12\r\n\x05\x62lock\x18\x03 \x01(\x05\"\xd7\x01\n\x0cRelayRequest\x12.\n\x07\x66orward\x18\x01 \x01(\x0b\x32\x1d.layerswarm.v1.ForwardRequest\x12\'\n\x05\x63hain\x18\x02 \x03(\x0b\x32\x18.layerswarm.v1.RelayStep\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x10\n\x08plan_mac\x18\x04 \x01(\t\x12\x11\n\tissued_ms\x18\x05 \x01(\x03\x12\x15\n\rhop_timeout_s\x18\x06 \x01(\x01\x12\x12\n\ndeadline_s\x18\x07 \x01(\x01\x12\x0f\n\x07\x63ollect\x18\x08 \x01(\x08\"\xaf\x01\n\x08HopTrace\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\x05\x12\x10\n\x08position\x18\x03 \x01(\x05\x12\x12\n\ncompute_ms\x18\x04 \x01(\x01\x12\x0f\n\x07send_ms\x18\x05 \x01(\x01\x12\x12\n\nsent_bytes\x18\x06 \x01(\x03\x12\x14\n\x0cinput_sha256\x18\x07 \x01(\t\x12\x15\n\routput_sha256\x18\x08 \x01(\t\x12\x0e\n\x06rtt_ms\x18\t \x01(\x01\"\x9a\x01\n\nRelayEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x61\x63k\x18\x02 \x01(\x08\x12&\n\x05trace\x18\x03 \x03(\x0b\x32\x17.layerswarm.v1.HopTrace\x12*\n\x0b\x61\x63tivations\x18\x04 \x01(\x0b\x32\x15.layerswarm.v1.Tensor\x12\x17\n\x0fhandback_reason\x18\x05 \x01(\t\"$\n\x0e\x43ollectRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t*h\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0e\n\nDTYPE_INT8\x10\x04\x32\xf3\x02\n\tBlockNode\x12H\n\x07\x46orward\x12\x1d.layerswarm.v1.ForwardRequest\x1a\x1e.layerswarm.v1.ForwardResponse\x12R\n\rForwardStream\x12\x1d.layerswarm.v1.ForwardRequest\x1a\x1e.layerswarm.v1.ForwardResponse(\x01\x30\x01\x12;\n\x04Info\x12\x1a.layerswarm.v1.InfoRequest\x1a\x17.layerswarm.v1.NodeInfo\x12\x41\n\x05Relay\x12\x1b.layerswarm.v1.RelayRequest\x1a\x19.layerswarm.v1.RelayEvent0\x01\x12H\n\x07\x43ollect\x12\x1d.layerswarm.v1.CollectRequest\x1a\x1e.layerswarm.v1.ForwardResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'layerswarm.v1.block_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1679
-  _globals['_DTYPE']._serialized_end=1783
+  _globals['_DTYPE']._serialized_start=1750
+  _globals['_DTYPE']._serialized_end=1854
   _globals['_TENSOR']._serialized_start=44
   _globals['_TENSOR']._serialized_end=134
   _globals['_FORWARDREQUEST']._serialized_start=137
-  _globals['_FORWARDREQUEST']._serialized_end=342
-  _globals['_FORWARDRESPONSE']._serialized_start=344
-  _globals['_FORWARDRESPONSE']._serialized_end=445
-  _globals['_INFOREQUEST']._serialized_start=447
-  _globals['_INFOREQUEST']._serialized_end=460
-  _globals['_LOAD']._serialized_start=462
-  _globals['_LOAD']._serialized_end=551
-  _globals['_NODEINFO']._serialized_start=554
-  _globals['_NODEINFO']._serialized_end=955
-  _globals['_LINKSTAT']._serialized_start=957
-  _globals['_LINKSTAT']._serialized_end=1039
-  _globals['_RELAYSTEP']._serialized_start=1041
-  _globals['_RELAYSTEP']._serialized_end=1102
-  _globals['_RELAYREQUEST']._serialized_start=1105
-  _globals['_RELAYREQUEST']._serialized_end=1320
-  _globals['_HOPTRACE']._serialized_start=1323
-  _globals['_HOPTRACE']._serialized_end=1482
-  _globals['_RELAYEVENT']._serialized_start=1485
-  _globals['_RELAYEVENT']._serialized_end=1639
-  _globals['_COLLECTREQUEST']._serialized_start=1641
-  _globals['_COLLECTREQUEST']._serialized_end=1677
-  _globals['_BLOCKNODE']._serialized_start=1786
-  _globals['_BLOCKNODE']._serialized_end=2157
+  _globals['_FORWARDREQUEST']._serialized_end=381
+  _globals['_FORWARDRESPONSE']._serialized_start=383
+  _globals['_FORWARDRESPONSE']._serialized_end=484
+  _globals['_INFOREQUEST']._serialized_start=486
+  _globals['_INFOREQUEST']._serialized_end=499
+  _globals['_LOAD']._serialized_start=501
+  _globals['_LOAD']._serialized_end=590
+  _globals['_NODEINFO']._serialized_start=593
+  _globals['_NODEINFO']._serialized_end=994
+  _globals['_LINKSTAT']._serialized_start=996
+  _globals['_LINKSTAT']._serialized_end=1094
+  _globals['_RELAYSTEP']._serialized_start=1096
+  _globals['_RELAYSTEP']._serialized_end=1157
+  _globals['_RELAYREQUEST']._serialized_start=1160
+  _globals['_RELAYREQUEST']._serialized_end=1375
+  _globals['_HOPTRACE']._serialized_start=1378
+  _globals['_HOPTRACE']._serialized_end=1553
+  _globals['_RELAYEVENT']._serialized_start=1556
+  _globals['_RELAYEVENT']._serialized_end=1710
+  _globals['_COLLECTREQUEST']._serialized_start=1712
+  _globals['_COLLECTREQUEST']._serialized_end=1748
+  _globals['_BLOCKNODE']._serialized_start=1857
+  _globals['_BLOCKNODE']._serialized_end=2228
 # @@protoc_insertion_point(module_scope)

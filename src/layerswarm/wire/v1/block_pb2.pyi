@@ -33,20 +33,22 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., scales: _Optional[bytes] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("request_id", "activations", "position", "path_length", "token_mask", "reply_dtype")
+    __slots__ = ("request_id", "activations", "position", "path_length", "token_mask", "reply_dtype", "frozen")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     PATH_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MASK_FIELD_NUMBER: _ClassVar[int]
     REPLY_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     activations: Tensor
     position: int
     path_length: int
     token_mask: Tensor
     reply_dtype: DType
-    def __init__(self, request_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., path_length: _Optional[int] = ..., token_mask: _Optional[_Union[Tensor, _Mapping]] = ..., reply_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+    frozen: Tensor
+    def __init__(self, request_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., path_length: _Optional[int] = ..., token_mask: _Optional[_Union[Tensor, _Mapping]] = ..., reply_dtype: _Optional[_Union[DType, str]] = ..., frozen: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
     __slots__ = ("request_id", "activations", "compute_ms")
@@ -113,16 +115,18 @@ class NodeInfo(_message.Message):
     def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkStat, _Mapping]]] = ...) -> None: ...
 
 class LinkStat(_message.Message):
-    __slots__ = ("peer", "ewma_send_ms", "ewma_mbps", "samples")
+    __slots__ = ("peer", "ewma_send_ms", "ewma_mbps", "samples", "rtt_ms")
     PEER_FIELD_NUMBER: _ClassVar[int]
     EWMA_SEND_MS_FIELD_NUMBER: _ClassVar[int]
     EWMA_MBPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
     peer: str
     ewma_send_ms: float
     ewma_mbps: float
     samples: int
-    def __init__(self, peer: _Optional[str] = ..., ewma_send_ms: _Optional[float] = ..., ewma_mbps: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+    rtt_ms: float
+    def __init__(self, peer: _Optional[str] = ..., ewma_send_ms: _Optional[float] = ..., ewma_mbps: _Optional[float] = ..., samples: _Optional[int] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class RelayStep(_message.Message):
     __slots__ = ("address", "position", "block")
@@ -155,7 +159,7 @@ class RelayRequest(_message.Message):
     def __init__(self, forward: _Optional[_Union[ForwardRequest, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[RelayStep, _Mapping]]] = ..., index: _Optional[int] = ..., plan_mac: _Optional[str] = ..., issued_ms: _Optional[int] = ..., hop_timeout_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., collect: _Optional[bool] = ...) -> None: ...
 
 class HopTrace(_message.Message):
-    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256")
+    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256", "rtt_ms")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +168,7 @@ class HopTrace(_message.Message):
     SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     INPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
     node: str
     block: int
     position: int
@@ -172,7 +177,8 @@ class HopTrace(_message.Message):
     sent_bytes: int
     input_sha256: str
     output_sha256: str
-    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ...) -> None: ...
+    rtt_ms: float
+    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class RelayEvent(_message.Message):
     __slots__ = ("request_id", "ack", "trace", "activations", "handback_reason")
