@@ -5,11 +5,14 @@
 #                            a node's key cannot act as a client, so a compromised node cannot drive others
 #   node-DEVICE.pem / .key   optional per-device node certificates (same role and name, own key)
 #   coordinator.pem / .key   clientAuth ONLY: it drives nodes and can never pose as one
+#   relay.pem / relay.key    clientAuth ONLY, name `layerswarm-relay`, for nodes forwarding relay chains:
+#                            nodes let it call Relay (a chain the coordinator MACed) and Info, nothing else
 #   probe.pem / probe.key    clientAuth ONLY, for health probes on node devices: nodes let it reach
 #                            the health service, never BlockNode (only `layerswarm-coordinator` may)
 #
 #   deploy/make-certs.sh certs/ [DEVICE ...]     # then:
 #   layerswarm node ... --tls-cert certs/node.pem --tls-key certs/node.key --tls-ca certs/ca.pem
+#       [--tls-relay-cert certs/relay.pem --tls-relay-key certs/relay.key]   # for --topology relay
 #   layerswarm coordinator ... --tls-cert certs/coordinator.pem --tls-key certs/coordinator.key --tls-ca certs/ca.pem
 #   layerswarm probe grpc 127.0.0.1:50051 --tls-cert certs/probe.pem --tls-key certs/probe.key --tls-ca certs/ca.pem
 #   head -c 32 /dev/urandom | base64 > certs/token   # optional shared token: --token-file certs/token
@@ -46,5 +49,6 @@ for device in "$@"; do
 done
 issue coordinator layerswarm-coordinator "extendedKeyUsage=clientAuth"
 issue probe layerswarm-probe "extendedKeyUsage=clientAuth"
+issue relay layerswarm-relay "extendedKeyUsage=clientAuth"
 chmod 644 ca.pem
-echo "wrote $(pwd): ca.pem, coordinator.{pem,key}, node.{pem,key}, probe.{pem,key}; per-device node certificates: ${*:-none}"
+echo "wrote $(pwd): ca.pem, coordinator.{pem,key}, node.{pem,key}, probe.{pem,key}, relay.{pem,key}; per-device node certificates: ${*:-none}"

@@ -39,7 +39,7 @@ def register(sub: Subparsers) -> None:
     f.add("--advertise-address", "advertise_address")
     f.add("--mdns-interface", "mdns_interfaces", action="append")
     f.add("--grace", "grace_s", type=float)
-    add_security_flags(f)
+    add_security_flags(f, relay=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,8 +19,16 @@ HELP = {
 }
 
 
-def add_security_flags(flags: SettingsFlags) -> None:
-    for key, text in HELP.items():
+RELAY_HELP = {
+    "tls_relay_cert": "with mutual TLS and --token-file: this node's relay certificate (PEM, `layerswarm-relay`, "
+    "deploy/make-certs.sh), with which it forwards relay chains to the next node (it can call Relay and Info only)",
+    "tls_relay_key": "its private key (PEM)",
+}
+
+
+def add_security_flags(flags: SettingsFlags, relay: bool = False) -> None:
+    """The token and TLS flags; `relay`: also a node's relay certificate."""
+    for key, text in (HELP | RELAY_HELP if relay else HELP).items():
         flags.add("--" + key.replace("_", "-"), key, text, type=existing_file)
 
 

@@ -159,8 +159,6 @@ class CoordinatorSettings(ProcessSettings):
     def _relay_needs_token(self) -> CoordinatorSettings:
         if self.topology != "star" and not self.security.token:
             raise ValueError(f"topology {self.topology} needs a swarm token (--token-file): nodes check chains with it")
-        if self.topology != "star" and self.security.tls:
-            raise ValueError(f"topology {self.topology} does not work with TLS yet (node certificates are server-only)")
         return self
 
     @field_validator("model_dir", mode="before")

@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, identity_string
 from layerswarm.wire.discovery import HEALTH_SERVICE, METHOD_PREFIX
+from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -73,17 +74,22 @@ class LinkEstimate:
 
 
 class PeerClient:
-    def __init__(self, address: str, token: str, max_message_bytes: int) -> None:
+    def __init__(self, address: str, security: SecuritySettings, max_message_bytes: int) -> None:
+        assert security.token is not None  # chains are MACed with it: no relay without one
         options: list[tuple[str, Any]] = [
             *CHANNEL_OPTIONS,
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=options)
+        if security.tls:  # the relay certificate: the next node lets it call Relay and Info only
+            options.append(("grpc.ssl_target_name_override", NODE_TLS_NAME))
+            self.channel = grpc.aio.secure_channel(address, security.relay_channel_credentials(), options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(address, options=options)
         self.stub = pb_grpc.BlockNodeStub(self.channel)  # type: ignore[no-untyped-call]
         self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.signer = CallSigner(token)
+        self.signer = CallSigner(security.token)
         self.block: int | None = None
         self.handshake_rtt_ms: float | None = None  # the Info call's round trip, once per proof
 
@@ -127,15 +133,15 @@ class PeerClient:
 
 
 class PeerPool:
-    def __init__(self, token: str, max_message_bytes: int) -> None:
-        self.token = token
+    def __init__(self, security: SecuritySettings, max_message_bytes: int) -> None:
+        self.security = security
         self.max_message_bytes = max_message_bytes
         self._peers: OrderedDict[str, PeerClient] = OrderedDict()
         self.links: dict[str, LinkEstimate] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
 
     async def get(self, address: str) -> PeerClient:
-        peer = self._peers.pop(address, None) or PeerClient(address, self.token, self.max_message_bytes)
+        peer = self._peers.pop(address, None) or PeerClient(address, self.security, self.max_message_bytes)
         self._peers[address] = peer
         while len(self._peers) > MAX_PEERS:
             _, old = self._peers.popitem(last=False)

@@ -25,6 +25,7 @@ import grpc
 
 from layerswarm.wire.auth import derive_key
 from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest
+from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .peers import PeerClient, PeerPool, PeerRefused
@@ -82,10 +83,12 @@ class Outbox:
 
 
 class Relayer:
-    def __init__(self, token: str | None, max_message_bytes: int, max_hops: int = MAX_RELAY_HOPS) -> None:
-        self.key = derive_key(token) if token else None
+    def __init__(self, security: SecuritySettings, max_message_bytes: int, max_hops: int = MAX_RELAY_HOPS) -> None:
+        self.key = derive_key(security.token) if security.token else None
         self.max_hops = max_hops
-        self.peers = PeerPool(token, max_message_bytes) if token else None
+        # Under TLS a node forwards only with its relay certificate (its own is serverAuth only).
+        self.can_forward = self.key is not None and (not security.tls or security.relay_cert is not None)
+        self.peers = PeerPool(security, max_message_bytes) if self.can_forward else None
         self.outbox = Outbox()
 
     def check(self, request: pb.RelayRequest) -> None:
@@ -105,6 +108,11 @@ class Relayer:
             check_plan(self.key, request, self.max_hops)
         except PlanError as exc:
             raise RelayRefused(grpc.StatusCode.PERMISSION_DENIED, f"relay chain refused: {exc}") from exc
+        if not self.can_forward and request.index < len(request.chain) - 1:
+            raise RelayRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "this node has no relay certificate (--tls-relay-cert) to forward a chain under mutual TLS",
+            )
 
     async def relay(self, request: pb.RelayRequest, handle: Handle) -> AsyncIterator[pb.RelayEvent]:
         """Raises RelayRefused (before any event) or the hop's own RequestError; then yields events."""

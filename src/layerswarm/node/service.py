@@ -13,6 +13,7 @@ from layerswarm import __version__
 from layerswarm.models.text.tokens import join_states, mask_problem, split_problem
 from layerswarm.wire import codec
 from layerswarm.wire.discovery import PROTOCOL_VERSION
+from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -63,7 +64,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         relayer: Relayer | None = None,
     ) -> None:
         self.runtime = runtime
-        self.relayer = relayer or Relayer(None, settings.max_message_bytes)
+        self.relayer = relayer or Relayer(SecuritySettings(), settings.max_message_bytes)
         self.settings = settings
         self.metrics = metrics
         self.boot_id = boot_id

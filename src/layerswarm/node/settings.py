@@ -43,10 +43,12 @@ class NodeSettings(ProcessSettings):
         default=(), description="IP of an interface for mDNS (repeatable; none: all)"
     )
     grace_s: float = Field(default=5.0, ge=0, description="seconds to drain on SIGTERM")
-    token_file: Path | None = None  # these four load `security` (keep secrets out of command lines)
+    token_file: Path | None = None  # these six load `security` (keep secrets out of command lines)
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    tls_relay_cert: Path | None = None  # the node's client certificate towards the next node of a chain
+    tls_relay_key: Path | None = None
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
 
     _security = model_validator(mode="before")(security_from_files)

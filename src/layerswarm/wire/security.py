@@ -8,6 +8,9 @@ signed by the swarm's CA, and the coordinator checks the node's certificate agai
 (node certificates carry the shared name `layerswarm-node`, so nodes may change addresses). Roles
 are separate: node certificates are for serverAuth only and the coordinator's for clientAuth only
 (deploy/make-certs.sh), and TLS checks the extended key usage, so a node's key cannot drive nodes.
+For relay chains a node also holds a relay certificate (clientAuth, name `layerswarm-relay`): with it
+a node may call the next node's Relay (whose chain the coordinator MACed) and Info (its proof), never
+Forward, ForwardStream or Collect.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from .discovery import METHOD_PREFIX
 
 log = logging.getLogger(__name__)
 NODE_TLS_NAME = "layerswarm-node"
-COORDINATOR_TLS_NAME = "layerswarm-coordinator"  # the only client certificate that may call BlockNode
+COORDINATOR_TLS_NAME = "layerswarm-coordinator"  # the only client certificate that may call all of BlockNode
+RELAY_TLS_NAME = "layerswarm-relay"  # a node forwarding a chain: Relay and Info only
+RELAY_METHODS = frozenset({METHOD_PREFIX + "Relay", METHOD_PREFIX + "Info"})
 PROTECTED_PREFIX = METHOD_PREFIX
 
 
@@ -35,14 +40,26 @@ class SecuritySettings:
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     tls_ca: bytes | None = None
+    relay_cert: bytes | None = None  # a node's client certificate for relay chains (under TLS)
+    relay_key: bytes | None = None
 
     @classmethod
     def from_files(
-        cls, token_file: Path | None = None, cert: Path | None = None, key: Path | None = None, ca: Path | None = None
+        cls,
+        token_file: Path | None = None,
+        cert: Path | None = None,
+        key: Path | None = None,
+        ca: Path | None = None,
+        relay_cert: Path | None = None,
+        relay_key: Path | None = None,
     ) -> SecuritySettings:
         tls = [cert, key, ca]
         if any(tls) and not all(tls):
             raise ValueError("TLS needs all three of --tls-cert, --tls-key and --tls-ca")
+        if bool(relay_cert) != bool(relay_key):
+            raise ValueError("a relay certificate needs both --tls-relay-cert and --tls-relay-key")
+        if relay_cert and not all(tls):
+            raise ValueError("--tls-relay-cert is for mutual TLS: give --tls-cert, --tls-key and --tls-ca too")
         token = token_file.read_text().strip() if token_file else None
         if token_file and not token:
             raise ValueError(f"--token-file {token_file} is empty")
@@ -51,6 +68,8 @@ class SecuritySettings:
             tls_cert=cert.read_bytes() if cert else None,
             tls_key=key.read_bytes() if key else None,
             tls_ca=ca.read_bytes() if ca else None,
+            relay_cert=relay_cert.read_bytes() if relay_cert else None,
+            relay_key=relay_key.read_bytes() if relay_key else None,
         )
 
     @property
@@ -66,6 +85,13 @@ class SecuritySettings:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(
             root_certificates=self.tls_ca, private_key=self.tls_key, certificate_chain=self.tls_cert
+        )
+
+    def relay_channel_credentials(self) -> grpc.ChannelCredentials:
+        """A node's credentials towards the next node of a chain (its relay certificate)."""
+        assert self.relay_cert and self.relay_key
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.tls_ca, private_key=self.relay_key, certificate_chain=self.relay_cert
         )
 
 
@@ -96,43 +122,59 @@ class SwarmAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  #
 
 
 class CoordinatorRoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
-    """With TLS: BlockNode calls only from the coordinator's certificate (its common name); other
-    client certificates of the swarm (a probe's) reach the health service only."""
+    """With TLS: BlockNode calls from the coordinator's certificate (its common name), and Relay and
+    Info from a node's relay certificate; other client certificates of the swarm (a probe's) reach the
+    health service only."""
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
     ) -> Any:
         handler = await continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.startswith(PROTECTED_PREFIX):
+        method = handler_call_details.method
+        if handler is None or not method.startswith(PROTECTED_PREFIX):
             return handler
-        return _require_coordinator(handler)
+        allowed = {COORDINATOR_TLS_NAME, RELAY_TLS_NAME} if method in RELAY_METHODS else {COORDINATOR_TLS_NAME}
+        return _require_role(handler, allowed)
 
 
-def _is_coordinator(context: grpc.aio.ServicerContext) -> bool:
+def _client_name_in(context: grpc.aio.ServicerContext, allowed: set[str]) -> bool:
     names = context.auth_context().get("x509_common_name", [])
-    return any(n == COORDINATOR_TLS_NAME.encode() for n in names)
+    return any(n.decode(errors="replace") in allowed for n in names)
 
 
 async def _refuse_role(context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only the coordinator's certificate may call BlockNode")
+    await context.abort(
+        grpc.StatusCode.PERMISSION_DENIED,
+        "only the coordinator's certificate may call this BlockNode method (a relay certificate: Relay and Info)",
+    )
 
 
-def _require_coordinator(handler: Any) -> Any:
+def _require_role(handler: Any, allowed: set[str]) -> Any:
     codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.stream_stream is not None:
         inner_stream = handler.stream_stream
 
         async def stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            if not _is_coordinator(context):
+            if not _client_name_in(context, allowed):
                 await _refuse_role(context)
             async for reply in inner_stream(requests, context):
                 yield reply
 
         return grpc.stream_stream_rpc_method_handler(stream, **codec)
+    if handler.unary_stream is not None:
+        inner_events = handler.unary_stream
+
+        async def events(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if not _client_name_in(context, allowed):
+                await _refuse_role(context)
+            async for reply in inner_events(request, context):
+                yield reply
+
+        return grpc.unary_stream_rpc_method_handler(events, **codec)
     inner = handler.unary_unary
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if not _is_coordinator(context):
+        if not _client_name_in(context, allowed):
             await _refuse_role(context)
         return await inner(request, context)
 

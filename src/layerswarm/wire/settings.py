@@ -23,7 +23,7 @@ from typing_extensions import Self
 
 from .security import SecuritySettings
 
-SECURITY_FILES = ("token_file", "tls_cert", "tls_key", "tls_ca")
+SECURITY_FILES = ("token_file", "tls_cert", "tls_key", "tls_ca", "tls_relay_cert", "tls_relay_key")  # from_files' order
 
 
 class ProcessSettings(BaseSettings):
