@@ -317,7 +317,6 @@ async def test_frozen_tokens_travel_int8_verified_and_counted(text_dir: Path) ->
     from layerswarm.models.checkpoint import read_manifest
     from layerswarm.models.text.depth_eval import run_with_depths
 
-    nodes = start_nodes([(text_dir, b) for b in range(3)])
     tok = train_tokenizer(SENTENCES)
     ids = encode_batch(tok, ["red fish swims far away"], 8)
     ids = ids[:, : int((ids != 0).sum())]
@@ -326,6 +325,7 @@ async def test_frozen_tokens_travel_int8_verified_and_counted(text_dir: Path) ->
     local, _ = load_model(text_dir)
     expected = run_with_depths(local, ids, list(local.blocks), depth)[0].softmax(-1)
     results = {}
+    nodes = start_nodes([(text_dir, b) for b in range(3)])
     try:
         for frozen in ("int8", "wire"):
             settings = CoordinatorSettings(
