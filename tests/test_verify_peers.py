@@ -139,7 +139,7 @@ async def test_a_referee_caught_lying_is_quarantined_through_the_coordinator(fam
     x = torch.randn(1, 5, 32)
     replies = {liar.address: torch.zeros_like(x), honest.address: x}
     for _ in range(8):  # referees are asked in random order: sooner or later the liar is asked first
-        await verifier.check(node, x, x, 0, torch.float16, replicas=[liar, honest], ask=answers(replies))
+        await verifier.check(node, x, x, 0, torch.float16, replicas=lambda: [liar, honest], ask=answers(replies))
         if quarantined:
             break
     assert [a for a, _ in quarantined] == [liar.address]

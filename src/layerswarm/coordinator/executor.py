@@ -331,7 +331,11 @@ class PathExecutor:
                 log.info("referee %s gave no usable answer: %s", peer.address, exc)
                 return None
 
-        replicas = same_weights(record, list(self.registry.nodes.values()))
+        def replicas() -> list[NodeRecord]:  # only when the hop is re-executed: a scan of every node
+            return [
+                r for r in same_weights(record, list(self.registry.nodes.values())) if r.address not in state.failed
+            ]
+
         try:
             await self.verifier.check(
                 record,
@@ -342,7 +346,7 @@ class PathExecutor:
                 force=opts.force_verify,
                 token_mask=result.token_mask,
                 sent=result.sent,
-                replicas=[r for r in replicas if r.address not in state.failed],
+                replicas=replicas,
                 ask=ask,
             )
         except Lie as exc:

@@ -131,7 +131,7 @@ class Verifier:
         wire: torch.dtype,
         force: bool = False,
         token_mask: torch.Tensor | None = None,
-        replicas: list[NodeRecord] | None = None,
+        replicas: Callable[[], list[NodeRecord]] | None = None,
         ask: Ask | None = None,
         sent: torch.Tensor | None = None,
     ) -> None:
@@ -139,7 +139,8 @@ class Verifier:
         `force`: re-execute whatever the sampling rate says (the hop was sampled already).
         token_mask: a text hop's mask (models/text/tokens.py): the reference computes the same tokens.
         sent: what the node decoded when it was not codec.as_sent(x, wire) (a split text hop).
-        replicas, ask: nodes serving the same weights, and how to send them this hop (peer_check.py)."""
+        replicas, ask: the nodes serving the same weights (asked for only when the hop is re-executed),
+        and how to send them this hop (peer_check.py)."""
         ident = record.identity
         if ident is None:
             return
@@ -155,10 +156,10 @@ class Verifier:
             self.counters.flagged += 1
         if soft is None and not on_probation and not force and self._rng.random() >= self.settings.rate:
             return
-        use_peers = bool(replicas) and ask is not None and self._peers_first(ident.model_id)
+        peers = replicas() if replicas is not None and ask is not None and self._peers_first(ident.model_id) else []
         x_sent = codec.as_sent(x, wire) if sent is None else sent  # exactly what the node received
-        if use_peers and replicas and ask is not None:
-            verdict = await self._on_peers(record, out, position, wire, replicas, ask, x_sent, token_mask)
+        if peers and ask is not None:
+            verdict = await self._on_peers(record, out, position, wire, peers, ask, x_sent, token_mask)
             if verdict is not None:
                 if verdict.liar == record.address and verdict.evidence is not None:
                     raise self._convict(record, seen, {**verdict.evidence, "position": position})
