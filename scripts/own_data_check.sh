@@ -5,7 +5,11 @@
 # and with FAMILY=1 also fine-tune a family from it (`layerswarm family`, defaults), train a
 # conventional baseline with the default command, and evaluate the family targets (`layerswarm eval`).
 # Usage: scripts/own_data_check.sh TASK TRAIN_IMAGES WORKDIR      (FAMILY=1 for the family part)
-# Everything lands in WORKDIR/TASK-N/: data/, base/, members, baseline/, report.json, logs.
+# Everything lands in WORKDIR/TASK-N/: data/, base/, members, baseline/, report.json, logs. Then
+#   python -m layerswarm.bench.own_data WORKDIR --json bench/results/own-data.json --markdown bench/results/own-data.md
+# The README's run: two streams side by side, each pinned to one core (taskset -c 0 / -c 1):
+#   for t in relations textures counting; do FAMILY=1 scripts/own_data_check.sh $t 4000 WORK; done
+#   for t in relations textures counting; do scripts/own_data_check.sh $t 20000 WORK; done
 set -euo pipefail
 TASK="$1"; N="$2"; WORK="$3/$TASK-$N"
 L="${LAYERSWARM:-$(dirname "$0")/../.venv/bin/layerswarm}"

@@ -115,3 +115,21 @@ def test_datasets_command_writes_a_task(tmp_path: Path, capsys: pytest.CaptureFi
     assert "16 training and 8 validation images of counting" in capsys.readouterr().out
     assert len(list((tmp_path / "c" / "train").rglob("*.png"))) == 16
     assert Image.open(next((tmp_path / "c" / "val").rglob("*.png"))).size == (32, 32)
+
+
+def test_own_data_summary_reads_what_a_default_run_leaves(tmp_path: Path) -> None:
+    """bench/own_data.py: the README's own-data table from the folders scripts/own_data_check.sh writes."""
+    from layerswarm.bench.own_data import render, summarize
+
+    run = tmp_path / "work" / "relations-64"
+    assert main(["datasets", "relations", str(run / "data"), "--train", "64", "--val", "32"]) == 0
+    train = ["train", "--data", f"imagefolder:{run / 'data'}", "--out", str(run / "base"), "--epochs", "2"]
+    assert main([*train, "--time-budget", "5", "--reference-seconds", "2", "--dim", "16", "--depth", "2"]) == 0
+    (run / "times.json").write_text(json.dumps({"task": "relations", "train_images": 64, "base_s": 9}))
+    summary = summarize(tmp_path / "work")
+    (row,) = summary["rows"]
+    learned = read_manifest(run / "base").metrics["learned"]
+    assert row["task"] == "relations" and row["train_images"] == 64 and row["epochs"] == 2
+    assert row["ratio_sequential"] == learned["ratio_val_sequential"]
+    assert row["met"] == (learned["ratio_val_sequential"] >= 0.9)
+    assert "| relations | 64 |" in render(summary) and "family" not in row

@@ -1,0 +1,143 @@
+"""The own-data comparison, summarised: what `scripts/own_data_check.sh` left in its work folder (one
+TASK-N/ folder per generated dataset and size) as one JSON report and a markdown table.
+
+Per folder: the bare default `layerswarm train` run (its manifest's `metrics.learned`: the ViT's
+validation accuracy against chance and against the reference CNN trained on the same split for the
+same wall-clock time), the test accuracy, what ended training, the time; and where the family part ran
+(FAMILY=1), `layerswarm eval`'s targets for the LayerShuffle members and the conventional baseline.
+
+    python -m layerswarm.bench.own_data WORK_DIR --json bench/results/own-data.json --markdown bench/results/own-data.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+TARGET_RATIO = 0.9  # the ViT against the reference CNN, same split, same time
+
+
+def summarize(work: Path) -> dict[str, Any]:
+    rows = [row for folder in work.iterdir() if (row := _row(folder)) is not None]
+    rows.sort(key=lambda r: (r["task"], r["train_images"] or 0))
+    return {
+        "work_dir": str(work),
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, no GPU",
+        "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "target_ratio": TARGET_RATIO,
+        "rows": rows,
+    }
+
+
+def _row(folder: Path) -> dict[str, Any] | None:
+    manifest_path = folder / "base" / "manifest.json"
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    metrics, recipe = manifest["metrics"], manifest["recipe"]
+    learned = metrics["learned"]
+    times = json.loads((folder / "times.json").read_text()) if (folder / "times.json").is_file() else {}
+    history = recipe.get("history", [])
+    row: dict[str, Any] = {
+        "task": times.get("task", folder.name.rsplit("-", 1)[0]),
+        "train_images": times.get("train_images"),
+        "command": recipe.get("command"),
+        "chance": learned["chance"],
+        "vit_val_sequential": learned["vit_val_sequential"],
+        "vit_val_arbitrary": learned.get("vit_val_arbitrary"),
+        "reference_val": learned["reference"]["val_acc"],
+        "reference_steps": learned["reference"]["steps"],
+        "reference_seconds": learned["reference"]["seconds"],
+        "ratio_sequential": learned["ratio_val_sequential"],
+        "ratio_arbitrary": learned.get("ratio_val_arbitrary"),
+        "test_sequential": metrics.get("test_sequential"),
+        "test_arbitrary": metrics.get("test_arbitrary"),
+        "epochs": len(history),
+        "training_seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        "stopped": recipe.get("stopped"),
+        "whole_run_seconds": times.get("base_s"),
+        "met": learned["ratio_val_sequential"] >= TARGET_RATIO,
+    }
+    report_path = folder / "report.json"
+    if report_path.is_file():
+        report = json.loads(report_path.read_text())
+        row["family"] = _family(report)
+        row["family_seconds"] = {k: times.get(k) for k in ("family_s", "baseline_s", "eval_s")}
+    return row
+
+
+def _family(report: dict[str, Any]) -> dict[str, Any]:
+    targets = report["targets"]
+    group = next(v for k, v in targets.items() if k != "baseline" and "arbitrary_over_sequential" in v)
+    baseline_name = next(k for k, m in report["models"].items() if m["variant"] == "baseline")
+    baseline = report["models"][baseline_name]
+    return {
+        "arbitrary_over_sequential": round(group["arbitrary_over_sequential"], 4),
+        "merged_over_arbitrary": round(group["merged_over_arbitrary"], 4),
+        "ensemble_minus_best_member": round(group["ensemble_minus_best_member"], 4),
+        "pruning_monotone_arbitrary": group["pruning_monotone_arbitrary"],
+        "baseline_sequential": round(baseline["sequential"], 4),
+        "baseline_arbitrary": round(baseline["arbitrary"]["mean"], 4),
+        "chance": report["chance"],
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    head = "| task | train images | ViT val (seq / arb) | reference CNN | ratio | ViT training | ended by "
+    head += "| test (seq / arb) |"
+    lines = [head, "| --- " * 8 + "|"]
+    for r in summary["rows"]:
+        stopped = (
+            "early stop"
+            if "improved" in (r["stopped"] or "")
+            else "time budget"
+            if "budget" in (r["stopped"] or "")
+            else r["stopped"]
+        )
+        lines.append(
+            f"| {r['task']} | {r['train_images']:,} | {r['vit_val_sequential']:.3f} / {r['vit_val_arbitrary']:.3f} | "
+            f"{r['reference_val']:.3f} ({r['reference_steps']:,} steps) | **{r['ratio_sequential']:.2f}** | "
+            f"{r['training_seconds']:.0f} s, {r['epochs']} epochs | {stopped} | "
+            f"{r['test_sequential']:.3f} / {r['test_arbitrary']:.3f} |"
+        )
+    families = [r for r in summary["rows"] if "family" in r]
+    if families:
+        lines += [
+            "",
+            "| task | arbitrary / sequential | merged / arbitrary | ensemble - best member | pruning monotone "
+            "| baseline seq / arb (chance) |",
+            "| --- " * 6 + "|",
+        ]
+        for r in families:
+            f = r["family"]
+            lines.append(
+                f"| {r['task']} ({r['train_images']:,}) | {f['arbitrary_over_sequential']:.3f} | "
+                f"{f['merged_over_arbitrary']:.3f} | {f['ensemble_minus_best_member'] * 100:+.2f} points | "
+                f"{f['pruning_monotone_arbitrary']} | {f['baseline_sequential']:.3f} / {f['baseline_arbitrary']:.3f} "
+                f"({f['chance']:.3f}) |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("work", type=Path, help="the folder scripts/own_data_check.sh wrote into")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    summary = summarize(args.work)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    text = render(summary)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
