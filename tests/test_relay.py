@@ -370,6 +370,15 @@ async def test_a_relay_certificate_may_call_relay_and_info_but_not_forward(
         assert "relay chain refused" in (caught.value.details() or "")
     finally:
         await client.close()
+    probe_pem = {name: (certs / f"probe.{name}").read_bytes() for name in ("pem", "key")}
+    probe = SecuritySettings(None, probe_pem["pem"], probe_pem["key"], (certs / "ca.pem").read_bytes())
+    other = NodeClient(address(procs[1]), 64 * 1024 * 1024, security=probe)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await other.relay(unmaced, 5.0)  # another client certificate of the swarm: refused before the token
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await other.close()
 
 
 async def test_a_node_without_a_relay_certificate_is_refused_chains_and_requests_still_answer(

@@ -41,6 +41,7 @@ from layerswarm.models.checkpoint import Lineage, load_model, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
 
+from . import emit_table
 from .fixtures import VITB, median_ms
 
 log = logging.getLogger(__name__)
@@ -339,13 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     from .runner import environment  # here: the runner imports this module
 
     report = {"environment": environment(), **run(args.quick)}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    text = render(report)
-    if args.markdown:
-        args.markdown.write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_table(report, render(report), args.json, args.markdown)
 
 
 if __name__ == "__main__":

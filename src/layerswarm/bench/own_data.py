@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import emit_table
+
 TARGET_RATIO = 0.9  # the ViT against the reference CNN, same split, same time
 
 
@@ -130,13 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     summary = summarize(args.work)
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    text = render(summary)
-    if args.markdown:
-        args.markdown.write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_table(summary, render(summary), args.json, args.markdown)
 
 
 if __name__ == "__main__":

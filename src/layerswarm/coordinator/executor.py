@@ -25,7 +25,6 @@ from .peer_check import same_weights
 from .planner import Plan, substitutes
 from .ranges import hard_range_problem
 from .registry import NodeRecord, Registry
-from .text_hops import text_hop_cost
 from .verify import Lie, Verifier
 from .wire_choice import WireChoice
 
@@ -120,7 +119,7 @@ class ExecOptions:
 
 
 DEADLINE_REACHED = "request deadline reached"
-_Won = tuple[NodeRecord, torch.Tensor, float]  # the node that answered, its output, latency in ms
+_Won = tuple[NodeRecord, HopResult, float]  # the node that answered, its reply, latency in ms
 
 
 def _hedge_delay(record: NodeRecord, opts: ExecOptions) -> float | None:
@@ -207,18 +206,17 @@ class PathExecutor:
             won = await self._hedged(x, hop, record, alternatives, state)
             if won is None:
                 continue
-            winner, out, latency_ms = won
+            winner, result, latency_ms = won
             self.registry.record_success(winner.address, latency_ms)
             hop.block, hop.node, hop.latency_ms = winner.block, winner.address, latency_ms
             hop.model_id = winner.identity.model_id if winner.identity else None
             hop.outcome = "substituted" if hop.attempts else "hedged" if hop.hedged_to == winner.address else "ok"
             state.used.add(winner.block)
-            if state.opts.key_mask is not None:
-                wire = codec.dtype_by_name(hop.wire) if hop.wire else state.opts.wire_dtype
-                hop.tokens, hop.wire_bytes = text_hop_cost(
-                    x, state.opts.key_mask, state.opts.token_depth, hop.position, wire, state.opts.frozen_dtype
-                )
-            return out
+            if state.opts.wire_choice is not None:
+                hop.wire = codec.dtype_name(result.wire)
+            if result.tokens is not None:  # text: what the winner's hop computed and moved
+                hop.tokens, hop.wire_bytes = result.tokens, result.wire_bytes
+            return result.out
         hop.outcome = "skipped"
         return None
 
@@ -265,7 +263,7 @@ class PathExecutor:
             return
         won = loser.result()
         if won is not None:
-            record, _out, latency_ms = won
+            record, _result, latency_ms = won
             self.registry.record_success(record.address, latency_ms)
 
     async def close(self) -> None:
@@ -278,7 +276,7 @@ class PathExecutor:
         """One call; a failure goes into the trace and the registry, and gives None."""
         started = time.monotonic()
         try:
-            out = await self._call(record, x, hop, state)
+            result = await self._call(record, x, hop, state)
         except HopFailed as exc:
             state.failed.add(record.address)
             ident = record.identity
@@ -288,7 +286,7 @@ class PathExecutor:
             else:
                 self.registry.record_failure(record.address, str(exc))
             return None
-        return record, out, (time.monotonic() - started) * 1e3
+        return record, result, (time.monotonic() - started) * 1e3
 
     def _alternatives(self, hop: Hop, candidates: list[NodeRecord], state: _RequestState) -> Iterator[NodeRecord]:
         """Planned candidates first; then (robust families) nodes of spare block indices. Nodes that
@@ -304,12 +302,10 @@ class PathExecutor:
                 if record.routable and record.address not in tried:
                     yield record
 
-    async def _call(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> torch.Tensor:
+    async def _call(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> HopResult:
         result = await self.hops.forward(record, x, hop.position, state.opts, state.path_length)
-        if state.opts.wire_choice is not None:
-            hop.wire = codec.dtype_name(result.wire)
         await self._verify(record, x, result, hop.position, state)
-        return result.out
+        return result
 
     async def _verify(
         self, record: NodeRecord, x: torch.Tensor, result: HopResult, position: int, state: _RequestState

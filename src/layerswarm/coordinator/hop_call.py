@@ -20,7 +20,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .clients import ClientPool
 from .linkmap import COORDINATOR
 from .registry import NodeRecord, Registry
-from .text_hops import hop_mask, text_reply, text_request
+from .text_hops import active_count, hop_mask, text_reply, text_request
 
 if TYPE_CHECKING:
     from .executor import ExecOptions
@@ -42,6 +42,8 @@ class HopResult(NamedTuple):
     token_mask: torch.Tensor | None  # a text hop's mask
     wire: torch.dtype  # the activations' wire dtype
     sent: torch.Tensor | None  # what the node decoded, when not codec.as_sent(x, wire) (text, split form)
+    wire_bytes: int  # tensor payload of the request (activations, frozen, mask) and the reply
+    tokens: int | None  # text: the tokens the node computed
 
 
 class HopCaller:
@@ -88,14 +90,16 @@ class HopCaller:
             raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
         finally:
             record.end_call()
-        sent_bytes = len(activations.data) + (len(frozen.data) + len(frozen.scales) if frozen is not None else 0)
+        sent_bytes = sum(codec.payload_bytes(t) for t in (request.activations, request.frozen))
         self._observe_links(record, (time.monotonic() - started) * 1e3, reply, sent_bytes)
+        moved = sent_bytes + codec.payload_bytes(request.token_mask) + codec.payload_bytes(reply.activations)
         try:
             if token_mask is not None:  # text: the reply holds the active tokens only
                 # split: frozen tokens keep the states the node read, so every later hop and the
                 # verifier see the same values
                 base = x if sent is None else sent
-                return HopResult(text_reply(base, token_mask, reply.activations, wire), token_mask, wire, sent)
+                out = text_reply(base, token_mask, reply.activations, wire)
+                return HopResult(out, token_mask, wire, sent, moved, active_count(token_mask))
             out = codec.decode(reply.activations, opts.spec)
             if out.shape != x.shape:
                 raise codec.TensorError(f"reply shape {tuple(out.shape)} differs from request {tuple(x.shape)}")
@@ -104,11 +108,11 @@ class HopCaller:
         except codec.TensorError as exc:
             log.warning("quarantining %s: malformed activations (%s)", record.address, exc)
             raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
-        return HopResult(out.to(torch.float32), None, wire, None)
+        return HopResult(out.to(torch.float32), None, wire, None, moved, None)
 
     def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
         """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
         half each way (passive: real traffic only)."""
         one_way = max(round_trip_ms - reply.compute_ms, 0.0) / 2
         self.registry.links.observe(COORDINATOR, record.address, sent, one_way)
-        self.registry.links.observe(record.address, COORDINATOR, len(reply.activations.data), one_way)
+        self.registry.links.observe(record.address, COORDINATOR, codec.payload_bytes(reply.activations), one_way)

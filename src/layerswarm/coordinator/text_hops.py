@@ -1,12 +1,11 @@
-"""Text hops: the token mask a hop carries, the reply that holds only the tokens it computed, and
-what a hop cost in tokens and bytes (models/text/tokens.py defines the mask codes)."""
+"""Text hops: the token mask a hop carries, the request's full or split form, and the reply that
+holds only the tokens it computed (models/text/tokens.py defines the mask codes)."""
 
 from __future__ import annotations
 
 import torch
 
 from layerswarm.models.text.tokens import (
-    ACTIVE_CODE,
     FROZEN_CODE,
     active_count,
     hop_mask,
@@ -17,9 +16,7 @@ from layerswarm.models.text.tokens import (
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from .wire_choice import wire_bytes
-
-__all__ = ["hop_mask", "text_hop_cost", "text_reply", "text_request"]
+__all__ = ["active_count", "hop_mask", "text_reply", "text_request"]
 
 
 def uses_split(mask: torch.Tensor, wire: torch.dtype, frozen_dtype: torch.dtype | None) -> bool:
@@ -56,26 +53,3 @@ def text_reply(x: torch.Tensor, mask: torch.Tensor, reply: pb.Tensor, wire_dtype
     if codec.torch_dtype(reply.dtype) != wire_dtype:  # int8 decodes to float32: compare the wire's own
         raise codec.TensorError(f"reply dtype {updates.dtype}, asked for {wire_dtype}")
     return scatter_active(x, mask, updates.to(torch.float32))
-
-
-def text_hop_cost(
-    x: torch.Tensor,
-    key_mask: torch.Tensor,
-    token_depth: torch.Tensor | None,
-    hops_run: int,
-    wire: torch.dtype,
-    frozen_dtype: torch.dtype | None = None,
-) -> tuple[int, int]:
-    """(tokens computed, tensor payload bytes) of one text hop as `text_request` encodes it: the
-    request carries every position of x (or, split, the active rows in `wire` and the frozen ones in
-    `frozen_dtype`) and the float32 mask; the reply only the active tokens, in `wire`."""
-    mask = hop_mask(key_mask, token_depth, hops_run)
-    dim = x.shape[-1]
-    tokens = int((mask == ACTIVE_CODE).sum())
-    if uses_split(mask, wire, frozen_dtype):
-        assert frozen_dtype is not None
-        frozen = int((mask == FROZEN_CODE).sum())
-        request = wire_bytes(tokens * dim, dim, wire) + wire_bytes(frozen * dim, dim, frozen_dtype)
-    else:
-        request = wire_bytes(x.numel(), dim, wire)
-    return tokens, request + mask.numel() * 4 + wire_bytes(tokens * dim, dim, wire)

@@ -133,6 +133,11 @@ def encode_sent(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[pb.Tensor, to
     return msg, sent
 
 
+def payload_bytes(msg: pb.Tensor) -> int:
+    """The tensor bytes a message carries (values and int8 scales; 0 for an unset field)."""
+    return len(msg.data) + len(msg.scales)
+
+
 def _bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().numpy().tobytes()
 

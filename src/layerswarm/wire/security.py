@@ -150,32 +150,30 @@ async def _refuse_role(context: grpc.aio.ServicerContext) -> None:
 
 
 def _require_role(handler: Any, allowed: set[str]) -> Any:
+    """The handler, behind a check of the client certificate's name (BlockNode has unary calls and
+    server-streaming ones, with one request or a stream of them)."""
+
+    async def check(context: grpc.aio.ServicerContext) -> None:
+        if not _client_name_in(context, allowed):
+            await _refuse_role(context)
+
     codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-    if handler.stream_stream is not None:
-        inner_stream = handler.stream_stream
+    for kind, make in (
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    ):
+        if (inner_stream := getattr(handler, kind)) is not None:
 
-        async def stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            if not _client_name_in(context, allowed):
-                await _refuse_role(context)
-            async for reply in inner_stream(requests, context):
-                yield reply
+            async def replies(request: Any, context: grpc.aio.ServicerContext, inner: Any = inner_stream) -> Any:
+                await check(context)
+                async for reply in inner(request, context):
+                    yield reply
 
-        return grpc.stream_stream_rpc_method_handler(stream, **codec)
-    if handler.unary_stream is not None:
-        inner_events = handler.unary_stream
-
-        async def events(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if not _client_name_in(context, allowed):
-                await _refuse_role(context)
-            async for reply in inner_events(request, context):
-                yield reply
-
-        return grpc.unary_stream_rpc_method_handler(events, **codec)
+            return make(replies, **codec)
     inner = handler.unary_unary
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if not _client_name_in(context, allowed):
-            await _refuse_role(context)
+        await check(context)
         return await inner(request, context)
 
     return grpc.unary_unary_rpc_method_handler(unary, **codec)
