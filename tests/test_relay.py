@@ -393,3 +393,24 @@ async def test_a_node_without_a_relay_certificate_is_refused_chains_and_requests
         assert any("relay certificate" in h["reason"] for h in result.path.handbacks), result.path.handbacks
     finally:
         stop_all(plain)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rtt_ms", float("nan")), ("rtt_ms", -1.0), ("rtt_ms", 1e9), ("send_ms", float("inf")), ("compute_ms", -5.0)],
+)
+def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> None:
+    """A lying node's figures never reach the link map: NaN, negative or absurd times void the chain."""
+    from types import SimpleNamespace
+
+    from layerswarm.coordinator.relay import _trace_problem
+    from layerswarm.wire.relay_plan import digest
+
+    sent = b"activations"
+    segment = [(None, SimpleNamespace(address="a:1", block=0)), (None, SimpleNamespace(address="b:2", block=1))]
+    first = pb.HopTrace(node="a:1", block=0, position=0, compute_ms=1.0, send_ms=2.0, rtt_ms=0.5)
+    first.input_sha256, first.output_sha256 = digest(sent), "out-a"
+    second = pb.HopTrace(node="b:2", block=1, position=1, compute_ms=1.0, input_sha256="out-a", output_sha256="out-b")
+    assert _trace_problem([first, second], segment, 0, sent) is None  # type: ignore[arg-type]
+    setattr(first, field, value)
+    assert _trace_problem([first, second], segment, 0, sent) == "trace step 0 has impossible times"  # type: ignore[arg-type]
