@@ -153,7 +153,7 @@ def test_the_service_name_written_once_is_the_protos() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
 def test_any_non_finite_value_anywhere_is_refused(dtype: torch.dtype, bad_value: float) -> None:
-    """The finiteness check is one amax reduction: it must still see a lone NaN or Inf at any position
+    """The finiteness check is one aminmax pass: it must still see a lone NaN or Inf at any position
     (vectorised heads, tails, the middle) of a ViT-B-sized activation, and in an int8 tensor's scales."""
     spec = codec.TensorSpec(shape=(None, 197, 768))
     x = torch.randn(1, 197, 768).to(dtype)
@@ -172,3 +172,21 @@ def test_encode_sent_is_encode_and_what_the_receiver_decodes(dtype: torch.dtype)
     assert msg == codec.encode(t, dtype)
     assert sent.dtype == torch.float32 and torch.equal(sent, codec.decode(msg).float())
     assert torch.equal(sent, codec.as_sent(t, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
+def test_peak_abs_is_the_largest_magnitude_either_sign(dtype: torch.dtype) -> None:
+    for sign in (1, -1):
+        x = (torch.randn(2, 197, 768) * 20).to(dtype)
+        x.view(-1)[1234] = sign * 120  # the peak, negative in one case: |min| must count
+        assert codec.peak_abs(x) == float(x.abs().max()) == 120
+
+
+def test_large_buffers_are_kept_on_glibc_linux() -> None:
+    """wire/memory.py: applied where glibc is (this machine, the images), a no-op elsewhere."""
+    import platform
+
+    from layerswarm.wire.memory import keep_large_buffers
+
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert keep_large_buffers() is expected

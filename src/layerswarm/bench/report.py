@@ -8,24 +8,32 @@ from .edgelan import render as render_edge_lan
 
 
 def render(r: dict[str, Any]) -> str:
-    if "vitb_swarm_vs_monolith" not in r and "edge_lan" in r:  # --only edge-lan
-        sections = [_header(r), [render_edge_lan(r["edge_lan"])]]
-    elif "vitb_swarm_vs_monolith" not in r and "hop_vs_floor" in r:  # --only hop
-        sections = [_header(r), _hop(r)]
-    elif "vitb_swarm_vs_monolith" not in r and "wire_formats" in r:  # --only wire
-        sections = [_header(r), _wire(r), *([_activation_forms(r)] if "activation_forms" in r else [])]
-    elif "vitb_swarm_vs_monolith" not in r:  # --only adaptive
-        sections = [_header(r), render_adaptive(r["adaptive"])]
-    else:
-        sections = [_header(r), _vitb(r), _hop(r), _wire(r), _activation_forms(r)]
-        sections += [_concurrency(r), _coordinator_cost(r), _footer(r)]
-        if "node_footprint" in r:
-            sections.append(_node_footprint(r["node_footprint"]))
-        if "adaptive" in r:
-            sections.append(render_adaptive(r["adaptive"]))
-        if "edge_lan" in r:
-            sections.append([render_edge_lan(r["edge_lan"])])
+    """Every table whose figures the report holds, in order (`--only` runs hold a subset)."""
+    tables = [
+        ("vitb_swarm_vs_monolith", _vitb),
+        ("vitb_throughput", _throughput),
+        ("hop_vs_floor", _hop),
+        ("wire_formats", _wire),
+        ("activation_forms", _activation_forms),
+        ("concurrency", _concurrency),
+        ("coordinator_cost_vitb", _coordinator_cost),
+        ("vitb_swarm_vs_monolith_ratio", _footer),
+        ("node_footprint", lambda r: _node_footprint(r["node_footprint"])),
+        ("adaptive", lambda r: render_adaptive(r["adaptive"])),
+        ("edge_lan", lambda r: [render_edge_lan(r["edge_lan"])]),
+    ]
+    sections = [_header(r)] + [table(r) for key, table in tables if key in r]
     return "\n\n".join("\n".join(lines) for lines in sections)
+
+
+def _throughput(r: dict[str, Any]) -> list[str]:
+    t = r["vitb_throughput"]
+    rows = [
+        _row(f"swarm, {t['concurrent']} concurrent batch-1 requests", t["swarm_images_per_s"], t["ratio"]),
+        _row(f"monolith, 2 threads, batch {t['concurrent']}", t["monolith_2_threads_images_per_s"], "1.000"),
+    ]
+    title = f"**ViT-B/16 shape, 12 nodes: throughput** (median of {t['rounds']} rounds, interleaved)"
+    return _table(title, ["configuration", "images/s", "x monolith (2 threads)"], rows)
 
 
 def _table(title: str, columns: list[str], rows: list[str]) -> list[str]:
@@ -55,6 +63,9 @@ def _vitb(r: dict[str, Any]) -> list[str]:
         f"| monolith, 2 threads | {v['monolith_2_threads_ms']} | "
         f"{v['monolith_2_threads_ms'] / v['monolith_1_thread_ms']:.3f} |",
     ]
+    if "blocks_1_thread_ms" in v:
+        rows.append(f"| monolith's 12 blocks alone, 1 thread | {v['blocks_1_thread_ms']} | - |")
+        rows.append(f"| the nodes' own compute, summed (their Info) | {v['nodes_compute_ms']} | - |")
     for key, value in v.items():
         if key.startswith("swarm_"):
             name = key[len("swarm_") : -len("_ms")]
@@ -80,7 +91,22 @@ def _hop(r: dict[str, Any]) -> list[str]:
         "**One hop against a bare gRPC echo and the raw TCP floor** (hop: round trip minus the node's "
         "compute time; echo: the same bytes through grpc.aio with no protobuf, codec or compute)"
     )
-    return _table(title, columns, rows)
+    return [*_table(title, columns, rows), "", *_hop_parts(r)]
+
+
+def _hop_parts(r: dict[str, Any]) -> list[str]:
+    parts = ("protobuf", "codec_and_checks", "thread_hand_off", "node_rest")
+    rows = []
+    for h in r["hop_vs_floor"]:
+        if "stream_parts_ms" in h:
+            share = [h["stream_parts_ms"][p] for p in parts]
+            rows.append(_row(f"{h['shape']} {h['dtype']}", h["grpc_echo_stream_ms"], *share, h["stream_overhead_ms"]))
+    columns = ["payload", "gRPC echo ms", "+ protobuf", "+ codec and checks", "+ thread hand-off", "+ rest of node"]
+    title = (
+        "**Where a streamed hop's time goes** (ms; each column is the difference between two rungs of the "
+        "echo server, bench/grpc_echo.py, measured interleaved with the hop)"
+    )
+    return _table(title, [*columns, "= hop ms"], rows)
 
 
 def _activation_forms(r: dict[str, Any]) -> list[str]:
@@ -125,7 +151,8 @@ def _concurrency(r: dict[str, Any]) -> list[str]:
 
 def _coordinator_cost(r: dict[str, Any]) -> list[str]:
     keys = ("coordinator_cpu_ms_per_request", "nodes_cpu_ms_per_request", "coordinator_share")
-    rows = [_row(name, *_cells(r[f"coordinator_cost_{name}"], *keys)) for name in ("vitb", "shipped")]
+    names = [name for name in ("vitb", "shipped") if f"coordinator_cost_{name}" in r]
+    rows = [_row(name, *_cells(r[f"coordinator_cost_{name}"], *keys)) for name in names]
     columns = ["swarm", "coordinator ms", "all nodes ms", "coordinator share"]
     return _table("**Coordinator CPU per request** (HTTP end to end, sequential requests)", columns, rows)
 

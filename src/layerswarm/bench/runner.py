@@ -21,6 +21,7 @@ import torch
 from layerswarm import __version__
 from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
+from layerswarm.wire.memory import keep_large_buffers
 
 from . import activations, adaptive, edgelan, shipped, vitb
 from . import nodes as node_footprint
@@ -71,6 +72,26 @@ def run_int8_accuracy(quick: bool) -> list[dict[str, Any]]:
     return activations.accuracy_by_wire(member, data.test_x[:count], data.test_y[:count])
 
 
+def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
+    """The ViT-B/16-shaped swarm (12 nodes on loopback) against the monolith: latency, throughput, one
+    hop, the coordinator's CPU; on a CUDA machine the latency again with CUDA nodes."""
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+        model_dir = vitb_model_dir(Path(tmp))
+        with nodes([(model_dir, b) for b in range(12)]) as procs:
+            configs = [("fp32", "unary"), ("fp32", "stream"), ("fp16", "unary"), ("fp16", "stream")]
+            report["vitb_swarm_vs_monolith"] = asyncio.run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
+            report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps))
+            report["vitb_throughput"] = asyncio.run(vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6))
+            report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
+        if torch.cuda.is_available():  # the same ratio on the GPU, where there is one; never required
+            with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:
+                report["vitb_swarm_vs_monolith_cuda"] = asyncio.run(
+                    vitb.swarm_vs_monolith(model_dir, procs, reps, [("fp16", "stream")], device="cuda")
+                )
+    return report
+
+
 def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
@@ -96,18 +117,11 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         report["wire_accuracy_in_process"] = run_int8_accuracy(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
-    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
-        model_dir = vitb_model_dir(Path(tmp))
-        with nodes([(model_dir, b) for b in range(12)]) as procs:
-            configs = [("fp32", "unary"), ("fp32", "stream"), ("fp16", "unary"), ("fp16", "stream")]
-            report["vitb_swarm_vs_monolith"] = asyncio.run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
-            report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps))
-            report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
-        if torch.cuda.is_available():  # the same ratio on the GPU, where there is one; never required
-            with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:
-                report["vitb_swarm_vs_monolith_cuda"] = asyncio.run(
-                    vitb.swarm_vs_monolith(model_dir, procs, reps, [("fp16", "stream")], device="cuda")
-                )
+    report.update(run_vitb(quick, reps))
+    if only == "vitb":
+        report["vitb_swarm_vs_monolith_ratio"] = report["vitb_swarm_vs_monolith"]["ratio_fp16_stream"]
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
     members = robust_members(family_root())[:2]
     with nodes(shipped.layout(members)) as procs:
         report["wire_formats"] = asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
@@ -152,6 +166,7 @@ def _cores() -> int:
 
 
 def main(quick: bool, json_path: Path | None, markdown_path: Path | None, only: str | None = None) -> int:
+    keep_large_buffers()  # as the node and coordinator processes do: this process is a coordinator
     report = run(quick, only)
     text = render(report)
     if json_path:

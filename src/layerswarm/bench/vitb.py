@@ -3,6 +3,7 @@ and the coordinator's CPU share."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
 from pathlib import Path
@@ -18,11 +19,12 @@ from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model
+from layerswarm.models.vit import run_blocks
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .fixtures import addresses, coordinator_process, cpu_seconds, median_ms, timed
-from .grpc_echo import GrpcEcho
+from .grpc_echo import RUNGS, GrpcEcho
 from .tcp_floor import EchoServer
 
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
@@ -53,6 +55,9 @@ async def swarm_vs_monolith(
     model = model.to(device)
     images = torch.rand(1, 3, model.cfg.image_size, model.cfg.image_size)
 
+    with torch.inference_mode():
+        tokens = model.stem(images.to(device))
+
     def monolith(threads: int) -> float:
         torch.set_num_threads(threads)
         with torch.inference_mode():
@@ -60,21 +65,26 @@ async def swarm_vs_monolith(
         torch.set_num_threads(1)
         return t
 
+    def blocks_alone(threads: int) -> float:  # the same blocks, no stem or head: what the nodes compute
+        with torch.inference_mode():
+            return timed(lambda: _sync(run_blocks(list(model.blocks), tokens)))
+
     results: dict[str, Any] = {"blocks": len(model.blocks), "reps": reps, "device": device}
     coords = {cfg: coordinator(model_dir, addresses(procs), *cfg) for cfg in configs}
     for coord in coords.values():
         await coord.start()
-    samples: dict[str, list[float]] = {"monolith_1_thread": [], "monolith_2_threads": []}
+    samples: dict[str, list[float]] = {"monolith_1_thread": [], "monolith_2_threads": [], "blocks_1_thread": []}
     samples.update({f"swarm_{w}_{t}": [] for w, t in configs})
     try:
         for rep in range(reps + 2):  # two warm-up rounds: channels, streams, allocator
             # Every configuration once per round, in a rotating order: drift on a shared machine hits all alike.
             round_robin: list[tuple[str, Any]] = [("monolith_1_thread", 1), ("monolith_2_threads", 2)]
+            round_robin += [("blocks_1_thread", 1)]
             round_robin += [(f"swarm_{w}_{t}", coords[(w, t)]) for w, t in configs]
             shift = rep % len(round_robin)
             for name, what in round_robin[shift:] + round_robin[:shift]:
                 if isinstance(what, int):
-                    elapsed = monolith(what)
+                    elapsed = blocks_alone(what) if name == "blocks_1_thread" else monolith(what)
                 else:
                     started = time.perf_counter()
                     result = await what.classify(images, SEQ)
@@ -82,6 +92,7 @@ async def swarm_vs_monolith(
                     assert result.path.depth == len(model.blocks)
                 if rep >= 2:
                     samples[name].append(elapsed)
+        results["nodes_compute_ms"] = await nodes_compute_ms(procs)
     finally:
         for coord in coords.values():
             await coord.stop()
@@ -93,10 +104,62 @@ async def swarm_vs_monolith(
     return results
 
 
+async def nodes_compute_ms(procs: list[Proc]) -> float:
+    """The sum of the nodes' own compute time per request (each node's recent average, from Info): set
+    beside the monolith's blocks it shows how much slower a block computes in a node than in one process."""
+    from layerswarm.coordinator.clients import NodeClient
+
+    total = 0.0
+    for address in addresses(procs):
+        client = NodeClient(address, 1024 * 1024)
+        try:
+            total += (await client.info(10)).load.ewma_latency_ms
+        finally:
+            await client.close()
+    return round(total, 3)
+
+
+async def concurrent_throughput(model_dir: Path, procs: list[Proc], concurrent: int, rounds: int) -> dict[str, Any]:
+    """Images per second: `concurrent` batch-1 requests at once through the swarm (fp16 streams, the
+    default; nodes micro-batch what queues up) against the monolith on both cores at batch
+    `concurrent`, interleaved round by round."""
+    model, _ = load_model(model_dir)
+    images = torch.rand(concurrent, 3, model.cfg.image_size, model.cfg.image_size)
+    coord = coordinator(model_dir, addresses(procs), "fp16", "stream")
+    await coord.start()
+    swarm_s: list[float] = []
+    monolith_s: list[float] = []
+    try:
+        for rep in range(rounds + 1):  # one warm-up round
+            torch.set_num_threads(2)
+            with torch.inference_mode():
+                monolith = timed(lambda: model(images))
+            torch.set_num_threads(1)  # the coordinator's stem and head, as in the latency runs
+            started = time.perf_counter()
+            results = await asyncio.gather(*(coord.classify(images[i : i + 1], SEQ) for i in range(concurrent)))
+            swarm = time.perf_counter() - started
+            assert all(r.path.depth == len(model.blocks) for r in results)
+            if rep:
+                monolith_s.append(monolith)
+                swarm_s.append(swarm)
+    finally:
+        await coord.stop()
+    swarm_rate = concurrent / (median_ms(swarm_s) / 1e3)
+    monolith_rate = concurrent / (median_ms(monolith_s) / 1e3)
+    return {
+        "concurrent": concurrent,
+        "rounds": rounds,
+        "swarm_images_per_s": round(swarm_rate, 3),
+        "monolith_2_threads_images_per_s": round(monolith_rate, 3),
+        "ratio": round(swarm_rate / monolith_rate, 4),
+    }
+
+
 async def hop_vs_floor(model_dir: Path, node: Proc, reps: int) -> list[dict[str, Any]]:
     """One node's round trip minus its compute time, against a bare gRPC echo and raw TCP echoing the
-    same bytes; samples are interleaved, so the machine's drift hits them all alike. node / echo is our
-    share (protobuf, codec, checks, the compute hand-off); echo / floor is gRPC's."""
+    same bytes, and the echo's rungs (grpc_echo.py); samples are interleaved, so the machine's drift hits
+    them all alike. node / echo is our share, split by the rungs into protobuf, codec and checks, the
+    compute hand-off and the rest of the node; echo / floor is gRPC's."""
     from layerswarm.coordinator.clients import NodeClient
 
     model, _ = load_model(model_dir)
@@ -123,8 +186,11 @@ async def hop_vs_floor(model_dir: Path, node: Proc, reps: int) -> list[dict[str,
                         if i >= 2:
                             samples.setdefault(f"{transport}_overhead", []).append(overhead)
                             samples.setdefault(f"grpc_echo_{transport}", []).append(echoed)
+                    rungs = {rung: (await grpc_echo.rung_trip(rung, request))[0] for rung in RUNGS[1:]}
                     if i >= 2:
                         samples["tcp_floor"].append(floor)
+                        for rung, elapsed in rungs.items():
+                            samples.setdefault(f"rung_{rung}", []).append(elapsed)
                 rows.append(_hop_row(nbytes, [batch, tokens, dim], dtype, samples, transports))
     for client in clients.values():
         await client.close()
@@ -140,6 +206,10 @@ def _hop_row(
         row[f"{t}_over_floor"] = round(row[f"{t}_overhead_ms"] / row["tcp_floor_ms"], 3)
         row[f"grpc_echo_{t}_over_floor"] = round(row[f"grpc_echo_{t}_ms"] / row["tcp_floor_ms"], 3)
         row[f"{t}_over_grpc_echo"] = round(row[f"{t}_overhead_ms"] / row[f"grpc_echo_{t}_ms"], 3)
+    # Each part's share of a streamed hop: the difference between consecutive rungs (grpc_echo.py).
+    ladder = [row["grpc_echo_stream_ms"], *(row[f"rung_{r}_ms"] for r in RUNGS[1:]), row["stream_overhead_ms"]]
+    parts = ("protobuf", "codec_and_checks", "thread_hand_off", "node_rest")
+    row["stream_parts_ms"] = {p: round(b - a, 3) for p, a, b in zip(parts, ladder[:-1], ladder[1:], strict=True)}
     return row
 
 
@@ -155,7 +225,10 @@ def coordinator_cpu_share(model_dir: Path, procs: list[Proc], requests: int, ima
         )
         image = buf.getvalue()
         with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=300) as client:
-            client.post("/v1/classify", files={"file": ("x.png", image, "image/png")})  # warm-up
+            # Warm-up past each new node's probation (its first hops are always re-executed by the
+            # coordinator): what is measured is the steady state, spot checks at the default rate included.
+            for _ in range(3):
+                client.post("/v1/classify", files={"file": ("x.png", image, "image/png")})
             before = cpu_seconds(coord.pid), [cpu_seconds(p.pid) for p in procs]
             latencies = []
             for _ in range(requests):

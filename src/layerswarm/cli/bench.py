@@ -22,8 +22,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--markdown", type=Path, help="write the tables as markdown here")
     p.add_argument(
         "--only",
-        choices=["adaptive", "edge-lan", "wire", "hop"],
-        help="run one suite alone (adaptive compute; edge-lan: star vs relay on a shaped LAN of namespaces; "
+        choices=["adaptive", "edge-lan", "wire", "hop", "vitb"],
+        help="run one suite alone (adaptive compute; vitb: the ViT-B/16-shaped swarm against the monolith, "
+        "latency, throughput, hop and coordinator CPU; edge-lan: star vs relay on a shaped LAN of namespaces; "
         "wire: accuracy, bytes and latency of each wire format through a swarm of the shipped family; "
         "hop: one ViT-B/16-shaped hop against a bare gRPC echo "
         "and raw TCP)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from layerswarm.node.settings import NodeSettings
+from layerswarm.wire.memory import keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, add_command, ensure_port_free, load_settings
 from .security import add_security_flags
@@ -51,4 +52,5 @@ def run(args: argparse.Namespace) -> int:
     ensure_port_free(settings.host, settings.port, "--port")
     ensure_port_free(settings.host, settings.metrics_port, "--metrics-port")
     torch.set_num_threads(settings.threads)  # once per process, at start-up
+    keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
     return serve(settings)

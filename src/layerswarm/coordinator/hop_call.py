@@ -90,9 +90,11 @@ class HopCaller:
             raise HopFailed("DEADLINE_EXCEEDED: no answer in time") from exc
         finally:
             record.end_call()
+        # Counted once each: every read of a message's bytes field copies it (302 KB at ViT-B fp16).
         sent_bytes = sum(codec.payload_bytes(t) for t in (request.activations, request.frozen))
-        self._observe_links(record, (time.monotonic() - started) * 1e3, reply, sent_bytes)
-        moved = sent_bytes + codec.payload_bytes(request.token_mask) + codec.payload_bytes(reply.activations)
+        reply_bytes = codec.payload_bytes(reply.activations)
+        self._observe_links(record, (time.monotonic() - started) * 1e3, reply.compute_ms, sent_bytes, reply_bytes)
+        moved = sent_bytes + codec.payload_bytes(request.token_mask) + reply_bytes
         try:
             if token_mask is not None:  # text: the reply holds the active tokens only
                 # split: frozen tokens keep the states the node read, so every later hop and the
@@ -110,9 +112,11 @@ class HopCaller:
             raise HopFailed(f"malformed activations: {exc}", quarantine=True) from exc
         return HopResult(out.to(torch.float32), None, wire, None, moved, None)
 
-    def _observe_links(self, record: NodeRecord, round_trip_ms: float, reply: pb.ForwardResponse, sent: int) -> None:
+    def _observe_links(
+        self, record: NodeRecord, round_trip_ms: float, compute_ms: float, sent: int, received: int
+    ) -> None:
         """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
         half each way (passive: real traffic only)."""
-        one_way = max(round_trip_ms - reply.compute_ms, 0.0) / 2
+        one_way = max(round_trip_ms - compute_ms, 0.0) / 2
         self.registry.links.observe(COORDINATOR, record.address, sent, one_way)
-        self.registry.links.observe(record.address, COORDINATOR, codec.payload_bytes(reply.activations), one_way)
+        self.registry.links.observe(record.address, COORDINATOR, received, one_way)

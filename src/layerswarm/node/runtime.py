@@ -63,6 +63,7 @@ class BlockRuntime:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"block{index}")
         self._queue: deque[_Pending] = deque()
         self._worker: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is computing: new requests queue up to be merged
 
     async def forward(
         self, x: torch.Tensor, position: int, token_mask: torch.Tensor | None = None
@@ -75,7 +76,7 @@ class BlockRuntime:
                 out, ms = await loop.run_in_executor(self._pool, self._compute_tokens, x, position, token_mask)
                 self.batches += 1
             elif self.micro_batch:
-                out, ms = await self._enqueue(x, position)
+                out, ms = await self._batched(x, position)
             else:
                 out, ms = await asyncio.get_running_loop().run_in_executor(self._pool, self._compute, x, position)
                 self.batches += 1
@@ -85,15 +86,40 @@ class BlockRuntime:
         self.ewma_ms = ewma(self.ewma_ms if self.served > 1 else None, ms, self.EWMA_ALPHA)
         return out, ms
 
+    async def _batched(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
+        """An idle block runs a request at once, from the caller's own coroutine: a lone request pays
+        for no batcher task (a task and its future cost a quarter of a millisecond per hop, measured by
+        bench/hop_ladder.py). Requests that arrive while the block is busy queue up and are merged."""
+        if self._busy or self._queue:
+            return await self._enqueue(x, position)
+        self._busy = True
+        try:
+            out, ms = await asyncio.get_running_loop().run_in_executor(self._pool, self._compute, x, position)
+            self.batches += 1
+        finally:
+            self._busy = False
+            self._start_batcher()
+        return out, ms
+
     def _enqueue(self, x: torch.Tensor, position: int) -> asyncio.Future[tuple[torch.Tensor, float]]:
-        loop = asyncio.get_running_loop()
-        pending = _Pending(x, position, loop.create_future())
+        pending = _Pending(x, position, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._drain(), name=f"block{self.index}-batcher")
+        self._start_batcher()
         return pending.done
 
+    def _start_batcher(self) -> None:
+        """Drain the queue in a task, unless the block is busy: whoever holds it starts one when done."""
+        if self._queue and not self._busy and (self._worker is None or self._worker.done()):
+            self._worker = asyncio.get_running_loop().create_task(self._drain(), name=f"block{self.index}-batcher")
+
     async def _drain(self) -> None:
+        self._busy = True
+        try:
+            await self._drain_queue()
+        finally:
+            self._busy = False
+
+    async def _drain_queue(self) -> None:
         loop = asyncio.get_running_loop()
         while self._queue:
             group = self._take_group()

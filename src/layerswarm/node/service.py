@@ -204,7 +204,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
             if problem is not None:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, problem)
         limit = codec.value_limit(reply_dtype) * INPUT_HEADROOM
-        peak = float(x.abs().max()) if x.numel() else 0.0
+        peak = codec.peak_abs(x) if x.numel() else 0.0
         if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -1,0 +1,38 @@
+"""Keep freed activation buffers in the process instead of handing their pages back to the kernel.
+
+glibc serves a large allocation with fresh pages (mmap) and gives freed memory at the top of its heap
+back to the kernel, so every activation a process decodes, casts and encodes pays a page fault per
+4 KiB page it touches first. Raising both thresholds keeps those pages for reuse. Measured with
+`layerswarm bench --only hop` (the "codec and checks" share of a hop at (8, 197, 768) float32, this
+2-core machine): 4.3 ms without, 2.7 ms with; at batch 1 (302 KB) the difference is within noise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+LARGEST_REUSED = 32 * 1024 * 1024  # glibc's own ceiling for its dynamic threshold on 64-bit
+
+
+def keep_large_buffers(largest: int = LARGEST_REUSED) -> bool:
+    """Serve allocations up to `largest` bytes from the heap and keep up to twice that free; True when
+    applied (glibc on Linux), False elsewhere (macOS, musl), where the default allocator stays."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:  # musl (Alpine) has no mallopt
+        return False
+    applied = bool(mallopt(M_MMAP_THRESHOLD, largest)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * largest))
+    log.debug("malloc thresholds raised to %d bytes: %s", largest, applied)
+    return applied
