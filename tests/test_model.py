@@ -76,3 +76,24 @@ def test_config_rejects_nonsense() -> None:
 def test_architecture_separates_position_blocks() -> None:
     assert tiny_config("baseline").architecture() == tiny_config("layershuffle").architecture()
     assert tiny_config("layershuffle").architecture() != tiny_config("layershuffle-position").architecture()
+
+
+def test_drop_path_drops_whole_samples_in_training_and_nothing_at_inference() -> None:
+    """Stochastic depth: per sample, both branches of a block, training only; eval output bit-exact."""
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    block = ViT(cfg).blocks[0]
+    x = torch.randn(64, cfg.num_tokens, cfg.dim)
+    with torch.no_grad():
+        exact = block.eval()(x, 0)
+        block.drop_path = 0.999
+        assert torch.equal(block(x, 0), exact)  # eval: never dropped
+        block.train()
+        dropped = block(x, 0)
+    # with both branches dropped a sample passes through unchanged; almost every sample is
+    same = (dropped == x).flatten(1).all(dim=1)
+    assert same.sum() >= 60
+    block.drop_path = 0.0
+    with torch.no_grad():
+        torch.manual_seed(1)
+        assert not (block(x, 0) == x).flatten(1).all(dim=1).any()  # rate 0: every sample transformed

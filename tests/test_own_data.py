@@ -103,6 +103,7 @@ def test_family_members_inherit_the_bases_augmentation() -> None:
     assert inherited_augmentation({"augment": True, "hflip": True}) == ["--hflip"]
     assert inherited_augmentation({"augment": False, "hflip": True}) == ["--no-augment"]
     assert inherited_augmentation({"augment": True}) == ["--hflip"]  # recorded before hflip existed: it flipped
+    assert inherited_augmentation({"augment": True, "hflip": False, "drop_path": 0.1}) == ["--drop-path", "0.1"]
 
 
 def test_patch_size_follows_the_image_size() -> None:

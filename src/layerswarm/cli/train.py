@@ -79,6 +79,13 @@ def register(sub: Subparsers) -> None:
         "--label-smoothing", type=float, default=R.label_smoothing, help="images: label smoothing of the loss"
     )
     p.add_argument(
+        "--drop-path",
+        type=float,
+        default=R.drop_path,
+        help="stochastic depth: the probability that a training sample skips a block's attention or MLP "
+        "branch (0: off; inference never drops)",
+    )
+    p.add_argument(
         "--stem",
         choices=("conv", "patch"),
         default=R.stem,

@@ -160,13 +160,15 @@ def resolve_image_size(init: str | None, asked: int | None) -> int | None:
 
 
 def inherited_augmentation(recipe: dict[str, Any]) -> list[str]:
-    """The base's augmentation choices as `train` flags: members learn under the base's rules (a base
-    trained without flips must not get member fine-tunes that flip). Manifests written before `hflip`
-    was recorded flipped whenever they augmented."""
+    """The base's augmentation and regularisation choices as `train` flags: members learn under the
+    base's rules (a base trained without flips must not get member fine-tunes that flip). Manifests
+    written before `hflip` was recorded flipped whenever they augmented."""
+    drop_path = float(recipe.get("drop_path", 0.0))
+    regularise = ["--drop-path", str(drop_path)] if drop_path else []
     augment = bool(recipe.get("augment", True))
     if not augment:
-        return ["--no-augment"]
-    return ["--hflip"] if recipe.get("hflip", augment) else []
+        return ["--no-augment", *regularise]
+    return (["--hflip"] if recipe.get("hflip", augment) else []) + regularise
 
 
 def family_main(args: argparse.Namespace) -> int:

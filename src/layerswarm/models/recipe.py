@@ -24,6 +24,9 @@ class TrainRecipe:
     # the weights of the best validation are the ones kept.
     patience: int = 8
     label_smoothing: float = 0.1  # images: softens the targets, which small models on small data overfit
+    # Stochastic depth: the probability that a sample skips a block's attention or MLP branch in training.
+    # Off by default: on the generated own-data tasks it was measured, not adopted (README "Your own data").
+    drop_path: float = 0.0
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -45,13 +48,15 @@ class TrainRecipe:
             raise ValueError(f"epochs and batch size must be at least 1, got {self.epochs} and {self.batch_size}")
         if self.time_budget_s <= 0 or self.patience < 0 or not 0 <= self.label_smoothing < 1:
             raise ValueError("time budget must be positive, patience at least 0, label smoothing in [0, 1)")
+        if not 0 <= self.drop_path < 1:
+            raise ValueError(f"drop path must be in [0, 1), got {self.drop_path}")
 
 
 def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
     """The recipe a `layerswarm train` command line asks for (`overrides`: what the data and model decide)."""
     fields = (
         *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "threads", "exit_loss"),
-        *("time_budget_s", "patience", "label_smoothing"),
+        *("time_budget_s", "patience", "label_smoothing", "drop_path"),
     )
     if getattr(args, "token_depth", None):
         overrides = {"token_depth": args.token_depth, **overrides}

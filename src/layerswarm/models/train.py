@@ -136,6 +136,7 @@ class Trainer:
         workers: int = 0,
     ):
         self.model, self.data, self.recipe, self.device = model.to(device), data, recipe, device
+        model.set_drop_path(recipe.drop_path)
         self.state_dir, self.workers = state_dir, workers
         n_val = max(1, int(len(data.train_y) * recipe.val_fraction))
         split = torch.Generator().manual_seed(recipe.seed)

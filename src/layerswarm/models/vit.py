@@ -145,6 +145,9 @@ class Block(nn.Module):
         self.attn_dropout = nn.Dropout(cfg.dropout)
         # LayerShuffle-predict: a linear head that guesses the block's current position.
         self.position_head = nn.Linear(cfg.dim, cfg.depth) if cfg.variant == "layershuffle-predict" else None
+        # Stochastic depth (Huang et al. 2016): in training only, each sample skips each residual branch
+        # with this probability. Set by the trainer from its recipe; not a weight, not in the config.
+        self.drop_path = 0.0
 
     def forward(self, x: Tensor, position: int = 0, key_mask: Tensor | None = None) -> Tensor:
         """key_mask: (B, T) bool, True for tokens that may be attended to (None: all, as for images)."""
@@ -153,10 +156,19 @@ class Block(nn.Module):
         if self.position_adapter is not None:
             x = self.position_adapter(x, position)
         if key_mask is None:
-            x = x + self.attn_dropout(self.attn(self.norm1(x)))
+            x = x + self._kept(self.attn_dropout(self.attn(self.norm1(x))))
         else:
-            x = x + self.attn_dropout(self.attn(self.norm1(x), key_mask))
-        return x + self.mlp(self.norm2(x))
+            x = x + self._kept(self.attn_dropout(self.attn(self.norm1(x), key_mask)))
+        return x + self._kept(self.mlp(self.norm2(x)))
+
+    def _kept(self, branch: Tensor) -> Tensor:
+        """A residual branch, dropped per sample at the drop-path rate while training (and the kept ones
+        scaled up, so its expected value is unchanged); the branch itself at inference."""
+        if not self.training or self.drop_path == 0.0:
+            return branch
+        keep = 1.0 - self.drop_path
+        mask = torch.empty(branch.shape[0], *(1,) * (branch.dim() - 1), device=branch.device).bernoulli_(keep)
+        return branch * mask / keep  # (B, 1, 1)
 
     def forward_active(self, x: Tensor, position: int, key_mask: Tensor, rows: Tensor) -> Tensor:
         """The block's output for the tokens at `rows` ((B, A) indices) only: per-token depth. Frozen
@@ -210,6 +222,12 @@ class ViT(nn.Module):
 
     def default_order(self) -> list[int]:
         return list(range(len(self.blocks)))
+
+    def set_drop_path(self, rate: float) -> None:
+        """Stochastic depth for training (Block.drop_path): every block the same rate."""
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            block.drop_path = rate
 
 
 def run_blocks(blocks: Sequence[nn.Module], x: Tensor, key_mask: Tensor | None = None) -> Tensor:
