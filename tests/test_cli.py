@@ -112,6 +112,7 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         (["samples", __file__], {}, "argument dir: " + __file__ + " is a file, not a folder"),
         (["eval", "/nonexistent"], {}, "/nonexistent: no manifest.json"),
         (["train", "--data", "shapes", "--out", "x", "--reference-seconds", "-1"], {}, "--reference-seconds: must be"),
+        (["train", "--data", "shapes", "--out", "x", "--drop-path", "1"], {}, "--drop-path: must be at least 0 and"),
         (["up", "--nodes", "4", "--kill", "4", "--network", "loopback"], {}, "--kill 4 must leave a node alive"),
     ],
 )

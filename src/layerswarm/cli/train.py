@@ -42,6 +42,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def probability_below_one(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
 def register(sub: Subparsers) -> None:
     p = add_command(
         sub,
@@ -76,11 +84,14 @@ def register(sub: Subparsers) -> None:
         help="stop after this many epochs without a lower validation loss, keeping the best (0: never stop early)",
     )
     p.add_argument(
-        "--label-smoothing", type=float, default=R.label_smoothing, help="images: label smoothing of the loss"
+        "--label-smoothing",
+        type=probability_below_one,
+        default=R.label_smoothing,
+        help="images: label smoothing of the loss",
     )
     p.add_argument(
         "--drop-path",
-        type=float,
+        type=probability_below_one,
         default=R.drop_path,
         help="stochastic depth: the probability that a training sample skips a block's attention or MLP "
         "branch (0: off; inference never drops)",
