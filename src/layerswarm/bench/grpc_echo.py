@@ -31,6 +31,8 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 SERVICE = "layerswarm.bench.Echo"
 RUNGS = ("raw", "proto", "codec", "thread")
+# What each step up the ladder adds, the last being a real node over the `thread` rung.
+HOP_PARTS = ("protobuf", "codec_and_checks", "thread_hand_off", "node_rest")
 OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo-compute")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .edgelan import render as render_edge_lan
+from .grpc_echo import HOP_PARTS
 
 
 def render(r: dict[str, Any]) -> str:
@@ -95,11 +96,10 @@ def _hop(r: dict[str, Any]) -> list[str]:
 
 
 def _hop_parts(r: dict[str, Any]) -> list[str]:
-    parts = ("protobuf", "codec_and_checks", "thread_hand_off", "node_rest")
     rows = []
     for h in r["hop_vs_floor"]:
         if "stream_parts_ms" in h:
-            share = [h["stream_parts_ms"][p] for p in parts]
+            share = [h["stream_parts_ms"][p] for p in HOP_PARTS]
             rows.append(_row(f"{h['shape']} {h['dtype']}", h["grpc_echo_stream_ms"], *share, h["stream_overhead_ms"]))
     columns = ["payload", "gRPC echo ms", "+ protobuf", "+ codec and checks", "+ thread hand-off", "+ rest of node"]
     title = (

@@ -24,7 +24,7 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .fixtures import addresses, coordinator_process, cpu_seconds, median_ms, timed
-from .grpc_echo import RUNGS, GrpcEcho
+from .grpc_echo import HOP_PARTS, RUNGS, GrpcEcho
 from .tcp_floor import EchoServer
 
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
@@ -65,7 +65,7 @@ async def swarm_vs_monolith(
         torch.set_num_threads(1)
         return t
 
-    def blocks_alone(threads: int) -> float:  # the same blocks, no stem or head: what the nodes compute
+    def blocks_alone() -> float:  # the same blocks on one thread, no stem or head: what the nodes compute
         with torch.inference_mode():
             return timed(lambda: _sync(run_blocks(list(model.blocks), tokens)))
 
@@ -84,7 +84,7 @@ async def swarm_vs_monolith(
             shift = rep % len(round_robin)
             for name, what in round_robin[shift:] + round_robin[:shift]:
                 if isinstance(what, int):
-                    elapsed = blocks_alone(what) if name == "blocks_1_thread" else monolith(what)
+                    elapsed = blocks_alone() if name == "blocks_1_thread" else monolith(what)
                 else:
                     started = time.perf_counter()
                     result = await what.classify(images, SEQ)
@@ -208,8 +208,7 @@ def _hop_row(
         row[f"{t}_over_grpc_echo"] = round(row[f"{t}_overhead_ms"] / row[f"grpc_echo_{t}_ms"], 3)
     # Each part's share of a streamed hop: the difference between consecutive rungs (grpc_echo.py).
     ladder = [row["grpc_echo_stream_ms"], *(row[f"rung_{r}_ms"] for r in RUNGS[1:]), row["stream_overhead_ms"]]
-    parts = ("protobuf", "codec_and_checks", "thread_hand_off", "node_rest")
-    row["stream_parts_ms"] = {p: round(b - a, 3) for p, a, b in zip(parts, ladder[:-1], ladder[1:], strict=True)}
+    row["stream_parts_ms"] = {p: round(b - a, 3) for p, a, b in zip(HOP_PARTS, ladder[:-1], ladder[1:], strict=True)}
     return row
 
 
