@@ -34,7 +34,6 @@ RUNGS = ("raw", "proto", "codec", "thread")
 # What each step up the ladder adds, the last being a real node over the `thread` rung.
 HOP_PARTS = ("protobuf", "codec_and_checks", "thread_hand_off", "node_rest")
 OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
-_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo-compute")
 
 
 async def _unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -76,13 +75,16 @@ async def _codec(request: pb.ForwardRequest) -> pb.ForwardResponse:
     return _reply(request, x, wire)
 
 
-async def _thread(request: pb.ForwardRequest) -> pb.ForwardResponse:
-    x, wire = _checked(request)
-    out = await asyncio.get_running_loop().run_in_executor(_POOL, torch.clone, x)
-    return _reply(request, out, wire)
+def _in_thread(pool: ThreadPoolExecutor) -> Callable[[pb.ForwardRequest], Any]:
+    async def answer(request: pb.ForwardRequest) -> pb.ForwardResponse:
+        x, wire = _checked(request)
+        out = await asyncio.get_running_loop().run_in_executor(pool, torch.clone, x)
+        return _reply(request, out, wire)
+
+    return answer
 
 
-def _handlers() -> dict[str, grpc.RpcMethodHandler]:
+def _handlers(pool: ThreadPoolExecutor) -> dict[str, grpc.RpcMethodHandler]:
     proto = {
         "request_deserializer": pb.ForwardRequest.FromString,
         "response_serializer": pb.ForwardResponse.SerializeToString,
@@ -92,7 +94,7 @@ def _handlers() -> dict[str, grpc.RpcMethodHandler]:
         "raw": grpc.stream_stream_rpc_method_handler(_stream(_raw)),
         "proto": grpc.stream_stream_rpc_method_handler(_stream(_proto), **proto),
         "codec": grpc.stream_stream_rpc_method_handler(_stream(_codec), **proto),
-        "thread": grpc.stream_stream_rpc_method_handler(_stream(_thread), **proto),
+        "thread": grpc.stream_stream_rpc_method_handler(_stream(_in_thread(pool)), **proto),
     }
 
 
@@ -100,7 +102,8 @@ async def _serve(conn: Any) -> None:
     torch.set_num_threads(1)  # as a node computes, with its allocator settings
     keep_large_buffers()
     server = grpc.aio.server(options=OPTIONS)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, _handlers()),))
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo-compute")  # as a node's compute thread
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, _handlers(pool)),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     conn.send(port)

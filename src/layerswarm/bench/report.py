@@ -29,12 +29,22 @@ def render(r: dict[str, Any]) -> str:
 
 def _throughput(r: dict[str, Any]) -> list[str]:
     t = r["vitb_throughput"]
+    cpu = f"nodes {t['swarm_nodes_cpu_s']} + coordinator {t['swarm_coordinator_cpu_s']} CPU-s"
+    cpu += f"; {t['swarm_cores_busy']} cores busy"
     rows = [
-        _row(f"swarm, {t['concurrent']} concurrent batch-1 requests", t["swarm_images_per_s"], t["ratio"]),
-        _row(f"monolith, 2 threads, batch {t['concurrent']}", t["monolith_2_threads_images_per_s"], "1.000"),
+        _row(f"swarm, {t['concurrent']} concurrent batch-1 requests", t["swarm_images_per_s"], t["ratio"], cpu),
+        _row(f"monolith, 2 threads, batch {t['concurrent']}", t["monolith_2_threads_images_per_s"], "1.000", "-"),
     ]
     title = f"**ViT-B/16 shape, 12 nodes: throughput** (median of {t['rounds']} rounds, interleaved)"
-    return _table(title, ["configuration", "images/s", "x monolith (2 threads)"], rows)
+    lines = _table(title, ["configuration", "images/s", "x monolith (2 threads)", "per round"], rows)
+    if "vitb_idle_vs_busy" in r:
+        i = r["vitb_idle_vs_busy"]
+        lines += [
+            "",
+            f"A block's compute in a node (its own timer): {i['block_in_turn_ms']} ms called in turn with "
+            f"the other nodes, {i['block_back_to_back_ms']} ms called back to back.",
+        ]
+    return lines
 
 
 def _table(title: str, columns: list[str], rows: list[str]) -> list[str]:

@@ -83,6 +83,7 @@ def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
             report["vitb_swarm_vs_monolith"] = asyncio.run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
             report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps))
             report["vitb_throughput"] = asyncio.run(vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6))
+            report["vitb_idle_vs_busy"] = asyncio.run(vitb.idle_vs_busy_compute(model_dir, procs, 2 if quick else 6))
             report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
         if torch.cuda.is_available():  # the same ratio on the GPU, where there is one; never required
             with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ from .tcp_floor import EchoServer
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 
 
-def coordinator(model_dir: Path, peers: tuple[str, ...], wire: str, transport: str) -> Coordinator:
+def coordinator(
+    model_dir: Path, peers: tuple[str, ...], wire: str, transport: str, spot_checks: bool = True
+) -> Coordinator:
+    """An in-process coordinator with the defaults (spot checks included) unless told otherwise."""
     return Coordinator(
         CoordinatorSettings(
             model_dir=model_dir,
@@ -42,6 +46,7 @@ def coordinator(model_dir: Path, peers: tuple[str, ...], wire: str, transport: s
             request_timeout_s=300,
             health_interval_s=30,
             max_batch=64,
+            verify_rate=CoordinatorSettings.model_fields["verify_rate"].default if spot_checks else None,
         )
     )
 
@@ -71,16 +76,19 @@ async def swarm_vs_monolith(
 
     results: dict[str, Any] = {"blocks": len(model.blocks), "reps": reps, "device": device}
     coords = {cfg: coordinator(model_dir, addresses(procs), *cfg) for cfg in configs}
-    for coord in coords.values():
+    # The default configuration once more without spot checks: their share of the latency.
+    unchecked = coordinator(model_dir, addresses(procs), "fp16", "stream", spot_checks=False)
+    for coord in [*coords.values(), unchecked]:
         await coord.start()
     samples: dict[str, list[float]] = {"monolith_1_thread": [], "monolith_2_threads": [], "blocks_1_thread": []}
-    samples.update({f"swarm_{w}_{t}": [] for w, t in configs})
+    samples.update({f"swarm_{w}_{t}": [] for w, t in configs} | {"swarm_fp16_stream_no_spot_checks": []})
     try:
         for rep in range(reps + 2):  # two warm-up rounds: channels, streams, allocator
             # Every configuration once per round, in a rotating order: drift on a shared machine hits all alike.
             round_robin: list[tuple[str, Any]] = [("monolith_1_thread", 1), ("monolith_2_threads", 2)]
             round_robin += [("blocks_1_thread", 1)]
             round_robin += [(f"swarm_{w}_{t}", coords[(w, t)]) for w, t in configs]
+            round_robin += [("swarm_fp16_stream_no_spot_checks", unchecked)]
             shift = rep % len(round_robin)
             for name, what in round_robin[shift:] + round_robin[:shift]:
                 if isinstance(what, int):
@@ -94,7 +102,7 @@ async def swarm_vs_monolith(
                     samples[name].append(elapsed)
         results["nodes_compute_ms"] = await nodes_compute_ms(procs)
     finally:
-        for coord in coords.values():
+        for coord in [*coords.values(), unchecked]:
             await coord.stop()
     base = median_ms(samples["monolith_1_thread"])
     for name, values in samples.items():
@@ -119,6 +127,39 @@ async def nodes_compute_ms(procs: list[Proc]) -> float:
     return round(total, 3)
 
 
+async def idle_vs_busy_compute(model_dir: Path, procs: list[Proc], reps: int) -> dict[str, Any]:
+    """A block's compute time in a node (its own timer) when the nodes are called in turn, each idle
+    while the others compute (as in a swarm's request), against the first node called back to back."""
+    from layerswarm.coordinator.clients import NodeClient
+
+    model, _ = load_model(model_dir)
+    with torch.inference_mode():
+        x = model.stem(torch.rand(1, 3, model.cfg.image_size, model.cfg.image_size))
+    activations = codec.encode(x, torch.float16)
+    clients = [NodeClient(address, 64 * 1024 * 1024) for address in addresses(procs)]
+    samples: dict[str, list[float]] = {"in_turn": [], "back_to_back": []}
+
+    async def compute_ms(client: NodeClient, position: int) -> float:
+        request = pb.ForwardRequest(request_id="idle", activations=activations, position=position)
+        return (await client.forward(request, timeout=60)).compute_ms
+
+    try:
+        for rep in range(reps + 1):  # one warm-up round
+            in_turn = [await compute_ms(client, position) for position, client in enumerate(clients)]
+            back_to_back = [await compute_ms(clients[0], 0) for _ in clients]
+            if rep:
+                samples["in_turn"] += in_turn
+                samples["back_to_back"] += back_to_back
+    finally:
+        for client in clients:
+            await client.close()
+    return {
+        "reps": reps,
+        "block_in_turn_ms": round(statistics.median(samples["in_turn"]), 3),
+        "block_back_to_back_ms": round(statistics.median(samples["back_to_back"]), 3),
+    }
+
+
 async def concurrent_throughput(model_dir: Path, procs: list[Proc], concurrent: int, rounds: int) -> dict[str, Any]:
     """Images per second: `concurrent` batch-1 requests at once through the swarm (fp16 streams, the
     default; nodes micro-batch what queues up) against the monolith on both cores at batch
@@ -129,19 +170,26 @@ async def concurrent_throughput(model_dir: Path, procs: list[Proc], concurrent: 
     await coord.start()
     swarm_s: list[float] = []
     monolith_s: list[float] = []
+    cpu: dict[str, list[float]] = {"nodes": [], "coordinator": [], "cores_busy": []}
     try:
         for rep in range(rounds + 1):  # one warm-up round
             torch.set_num_threads(2)
             with torch.inference_mode():
                 monolith = timed(lambda: model(images))
             torch.set_num_threads(1)  # the coordinator's stem and head, as in the latency runs
+            nodes_cpu, own_cpu = sum(cpu_seconds(p.pid) for p in procs), time.process_time()
             started = time.perf_counter()
             results = await asyncio.gather(*(coord.classify(images[i : i + 1], SEQ) for i in range(concurrent)))
             swarm = time.perf_counter() - started
+            nodes_cpu = sum(cpu_seconds(p.pid) for p in procs) - nodes_cpu
+            own_cpu = time.process_time() - own_cpu  # this process is the coordinator
             assert all(r.path.depth == len(model.blocks) for r in results)
             if rep:
                 monolith_s.append(monolith)
                 swarm_s.append(swarm)
+                cpu["nodes"].append(nodes_cpu)
+                cpu["coordinator"].append(own_cpu)
+                cpu["cores_busy"].append((nodes_cpu + own_cpu) / swarm)
     finally:
         await coord.stop()
     swarm_rate = concurrent / (median_ms(swarm_s) / 1e3)
@@ -152,6 +200,10 @@ async def concurrent_throughput(model_dir: Path, procs: list[Proc], concurrent: 
         "swarm_images_per_s": round(swarm_rate, 3),
         "monolith_2_threads_images_per_s": round(monolith_rate, 3),
         "ratio": round(swarm_rate / monolith_rate, 4),
+        # CPU seconds per round of `concurrent` images (median), and cores busy during the swarm's rounds
+        "swarm_nodes_cpu_s": round(statistics.median(cpu["nodes"]), 3),
+        "swarm_coordinator_cpu_s": round(statistics.median(cpu["coordinator"]), 3),
+        "swarm_cores_busy": round(statistics.median(cpu["cores_busy"]), 3),
     }
 
 

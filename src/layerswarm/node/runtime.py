@@ -88,8 +88,8 @@ class BlockRuntime:
 
     async def _batched(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
         """An idle block runs a request at once, from the caller's own coroutine: a lone request pays
-        for no batcher task (about 0.15 ms a hop, docs/wire.md). Requests that arrive while the block is
-        busy queue up and are merged."""
+        for no batcher task (its creation and wake-ups, on every hop). Requests that arrive while the
+        block is busy queue up and are merged."""
         if self._busy or self._queue:
             return await self._enqueue(x, position)
         self._busy = True

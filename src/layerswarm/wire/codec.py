@@ -181,8 +181,8 @@ def decode(msg: pb.Tensor, spec: TensorSpec | None = None) -> torch.Tensor:
 
 def peak_abs(t: torch.Tensor) -> float:
     """The largest |value| of a non-empty tensor: NaN or Inf when any value is (aminmax propagates NaN).
-    One pass with no temporary: ten times cheaper than isfinite().all(), which builds a bool tensor
-    first, and half the time of abs().amax() at batch 8 (which builds |t| first)."""
+    One pass with no temporary, unlike isfinite().all() (a bool tensor first) or abs().amax() (|t|
+    first)."""
     low, high = torch.aminmax(t)
     return max(-float(low), float(high))
 
