@@ -114,6 +114,44 @@ async def test_a_node_refuses_a_chain_the_coordinator_did_not_mac(relay_swarm: t
         await client.close()
 
 
+async def test_a_relay_stream_needs_a_signature_and_survives_a_refused_chain(
+    relay_swarm: tuple[Path, Path, list[Proc]],
+) -> None:
+    """RelayStream through a real node: unsigned, it is refused as a whole; signed, a chain the
+    coordinator did not MAC is refused as an event and the same stream then carries a MACed one."""
+    _, _, procs = relay_swarm
+    first, second = address(procs[0]), address(procs[1])
+    client = NodeClient(first, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
+    chain = [pb.RelayStep(address=first, position=0, block=0), pb.RelayStep(address=second, position=1, block=1)]
+
+    def request(rid: str, key: bytes) -> pb.RelayRequest:
+        forward = pb.ForwardRequest(request_id=rid, activations=codec.encode(torch.zeros(1, 5, 32), torch.float32))
+        return pb.RelayRequest(
+            forward=forward, chain=chain, plan_mac=plan_mac(key, rid, 1, chain), issued_ms=1,
+            hop_timeout_s=2.0, deadline_s=5.0, collect=False,
+        )  # fmt: skip
+
+    try:
+        unsigned = client.block.RelayStream()
+        await unsigned.write(request("u", derive_key(TOKEN)))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await unsigned.read()
+        assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        await client.info(2.0)
+        stream = client.block.RelayStream(metadata=client._signed("RelayStream"))
+        await stream.write(request("forged", derive_key("another swarm")))
+        refused = await stream.read()
+        assert refused.refused == "PERMISSION_DENIED" and "relay chain refused" in refused.handback_reason
+        await stream.write(request("honest", derive_key(TOKEN)))
+        ack, final = await stream.read(), await stream.read()
+        assert ack.ack and ack.request_id == "honest"
+        assert [t.block for t in final.trace] == [0, 1] and not final.handback_reason
+        assert final.HasField("activations")  # collect=False: the result comes back along the chain
+        stream.cancel()
+    finally:
+        await client.close()
+
+
 async def test_a_chain_over_slow_links_is_sent_in_int8_with_wire_auto(
     relay_swarm: tuple[Path, Path, list[Proc]],
 ) -> None:
@@ -235,14 +273,19 @@ async def test_a_node_without_a_token_refuses_to_relay(tmp_path: Path) -> None:
 
 
 async def _in_process_swarm(
-    tmp_path: Path, faults: list[FaultSpec], **settings: object
+    tmp_path: Path, faults: list[FaultSpec], node_values: dict[str, Any] | None = None, **settings: object
 ) -> tuple[list[FaultyNode], Coordinator]:
     model = make_model_dir(tmp_path / "m", depth=len(faults))
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     security = SecuritySettings(token=TOKEN)
     served = [
-        FaultyNode(NodeSettings(model_dir=model, block=b, advertise=False, grace_s=0.1, security=security), spec)
+        FaultyNode(
+            NodeSettings(
+                model_dir=model, block=b, advertise=False, grace_s=0.1, security=security, **(node_values or {})
+            ),
+            spec,
+        )
         for b, spec in enumerate(faults)
     ]
     for node in served:
@@ -265,6 +308,31 @@ async def test_a_node_slower_than_the_hop_timeout_is_handed_back(tmp_path: Path)
         assert result.path.handbacks and "DEADLINE_EXCEEDED" in result.path.handbacks[0]["reason"]
         assert [h.block for h in result.path.hops if h.block is not None] == [0, 2]  # block 1 skipped
         assert coord.registry.nodes[f"127.0.0.1:{served[1].port}"].failed >= 1
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+@pytest.mark.parametrize("streams", [True, False])
+async def test_chains_between_two_nodes_share_one_long_lived_stream(tmp_path: Path, streams: bool) -> None:
+    """Node to node, every chain goes over one RelayStream (opened once); `--no-relay-streams` makes a
+    Relay call per chain instead. The answers are the same either way."""
+    served, coord = await _in_process_swarm(
+        tmp_path, [FaultSpec()] * 3, node_values={"relay_streams": streams}, verify_rate=None, min_blocks=1
+    )
+    try:
+        for _ in range(4):
+            result = await coord.classify(images(), SEQ)
+            assert [h.outcome for h in result.path.hops] == ["relayed"] * 3
+        received = {
+            rpc: served[1].metrics.registry.get_sample_value("layerswarm_node_requests_total", {"rpc": rpc}) or 0
+            for rpc in ("Relay", "RelayStream")
+        }
+        assert received == ({"Relay": 0, "RelayStream": 4} if streams else {"Relay": 4, "RelayStream": 0})
+        assert served[0].relayer.peers is not None
+        (peer,) = served[0].relayer.peers._peers.values()
+        assert peer.link.opened == (1 if streams else 0)
     finally:
         await coord.stop()
         for node in served:

@@ -58,19 +58,22 @@ def model_dir(root: Path, depth: int) -> Path:
     return out
 
 
-def start_nodes(hosts: list[Host], placement: list[int], model: Path, token_file: Path) -> list[Proc]:
+def start_nodes(
+    hosts: list[Host], placement: list[int], model: Path, token_file: Path, *extra: str, name: str = "lan-node"
+) -> list[Proc]:
     """Block b on hosts[placement[b]]: each node process inside its host's namespace."""
     specs = []
     for block, h in enumerate(placement):
         host = hosts[h]
         cmd = node_cmd(
-            model, block, "--no-advertise", "--grace", "0.2", "--token-file", str(token_file), host=host.address
+            model, block, "--no-advertise", "--grace", "0.2", "--token-file", str(token_file), *extra, host=host.address
         )
-        specs.append((f"lan-node-{block}", host.command(cmd)))
+        specs.append((f"{name}-{block}", host.command(cmd)))
     return spawn_many(specs, timeout=300)
 
 
 WIRES = ("fp16", "int8", "auto")  # auto: int8 or fp16 per link, from measured link costs
+PER_CALL = "relay_per_call_fp16"  # relay chains whose nodes forward with a Relay call per chain
 
 
 def wires() -> list[str]:
@@ -153,6 +156,10 @@ async def uniform(
     with NetLab() as lab:
         hosts = [lab.add_host(f"h{i}") for i in range(depth)]
         procs = start_nodes(hosts, list(range(depth)), model, token_file)
+        # The same nodes forwarding with a Relay call per chain: what the long-lived streams save.
+        per_call = start_nodes(
+            hosts, list(range(depth)), model, token_file, "--no-relay-streams", name="lan-node-per-call"
+        )
         try:
             for restart, mbit in itertools.product((True, False), rates):
                 for host in hosts:
@@ -163,6 +170,7 @@ async def uniform(
                 coords = {
                     f"{t}_{w}": coordinator(model, procs, token_file, t, w) for t in ("star", "relay") for w in wires()
                 }
+                coords[PER_CALL] = coordinator(model, per_call, token_file, "relay", "fp16")
                 for c in coords.values():
                     await c.start()
                     await c.wait_first_round(30)
@@ -179,7 +187,7 @@ async def uniform(
                         row[f"{name}_chose"] = sorted({w for e in seen for w in e.get("wires", [])})
                 rows.append({"tcp_slow_start_after_idle": restart, **row})
         finally:
-            stop_all(procs)
+            stop_all(procs + per_call)
     return rows
 
 
@@ -197,9 +205,10 @@ def _uniform_row(mbit: int, tcp: float, nbytes: int, depth: int, samples: Sample
         "bound_at_raw_tcp_ms": round(bound_tcp, 3),
         "reps": len(samples["compute"]),
     }
-    for name in (f"{t}_{w}" for t in ("star", "relay") for w in wires()):
+    for name in (*(f"{t}_{w}" for t in ("star", "relay") for w in wires()), PER_CALL):
         row[f"{name}_ms"] = median_ms(samples[name])
         row[f"{name}_over_bound"] = round(row[f"{name}_ms"] / bound, 3)
+    row["relay_per_call_over_streams"] = round(row[f"{PER_CALL}_ms"] / row["relay_fp16_ms"], 3)
     return row
 
 
@@ -315,6 +324,19 @@ def render(r: dict[str, Any]) -> str:
                 f"| {u['raw_tcp_mbit']} | {u['compute_ms']} | {u['bound_ms']} | {u[f'star_{w}_ms']} "
                 f"| {u[f'star_{w}_over_bound']} | {u[f'relay_{w}_ms']} | {u[f'relay_{w}_over_bound']} |"
             )
+    lines += [
+        "",
+        "Relay chains (fp16) whose nodes forward over one long-lived stream per next node (the default) or "
+        "with a Relay call per chain (`--no-relay-streams`):",
+        "",
+        "| link | TCP slow start after idle | streams / bound | a call per chain / bound | per call / streams |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for u in (u for u in r["uniform"] if f"{PER_CALL}_ms" in u):
+        lines.append(
+            f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} "
+            f"| {u['relay_fp16_over_bound']} | {u[f'{PER_CALL}_over_bound']} | {u['relay_per_call_over_streams']} |"
+        )
     m = r["mixed"]
     lines += [
         "",

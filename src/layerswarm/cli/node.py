@@ -35,6 +35,12 @@ def register(sub: Subparsers) -> None:
         "compute each request alone, not queued ones as a batch",
         action="store_false",
     )
+    f.add(
+        "--no-relay-streams",
+        "relay_streams",
+        "forward relay chains with a Relay call per chain, not over one long-lived stream per next node",
+        action="store_false",
+    )
     f.add("--metrics-port", "metrics_port", type=int)
     f.add("--no-advertise", "advertise", "do not announce over mDNS (static peers only)", action="store_false")
     f.add("--advertise-address", "advertise_address")

@@ -29,6 +29,8 @@ from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
+from .relay_stream import RelayLink
+
 log = logging.getLogger(__name__)
 MAX_PEERS = 64  # channels kept open; the least recently used goes first
 PROBE_EVERY_S = 5.0  # a link in use gets a fresh round-trip probe at most this often
@@ -92,6 +94,8 @@ class PeerClient:
         self.signer = CallSigner(security.token)
         self.block: int | None = None
         self.handshake_rtt_ms: float | None = None  # the Info call's round trip, once per proof
+        self.link = RelayLink(address, self._open_stream)
+        self.streams = True  # False once the peer answered UNIMPLEMENTED to RelayStream (an older node)
 
     async def round_trip_ms(self, timeout: float) -> float:
         """One health check: the link's fixed cost (a few bytes each way), in milliseconds."""
@@ -118,18 +122,35 @@ class PeerClient:
             raise PeerRefused(f"{self.address} serves block {reply.block_index}, the chain says {block}")
         self.block = block
 
-    def relay(self, request: pb.RelayRequest, timeout: float) -> Any:
-        """Open the signed Relay stream to the peer (a grpc.aio call: read() its events)."""
+    async def relay(self, request: pb.RelayRequest, timeout: float, stream: bool) -> Any:
+        """Send one chain's request on: on the peer's long-lived RelayStream (`stream`, unless the peer is
+        too old for it) or as its own signed Relay call. Either way an object to read() its events from."""
+        if stream and self.streams:
+            return await self.link.send(request)
+        return self.stub.Relay(request, timeout=timeout, metadata=(self._signed("Relay"),))
+
+    def _open_stream(self) -> Any:
+        """A new RelayStream call, signed when it opens (it lives until it breaks; no deadline)."""
+        return self.stub.RelayStream(metadata=(self._signed("RelayStream"),))
+
+    def _signed(self, method: str) -> tuple[str, str]:
         try:
-            header = self.signer.sign(METHOD_PREFIX + "Relay")
+            return self.signer.sign(METHOD_PREFIX + method)
         except AuthError as exc:
             raise PeerRefused(str(exc)) from exc
-        return self.stub.Relay(request, timeout=timeout, metadata=(header,))
 
     def refused(self, exc: grpc.aio.AioRpcError) -> None:
-        """A refusal carries the peer's challenge: a new one (a restart) must prove itself again."""
+        """A refusal carries the peer's challenge: a new one (a restart) must prove itself again. A peer
+        without RelayStream (UNIMPLEMENTED: an older node) gets a Relay call per chain from now on."""
         if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
             self.signer.learn(exc.trailing_metadata())
+        elif exc.code() is grpc.StatusCode.UNIMPLEMENTED and self.streams:
+            log.info("%s has no RelayStream: a Relay call per chain from now on", self.address)
+            self.streams = False
+
+    async def close(self) -> None:
+        await self.link.close()
+        await self.channel.close()
 
 
 class PeerPool:
@@ -145,7 +166,7 @@ class PeerPool:
         self._peers[address] = peer
         while len(self._peers) > MAX_PEERS:
             _, old = self._peers.popitem(last=False)
-            await old.channel.close()
+            await old.close()
         return peer
 
     def observe(self, address: str, nbytes: int, ms: float) -> None:
@@ -196,7 +217,7 @@ class PeerPool:
             task.cancel()
         await asyncio.gather(*self._probes.values(), return_exceptions=True)
         for peer in self._peers.values():
-            await peer.channel.close()
+            await peer.close()
         self._peers.clear()
 
 

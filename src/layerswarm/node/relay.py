@@ -75,7 +75,7 @@ class Outbox:
         future = self.slot(request_id)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
-        except (TimeoutError, asyncio.CancelledError):
+        except (asyncio.TimeoutError, asyncio.CancelledError):
             return None
         finally:
             if future.done():
@@ -83,9 +83,12 @@ class Outbox:
 
 
 class Relayer:
-    def __init__(self, security: SecuritySettings, max_message_bytes: int, max_hops: int = MAX_RELAY_HOPS) -> None:
+    def __init__(
+        self, security: SecuritySettings, max_message_bytes: int, max_hops: int = MAX_RELAY_HOPS, streams: bool = True
+    ) -> None:
         self.key = derive_key(security.token) if security.token else None
         self.max_hops = max_hops
+        self.streams = streams  # forward over one long-lived RelayStream per next node (else a call per chain)
         # Under TLS a node forwards only with its relay certificate (its own is serverAuth only).
         self.can_forward = self.key is not None and (not security.tls or security.relay_cert is not None)
         self.peers = PeerPool(security, max_message_bytes) if self.can_forward else None
@@ -188,30 +191,32 @@ class Relayer:
 
         if left_s <= 0:
             return hand_back("DEADLINE_EXCEEDED: no time left for the rest of the chain")
+        deadline = time.monotonic() + left_s
         call: Any = None
         peer: PeerClient | None = None
         try:
             peer = await self.peers.get(nxt.address)
             await peer.prove(nxt.block, min(request.hop_timeout_s, left_s))
             sent = time.monotonic()
-            call = peer.relay(onward, left_s)
-            ack = await asyncio.wait_for(call.read(), min(request.hop_timeout_s, left_s))
+            call = await peer.relay(onward, left_s, stream=self.streams)
+            ack = await _read(call, min(request.hop_timeout_s, deadline - time.monotonic()))
+            if ack is None:
+                return hand_back("DEADLINE_EXCEEDED: no acknowledgement within the hop timeout")
             if ack is grpc.aio.EOF or not ack.ack or len(ack.trace) != 1:
+                call.cancel()
                 return hand_back("no acknowledgement from the next node")
             send_ms = (time.monotonic() - sent) * 1e3 - ack.trace[0].compute_ms
-            own.send_ms, own.sent_bytes = send_ms, len(reply.activations.data)
+            own.send_ms, own.sent_bytes = send_ms, len(onward.forward.activations.data)
             self.peers.observe(nxt.address, own.sent_bytes, send_ms)
             self.peers.probe_soon(peer)
             own.rtt_ms = self.peers.rtt_ms(nxt.address)
-            final = await call.read()
+            final = await _read(call, deadline - time.monotonic())
+            if final is None:
+                return hand_back("DEADLINE_EXCEEDED: the rest of the chain did not finish within its deadline")
         except grpc.aio.AioRpcError as exc:
             if peer is not None:
                 peer.refused(exc)
             return hand_back(f"{exc.code().name}: {exc.details()}")
-        except TimeoutError:
-            if call is not None:
-                call.cancel()
-            return hand_back("DEADLINE_EXCEEDED: no acknowledgement within the hop timeout")
         except PeerRefused as exc:
             return hand_back(f"PERMISSION_DENIED: {exc}")
         if final is grpc.aio.EOF:
@@ -232,3 +237,13 @@ class Relayer:
     async def close(self) -> None:
         if self.peers is not None:
             await self.peers.close()
+
+
+async def _read(call: Any, timeout: float) -> Any:
+    """The next event of a Relay call or a RelayStream request (EOF: the call ended); None, and the call
+    cancelled, when none came within `timeout`."""
+    try:
+        return await asyncio.wait_for(call.read(), max(timeout, 0.001))
+    except asyncio.TimeoutError:  # not the builtin before Python 3.11 (Jetson images run 3.10)
+        call.cancel()
+        return None

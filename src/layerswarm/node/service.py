@@ -18,7 +18,8 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .metrics import NodeMetrics
-from .relay import Relayer, RelayRefused
+from .relay import MAX_DEADLINE_S, Relayer, RelayRefused
+from .relay_stream import serve_relay_stream
 from .runtime import BlockRuntime
 from .settings import NodeSettings
 
@@ -105,6 +106,22 @@ class BlockService(pb_grpc.BlockNodeServicer):
         except (RequestError, RelayRefused) as exc:
             self.metrics.errors.labels(exc.code.name).inc()
             await context.abort(exc.code, str(exc))
+
+    async def RelayStream(
+        self, request_iterator: AsyncIterator[pb.RelayRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.RelayEvent]:
+        """Relay for many chains on one long-lived stream from the previous node (node/relay_stream.py)."""
+        events = serve_relay_stream(
+            request_iterator,
+            lambda request: self.relayer.relay(request, self._handle),
+            refusals=(RequestError, RelayRefused),
+            max_deadline_s=MAX_DEADLINE_S,
+            on_request=self.metrics.requests.labels("RelayStream").inc,
+        )
+        async for event in events:
+            if event.refused:
+                self.metrics.errors.labels(event.refused).inc()
+            yield event
 
     async def Collect(self, request: pb.CollectRequest, context: grpc.aio.ServicerContext) -> pb.ForwardResponse:
         """The result a chain left here for the coordinator."""

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 NODE_TLS_NAME = "layerswarm-node"
 COORDINATOR_TLS_NAME = "layerswarm-coordinator"  # the only client certificate that may call all of BlockNode
 RELAY_TLS_NAME = "layerswarm-relay"  # a node forwarding a chain: Relay and Info only
-RELAY_METHODS = frozenset({METHOD_PREFIX + "Relay", METHOD_PREFIX + "Info"})
+RELAY_METHODS = frozenset({METHOD_PREFIX + "Relay", METHOD_PREFIX + "RelayStream", METHOD_PREFIX + "Info"})
 PROTECTED_PREFIX = METHOD_PREFIX
 
 

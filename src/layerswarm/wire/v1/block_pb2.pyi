@@ -181,18 +181,20 @@ class HopTrace(_message.Message):
     def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class RelayEvent(_message.Message):
-    __slots__ = ("request_id", "ack", "trace", "activations", "handback_reason")
+    __slots__ = ("request_id", "ack", "trace", "activations", "handback_reason", "refused")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     HANDBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     ack: bool
     trace: _containers.RepeatedCompositeFieldContainer[HopTrace]
     activations: Tensor
     handback_reason: str
-    def __init__(self, request_id: _Optional[str] = ..., ack: _Optional[bool] = ..., trace: _Optional[_Iterable[_Union[HopTrace, _Mapping]]] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., handback_reason: _Optional[str] = ...) -> None: ...
+    refused: str
+    def __init__(self, request_id: _Optional[str] = ..., ack: _Optional[bool] = ..., trace: _Optional[_Iterable[_Union[HopTrace, _Mapping]]] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., handback_reason: _Optional[str] = ..., refused: _Optional[str] = ...) -> None: ...
 
 class CollectRequest(_message.Message):
     __slots__ = ("request_id",)

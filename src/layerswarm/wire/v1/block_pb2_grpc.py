@@ -54,6 +54,11 @@ class BlockNodeStub:
                 request_serializer=layerswarm_dot_v1_dot_block__pb2.RelayRequest.SerializeToString,
                 response_deserializer=layerswarm_dot_v1_dot_block__pb2.RelayEvent.FromString,
                 _registered_method=True)
+        self.RelayStream = channel.stream_stream(
+                '/layerswarm.v1.BlockNode/RelayStream',
+                request_serializer=layerswarm_dot_v1_dot_block__pb2.RelayRequest.SerializeToString,
+                response_deserializer=layerswarm_dot_v1_dot_block__pb2.RelayEvent.FromString,
+                _registered_method=True)
         self.Collect = channel.unary_unary(
                 '/layerswarm.v1.BlockNode/Collect',
                 request_serializer=layerswarm_dot_v1_dot_block__pb2.CollectRequest.SerializeToString,
@@ -92,6 +97,14 @@ class BlockNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RelayStream(self, request_iterator, context):
+        """Relay between two nodes over one long-lived stream: many chains' requests in, their events out,
+        matched by request_id (each request's events as Relay's; a refusal is an event, the stream stays).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Collect(self, request, context):
         """The output a chain's last node kept for this request (waits for it, bounded).
         """
@@ -119,6 +132,11 @@ def add_BlockNodeServicer_to_server(servicer, server):
             ),
             'Relay': grpc.unary_stream_rpc_method_handler(
                     servicer.Relay,
+                    request_deserializer=layerswarm_dot_v1_dot_block__pb2.RelayRequest.FromString,
+                    response_serializer=layerswarm_dot_v1_dot_block__pb2.RelayEvent.SerializeToString,
+            ),
+            'RelayStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RelayStream,
                     request_deserializer=layerswarm_dot_v1_dot_block__pb2.RelayRequest.FromString,
                     response_serializer=layerswarm_dot_v1_dot_block__pb2.RelayEvent.SerializeToString,
             ),
@@ -234,6 +252,33 @@ class BlockNode:
             request,
             target,
             '/layerswarm.v1.BlockNode/Relay',
+            layerswarm_dot_v1_dot_block__pb2.RelayRequest.SerializeToString,
+            layerswarm_dot_v1_dot_block__pb2.RelayEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RelayStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/layerswarm.v1.BlockNode/RelayStream',
             layerswarm_dot_v1_dot_block__pb2.RelayRequest.SerializeToString,
             layerswarm_dot_v1_dot_block__pb2.RelayEvent.FromString,
             options,

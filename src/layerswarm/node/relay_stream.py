@@ -1,0 +1,209 @@
+"""Relay chains over one long-lived stream per pair of nodes (RelayStream), both ends.
+
+A Relay call per chain costs a new HTTP/2 stream, its signed metadata and its checks at both ends:
+about half a millisecond a hop on loopback (the bench's unary vs stream echo). Between two nodes that
+pass many chains to each other, one stream carries them all: the requests of many chains go in, their
+events come back matched by request_id, each request's events exactly as a Relay call's (an
+acknowledgement, then the final one). The stream is authenticated once, when it opens, like any call
+(signed with the swarm key, or the relay certificate under TLS); every chain on it is still checked
+against the coordinator's MAC (node/relay.py). A refusal is an event (`refused`) and the stream stays.
+
+Client: `RelayLink` (one per peer, opened on first use, reopened after it breaks; a break fails every
+request waiting on it, which the sender hands back as it would a dead next node). Server:
+`serve_relay_stream` runs each request as its own task, bounded in number and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from layerswarm.wire.v1 import block_pb2 as pb
+
+log = logging.getLogger(__name__)
+MAX_STREAM_IN_FLIGHT = 256  # chains one stream may have in flight at a node; past it: refused
+LATE_GRACE_S = 1.0  # a request's task may outlive its deadline by this much (its final event)
+Events = Callable[[pb.RelayRequest], AsyncIterator[pb.RelayEvent]]
+Inbox = asyncio.Queue[pb.RelayEvent | grpc.aio.AioRpcError]  # one request's events, or what broke the stream
+
+
+def unavailable(details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+def refusal_error(event: pb.RelayEvent) -> grpc.aio.AioRpcError:
+    """A refusal event as the status a Relay call would have ended with."""
+    code = getattr(grpc.StatusCode, event.refused, grpc.StatusCode.UNKNOWN)
+    if not isinstance(code, grpc.StatusCode):  # a peer's odd name never picks an attribute that is not a code
+        code = grpc.StatusCode.UNKNOWN
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=event.handback_reason)
+
+
+class LinkedCall:
+    """One request's events on a RelayLink, read like a Relay call's: read() an event or raise."""
+
+    def __init__(self, stream: _Stream, request_id: str, queue: Inbox) -> None:
+        self._stream, self._id, self._queue = stream, request_id, queue
+
+    async def read(self) -> pb.RelayEvent:
+        item = await self._queue.get()
+        if isinstance(item, grpc.aio.AioRpcError):
+            raise item
+        if item.refused:
+            self.cancel()
+            raise refusal_error(item)
+        if not item.ack:
+            self.cancel()  # the final event: nothing more will come for this request
+        return item
+
+    def cancel(self) -> None:
+        """Stop listening (the next node's task ends by its own deadline)."""
+        self._stream.waiting.pop(self._id, None)
+
+
+class _Stream:
+    """One open RelayStream call and the requests waiting on it."""
+
+    def __init__(self, call: Any, peer: str) -> None:
+        self.call = call
+        self.waiting: dict[str, Inbox] = {}
+        self.write_lock = asyncio.Lock()  # grpc.aio allows one write at a time on a stream
+        self.broken: grpc.aio.AioRpcError | None = None
+        self.reader = asyncio.create_task(self._read(), name=f"relay stream to {peer}")
+        self.reader.add_done_callback(_log_crash)
+
+    async def _read(self) -> None:
+        error = unavailable("the next node closed the relay stream")
+        try:
+            async for event in self.call:
+                queue = self.waiting.get(event.request_id)
+                if queue is not None:  # else a request given up on: its late events are dropped
+                    queue.put_nowait(event)
+        except grpc.aio.AioRpcError as exc:
+            error = exc
+        finally:
+            self.broken = error
+            for queue in self.waiting.values():
+                queue.put_nowait(error)
+            self.waiting.clear()
+
+    async def send(self, request: pb.RelayRequest) -> LinkedCall:
+        rid = request.forward.request_id
+        if self.broken is not None:
+            raise self.broken
+        if rid in self.waiting:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.ALREADY_EXISTS, grpc.aio.Metadata(), grpc.aio.Metadata(), details=f"{rid} in flight"
+            )
+        queue: Inbox = asyncio.Queue()
+        self.waiting[rid] = queue
+        linked = LinkedCall(self, rid, queue)
+        try:
+            async with self.write_lock:
+                await self.call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            linked.cancel()
+            raise exc if isinstance(exc, grpc.aio.AioRpcError) else unavailable(f"relay stream closed: {exc}") from exc
+        return linked
+
+    async def close(self) -> None:
+        self.call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.reader
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s crashed", task.get_name(), exc_info=task.exception())
+
+
+class RelayLink:
+    """The long-lived RelayStream to one peer; `open_call()` makes a new signed stream call."""
+
+    def __init__(self, peer: str, open_call: Callable[[], Any]) -> None:
+        self.peer = peer
+        self._open_call = open_call
+        self._stream: _Stream | None = None
+        self.opened = 0  # streams opened so far (one, unless they broke)
+
+    async def send(self, request: pb.RelayRequest) -> LinkedCall:
+        """Put one chain's request on the stream (opening one if there is none or it broke)."""
+        if self._stream is None or self._stream.broken is not None:
+            self._stream = _Stream(self._open_call(), self.peer)
+            self.opened += 1
+        return await self._stream.send(request)
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+            self._stream = None
+
+
+async def serve_relay_stream(
+    requests: AsyncIterator[pb.RelayRequest],
+    events_of: Events,
+    refusals: tuple[type[Exception], ...],
+    max_deadline_s: float,
+    on_request: Callable[[], None] = lambda: None,
+) -> AsyncIterator[pb.RelayEvent]:
+    """A node's side of one RelayStream: each request runs as its own task (`events_of`, node/relay.py's
+    Relayer.relay with the node's hop), their events interleaved on the way out. `refusals` are the
+    exceptions (with a `.code`) that refuse one request and leave the stream open."""
+    out: asyncio.Queue[pb.RelayEvent | None] = asyncio.Queue()
+    tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def run_one(request: pb.RelayRequest) -> None:
+        rid = request.forward.request_id
+
+        async def put_events() -> None:
+            async for event in events_of(request):
+                out.put_nowait(event)
+
+        try:
+            await asyncio.wait_for(put_events(), _bounded(request.deadline_s, max_deadline_s) + LATE_GRACE_S)
+        except refusals as exc:
+            out.put_nowait(pb.RelayEvent(request_id=rid, refused=exc.code.name, handback_reason=str(exc)))  # type: ignore[attr-defined]
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11 (Jetson images run 3.10)
+            out.put_nowait(_refused(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "the chain's deadline passed here"))
+        finally:
+            tasks.pop(rid, None)
+
+    async def take_requests() -> None:
+        try:
+            async for request in requests:
+                on_request()
+                rid = request.forward.request_id
+                if rid in tasks:
+                    out.put_nowait(_refused(rid, grpc.StatusCode.ALREADY_EXISTS, "request id already in flight here"))
+                elif len(tasks) >= MAX_STREAM_IN_FLIGHT:
+                    out.put_nowait(_refused(rid, grpc.StatusCode.RESOURCE_EXHAUSTED, "too many chains on one stream"))
+                else:
+                    tasks[rid] = asyncio.create_task(run_one(request), name=f"relay {rid[:32]}")
+            await asyncio.gather(*tasks.values(), return_exceptions=True)  # the sender is done: finish its chains
+        finally:
+            out.put_nowait(None)
+
+    taker = asyncio.create_task(take_requests(), name="relay stream requests")
+    try:
+        while (event := await out.get()) is not None:
+            yield event
+        await taker  # raises what ended the request side, if anything did
+    finally:
+        for task in [taker, *tasks.values()]:
+            task.cancel()
+        await asyncio.gather(taker, *tasks.values(), return_exceptions=True)
+
+
+def _bounded(deadline_s: float, limit: float) -> float:
+    """A sender's deadline, never unbounded (Relayer.check refuses a bad one with its reason at once)."""
+    return deadline_s if math.isfinite(deadline_s) and 0 < deadline_s <= limit else 1.0
+
+
+def _refused(rid: str, code: grpc.StatusCode, reason: str) -> pb.RelayEvent:
+    return pb.RelayEvent(request_id=rid, refused=code.name, handback_reason=reason)

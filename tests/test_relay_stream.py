@@ -1,0 +1,171 @@
+"""RelayStream, both ends over a real gRPC server on loopback: many chains on one stream matched by
+request id, a refusal that leaves the stream open, a broken stream failing every waiter and reopening,
+and bounds on what one stream may ask of a node."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from layerswarm.node import relay_stream
+from layerswarm.node.relay_stream import RelayLink, serve_relay_stream
+from layerswarm.wire.v1 import block_pb2 as pb
+
+METHOD = "/layerswarm.test.Relay/RelayStream"
+
+
+class Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def events_of(request: pb.RelayRequest) -> AsyncIterator[pb.RelayEvent]:
+    """A stand-in hop: request ids say what to do ("refuse-...", "hang-...", "slow-..."); others answer at once."""
+    rid = request.forward.request_id
+    if rid.startswith("refuse"):
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{rid} is not acceptable")
+    if rid.startswith("hang"):
+        await asyncio.sleep(3600)
+    if rid.startswith("slow"):
+        await asyncio.sleep(0.3)
+    yield pb.RelayEvent(request_id=rid, ack=True, trace=[pb.HopTrace(block=request.index)])
+    yield pb.RelayEvent(request_id=rid, trace=[pb.HopTrace(block=request.index), pb.HopTrace(block=9)])
+
+
+class Server:
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def __aenter__(self) -> Server:
+        async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RelayEvent]:
+            self.streams += 1
+            async for event in serve_relay_stream(requests, events_of, (Refused,), max_deadline_s=60.0):
+                yield event
+
+        self.server = grpc.aio.server()
+        rpc = grpc.stream_stream_rpc_method_handler(
+            handler,
+            request_deserializer=pb.RelayRequest.FromString,
+            response_serializer=pb.RelayEvent.SerializeToString,
+        )
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("layerswarm.test.Relay", {"RelayStream": rpc}),)
+        )
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop(0)
+
+
+def link_to(port: int) -> tuple[RelayLink, grpc.aio.Channel]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    method = channel.stream_stream(
+        METHOD, request_serializer=pb.RelayRequest.SerializeToString, response_deserializer=pb.RelayEvent.FromString
+    )
+    return RelayLink(f"127.0.0.1:{port}", method), channel
+
+
+def request(rid: str, index: int = 0, deadline_s: float = 5.0) -> pb.RelayRequest:
+    return pb.RelayRequest(forward=pb.ForwardRequest(request_id=rid), index=index, deadline_s=deadline_s)
+
+
+async def test_many_chains_share_one_stream_and_each_gets_its_own_events() -> None:
+    async with Server() as server:
+        link, channel = link_to(server.port)
+        try:
+            # A slow request first: the quick ones' events overtake it, and each still reads its own.
+            calls = [await link.send(request(rid, index=i)) for i, rid in enumerate(["slow-0", "a", "b", "c"])]
+            for i, call in enumerate(calls):
+                ack, final = await call.read(), await call.read()
+                assert ack.ack and [t.block for t in ack.trace] == [i]
+                assert not final.ack and [t.block for t in final.trace] == [i, 9]
+            assert server.streams == 1 and link.opened == 1
+        finally:
+            await link.close()
+            await channel.close()
+
+
+async def test_a_refusal_answers_its_request_and_the_stream_stays_open() -> None:
+    async with Server() as server:
+        link, channel = link_to(server.port)
+        try:
+            refused = await link.send(request("refuse-1"))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await refused.read()
+            assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "refuse-1 is not acceptable" in (caught.value.details() or "")
+            ok = await link.send(request("after"))
+            assert (await ok.read()).ack
+            assert server.streams == 1
+        finally:
+            await link.close()
+            await channel.close()
+
+
+async def test_a_request_id_already_in_flight_on_the_stream_is_refused() -> None:
+    async with Server() as server:
+        link, channel = link_to(server.port)
+        try:
+            await link.send(request("hang-1"))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await link.send(request("hang-1"))  # the sender's own check
+            assert caught.value.code() is grpc.StatusCode.ALREADY_EXISTS
+        finally:
+            await link.close()
+            await channel.close()
+
+
+async def test_a_request_past_its_deadline_is_refused_with_deadline_exceeded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay_stream, "LATE_GRACE_S", 0.0)
+    async with Server() as server:
+        link, channel = link_to(server.port)
+        try:
+            call = await link.send(request("hang-2", deadline_s=0.2))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await asyncio.wait_for(call.read(), 5.0)
+            assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        finally:
+            await link.close()
+            await channel.close()
+
+
+async def test_a_broken_stream_fails_every_waiting_request_and_the_next_send_reopens() -> None:
+    async with Server() as first:
+        link, channel = link_to(first.port)
+        waiting = [await link.send(request(f"hang-{i}")) for i in range(3)]
+        await first.server.stop(0)  # the next node dies with three chains in flight
+        for call in waiting:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await asyncio.wait_for(call.read(), 5.0)
+            assert caught.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        await channel.close()
+    async with Server() as second:  # the link reopens on its next send (here to a new server)
+        link._open_call = link_to(second.port)[0]._open_call
+        call = await link.send(request("again"))
+        assert (await asyncio.wait_for(call.read(), 5.0)).ack
+        assert link.opened == 2
+        await link.close()
+
+
+async def test_a_node_without_relay_stream_answers_unimplemented() -> None:
+    """What an older node answers: the sender (node/peers.py) then uses a Relay call per chain."""
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    link, channel = link_to(port)
+    try:
+        call = await link.send(request("x"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(call.read(), 5.0)
+        assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await link.close()
+        await channel.close()
+        await server.stop(0)
