@@ -24,8 +24,9 @@ from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
-from layerswarm.wire.auth import derive_key
+from layerswarm.wire.auth import CHALLENGE_KEY, derive_key, metadata_value
 from layerswarm.wire.relay_plan import plan_mac
+from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 
@@ -132,11 +133,11 @@ async def test_a_relay_stream_needs_a_signature_and_survives_a_refused_chain(
         )  # fmt: skip
 
     try:
-        unsigned = client.block.RelayStream()
-        await unsigned.write(request("u", derive_key(TOKEN)))
+        unsigned = RelayLink(first, client.block.RelayStream)  # a stream opened without a signature
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await unsigned.read()
-        assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            await (await unsigned.send(request("u", derive_key(TOKEN)))).read()
+        assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED  # (whether its write got out or not)
+        assert metadata_value(caught.value.trailing_metadata(), CHALLENGE_KEY)  # the node's challenge, to sign
         await client.info(2.0)
         stream = client.block.RelayStream(metadata=client._signed("RelayStream"))
         await stream.write(request("forged", derive_key("another swarm")))
@@ -325,11 +326,15 @@ async def test_chains_between_two_nodes_share_one_long_lived_stream(tmp_path: Pa
         for _ in range(4):
             result = await coord.classify(images(), SEQ)
             assert [h.outcome for h in result.path.hops] == ["relayed"] * 3
-        received = {
-            rpc: served[1].metrics.registry.get_sample_value("layerswarm_node_requests_total", {"rpc": rpc}) or 0
-            for rpc in ("Relay", "RelayStream")
-        }
-        assert received == ({"Relay": 0, "RelayStream": 4} if streams else {"Relay": 4, "RelayStream": 0})
+
+        def received(node: FaultyNode) -> dict[str, float]:
+            samples = node.metrics.registry.get_sample_value
+            return {
+                rpc: samples("layerswarm_node_requests_total", {"rpc": rpc}) or 0 for rpc in ("Relay", "RelayStream")
+            }
+
+        assert received(served[0]) == {"Relay": 0, "RelayStream": 4}  # from the coordinator, on its stream
+        assert received(served[1]) == ({"Relay": 0, "RelayStream": 4} if streams else {"Relay": 4, "RelayStream": 0})
         assert served[0].relayer.peers is not None
         (peer,) = served[0].relayer.peers._peers.values()
         assert peer.link.opened == (1 if streams else 0)

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 import pytest
 
-from layerswarm.node import relay_stream
-from layerswarm.node.relay_stream import RelayLink, serve_relay_stream
+from layerswarm.wire import relay_stream
+from layerswarm.wire.relay_stream import RelayLink, serve_relay_stream
 from layerswarm.wire.v1 import block_pb2 as pb
 
 METHOD = "/layerswarm.test.Relay/RelayStream"
@@ -165,6 +165,35 @@ async def test_a_node_without_relay_stream_answers_unimplemented() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await asyncio.wait_for(call.read(), 5.0)
         assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await link.close()
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_a_stream_refused_at_open_reports_the_refusal_not_a_failed_write() -> None:
+    """The refusal (here UNAUTHENTICATED, which carries the node's challenge) is what the sender must see,
+    however the race between its first write and the server's refusal goes."""
+
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RelayEvent]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "not signed")
+        yield pb.RelayEvent()  # pragma: no cover - abort raises
+
+    server = grpc.aio.server()
+    rpc = grpc.stream_stream_rpc_method_handler(
+        refuse, request_deserializer=pb.RelayRequest.FromString, response_serializer=pb.RelayEvent.SerializeToString
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("layerswarm.test.Relay", {"RelayStream": rpc}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    link, channel = link_to(port)
+    try:
+        for i in range(5):  # each send opens a new stream: the last one broke
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await (await link.send(request(f"r{i}"))).read()
+            assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
     finally:
         await link.close()
         await channel.close()

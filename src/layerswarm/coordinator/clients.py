@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, identity_string, metadata_value
 from layerswarm.wire.discovery import METHOD_PREFIX
+from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -72,6 +73,10 @@ class NodeClient:
         self.block = pb_grpc.BlockNodeStub(self.channel)  # type: ignore[no-untyped-call]
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self._idle: list[Any] = []  # ForwardStream calls with no request outstanding
+        # Relay chains this node starts, over one long-lived RelayStream (transport "stream"), until it
+        # answers UNIMPLEMENTED (a node older than RelayStream): then a Relay call per chain.
+        self._relay_link = RelayLink(address, lambda: self.block.RelayStream(metadata=self._signed("RelayStream")))
+        self._relay_streams = transport == "stream"
 
     async def forward(self, request: pb.ForwardRequest, timeout: float) -> pb.ForwardResponse:
         """One block forward. Raises grpc.aio.AioRpcError, or TimeoutError past `timeout`."""
@@ -147,17 +152,40 @@ class NodeClient:
         return reply
 
     async def relay(self, request: pb.RelayRequest, timeout: float) -> list[pb.RelayEvent]:
-        """Start a relay chain at this node; its events (acknowledgement, then the final one)."""
-        call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
-
-        async def events() -> list[pb.RelayEvent]:
-            return [event async for event in call]
-
+        """Start a relay chain at this node; its events (acknowledgement, then the final one). Raises
+        grpc.aio.AioRpcError (DEADLINE_EXCEEDED past `timeout`)."""
         try:
+            if self._relay_streams:
+                try:
+                    return await _call(self._relay_on_stream(request, timeout))
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    self._relay_streams = False  # nothing ran: the same request as a call
+            call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
+
+            async def events() -> list[pb.RelayEvent]:
+                return [event async for event in call]
+
             return await _call(events())
         except grpc.aio.AioRpcError as exc:
             self._learn(exc)
             raise
+
+    async def _relay_on_stream(self, request: pb.RelayRequest, timeout: float) -> list[pb.RelayEvent]:
+        linked = await self._relay_link.send(request)
+        deadline = asyncio.get_running_loop().time() + timeout
+        events: list[pb.RelayEvent] = []
+        while not events or events[-1].ack:  # the acknowledgement, then the final event
+            try:
+                left = max(deadline - asyncio.get_running_loop().time(), 0.001)
+                events.append(await asyncio.wait_for(linked.read(), left))
+            except asyncio.TimeoutError:
+                linked.cancel()
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details="relay chain"
+                ) from None
+        return events
 
     async def collect(self, request_id: str, timeout: float) -> pb.ForwardResponse:
         """The result a chain's last node kept for us."""
@@ -184,6 +212,7 @@ class NodeClient:
         for call in self._idle:
             call.cancel()
         self._idle.clear()
+        await self._relay_link.close()
         await self.channel.close()
 
 

@@ -25,11 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, identity_string
 from layerswarm.wire.discovery import HEALTH_SERVICE, METHOD_PREFIX
+from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
-
-from .relay_stream import RelayLink
 
 log = logging.getLogger(__name__)
 MAX_PEERS = 64  # channels kept open; the least recently used goes first

@@ -13,13 +13,13 @@ from layerswarm import __version__
 from layerswarm.models.text.tokens import join_states, mask_problem, split_problem
 from layerswarm.wire import codec
 from layerswarm.wire.discovery import PROTOCOL_VERSION
+from layerswarm.wire.relay_stream import serve_relay_stream
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .metrics import NodeMetrics
 from .relay import MAX_DEADLINE_S, Relayer, RelayRefused
-from .relay_stream import serve_relay_stream
 from .runtime import BlockRuntime
 from .settings import NodeSettings
 
@@ -110,7 +110,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
     async def RelayStream(
         self, request_iterator: AsyncIterator[pb.RelayRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.RelayEvent]:
-        """Relay for many chains on one long-lived stream from the previous node (node/relay_stream.py)."""
+        """Relay for many chains on one long-lived stream from the previous node (wire/relay_stream.py)."""
         events = serve_relay_stream(
             request_iterator,
             lambda request: self.relayer.relay(request, self._handle),

@@ -1,8 +1,9 @@
-"""Relay chains over one long-lived stream per pair of nodes (RelayStream), both ends.
+"""Relay chains over one long-lived stream per caller and next node (RelayStream), both ends.
 
 A Relay call per chain costs a new HTTP/2 stream, its signed metadata and its checks at both ends:
 about half a millisecond a hop on loopback (the bench's unary vs stream echo). Between two nodes that
-pass many chains to each other, one stream carries them all: the requests of many chains go in, their
+pass many chains to each other (and from the coordinator to the nodes that start its chains), one
+stream carries them all: the requests of many chains go in, their
 events come back matched by request_id, each request's events exactly as a Relay call's (an
 acknowledgement, then the final one). The stream is authenticated once, when it opens, like any call
 (signed with the swarm key, or the relay certificate under TLS); every chain on it is still checked
@@ -28,6 +29,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 log = logging.getLogger(__name__)
 MAX_STREAM_IN_FLIGHT = 256  # chains one stream may have in flight at a node; past it: refused
+STATUS_WAIT_S = 1.0  # after a failed write, how long to wait for the stream's status
 LATE_GRACE_S = 1.0  # a request's task may outlive its deadline by this much (its final event)
 Events = Callable[[pb.RelayRequest], AsyncIterator[pb.RelayEvent]]
 Inbox = asyncio.Queue[pb.RelayEvent | grpc.aio.AioRpcError]  # one request's events, or what broke the stream
@@ -108,8 +110,13 @@ class _Stream:
             async with self.write_lock:
                 await self.call.write(request)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            # The stream ended as we wrote (refused at open, or the peer went away): its status, which
+            # the reader is about to see, says why (UNAUTHENTICATED with the peer's challenge, ...);
+            # the write's own error only says it failed.
             linked.cancel()
-            raise exc if isinstance(exc, grpc.aio.AioRpcError) else unavailable(f"relay stream closed: {exc}") from exc
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.reader), STATUS_WAIT_S)
+            raise self.broken or unavailable(f"relay stream closed: {exc}") from exc
         return linked
 
     async def close(self) -> None:
