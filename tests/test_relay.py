@@ -273,8 +273,29 @@ async def test_a_node_without_a_token_refuses_to_relay(tmp_path: Path) -> None:
         await node.stop()
 
 
+def _without_relay_stream(node: FaultyNode) -> None:
+    """Make `node` answer RelayStream as a node from before it did (UNIMPLEMENTED)."""
+    make = node.make_service
+
+    def make_service() -> Any:
+        service = make()
+
+        async def relay_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+            yield  # pragma: no cover - abort raises
+
+        service.RelayStream = relay_stream  # type: ignore[method-assign]
+        return service
+
+    node.make_service = make_service  # type: ignore[method-assign]
+
+
 async def _in_process_swarm(
-    tmp_path: Path, faults: list[FaultSpec], node_values: dict[str, Any] | None = None, **settings: object
+    tmp_path: Path,
+    faults: list[FaultSpec],
+    node_values: dict[str, Any] | None = None,
+    old_nodes: tuple[int, ...] = (),
+    **settings: object,
 ) -> tuple[list[FaultyNode], Coordinator]:
     model = make_model_dir(tmp_path / "m", depth=len(faults))
     token_file = tmp_path / "token"
@@ -289,6 +310,8 @@ async def _in_process_swarm(
         )
         for b, spec in enumerate(faults)
     ]
+    for b in old_nodes:
+        _without_relay_stream(served[b])
     for node in served:
         await node.start()
     values: dict[str, object] = {"health_interval_s": 60, "hedge_quantile": None, "wire_dtype": "fp32", **settings}
@@ -338,6 +361,32 @@ async def test_chains_between_two_nodes_share_one_long_lived_stream(tmp_path: Pa
         assert served[0].relayer.peers is not None
         (peer,) = served[0].relayer.peers._peers.values()
         assert peer.link.opened == (1 if streams else 0)
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_chains_reach_nodes_without_relay_stream_by_a_call_per_chain(tmp_path: Path) -> None:
+    """Nodes 0 and 1 answer RelayStream UNIMPLEMENTED (older nodes): the coordinator and node 0 send
+    them a Relay call per chain instead, from the first chain on; node 1 still streams to node 2."""
+    served, coord = await _in_process_swarm(
+        tmp_path, [FaultSpec()] * 3, old_nodes=(0, 1), verify_rate=None, min_blocks=1
+    )
+    try:
+        for _ in range(3):
+            result = await coord.classify(images(), SEQ)
+            assert [h.outcome for h in result.path.hops] == ["relayed"] * 3 and not result.path.handbacks
+        requests = [
+            {rpc: n.metrics.registry.get_sample_value("layerswarm_node_requests_total", {"rpc": rpc}) or 0
+             for rpc in ("Relay", "RelayStream")}
+            for n in served
+        ]  # fmt: skip
+        assert requests == [
+            {"Relay": 3, "RelayStream": 0},
+            {"Relay": 3, "RelayStream": 0},
+            {"Relay": 0, "RelayStream": 3},
+        ]
     finally:
         await coord.stop()
         for node in served:

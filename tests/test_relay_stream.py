@@ -33,6 +33,12 @@ async def events_of(request: pb.RelayRequest) -> AsyncIterator[pb.RelayEvent]:
         await asyncio.sleep(3600)
     if rid.startswith("slow"):
         await asyncio.sleep(0.3)
+    if rid.startswith("boom"):
+        raise RuntimeError("a bug in the hop")
+    if rid.startswith("flood"):  # a peer breaking the protocol: many acknowledgements, two finals
+        for _ in range(5):
+            yield pb.RelayEvent(request_id=rid, ack=True, trace=[pb.HopTrace(block=7)])
+        yield pb.RelayEvent(request_id=rid, trace=[pb.HopTrace(block=7)])
     yield pb.RelayEvent(request_id=rid, ack=True, trace=[pb.HopTrace(block=request.index)])
     yield pb.RelayEvent(request_id=rid, trace=[pb.HopTrace(block=request.index), pb.HopTrace(block=9)])
 
@@ -44,7 +50,7 @@ class Server:
     async def __aenter__(self) -> Server:
         async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RelayEvent]:
             self.streams += 1
-            async for event in serve_relay_stream(requests, events_of, (Refused,), max_deadline_s=60.0):
+            async for event in serve_relay_stream(requests, context, events_of, (Refused,), max_deadline_s=60.0):
                 yield event
 
         self.server = grpc.aio.server()
@@ -161,9 +167,8 @@ async def test_a_node_without_relay_stream_answers_unimplemented() -> None:
     await server.start()
     link, channel = link_to(port)
     try:
-        call = await link.send(request("x"))
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await asyncio.wait_for(call.read(), 5.0)
+            await asyncio.wait_for(link.send(request("x")), 5.0)  # refused at open: before any write
         assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
     finally:
         await link.close()
@@ -198,3 +203,34 @@ async def test_a_stream_refused_at_open_reports_the_refusal_not_a_failed_write()
         await link.close()
         await channel.close()
         await server.stop(0)
+
+
+async def test_a_peer_gets_one_acknowledgement_and_one_final_event_through_per_request() -> None:
+    async with Server() as server:
+        link, channel = link_to(server.port)
+        try:
+            call = await link.send(request("flood-1"))
+            ack, final = await call.read(), await call.read()
+            assert ack.ack and not final.ack and [t.block for t in final.trace] == [7]  # extra acks dropped
+            after = await link.send(request("after"))
+            assert (await after.read()).ack and not (await after.read()).ack
+            await asyncio.sleep(0.1)  # the flood's extra events arrive and are dropped
+            assert call._queue.empty() and link._stream is not None and not link._stream.waiting
+        finally:
+            await link.close()
+            await channel.close()
+
+
+async def test_a_bug_in_a_hop_answers_internal_and_a_given_up_request_leaves_nothing_behind() -> None:
+    async with Server() as server:
+        link, channel = link_to(server.port)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await (await link.send(request("boom-1"))).read()
+            assert caught.value.code() is grpc.StatusCode.INTERNAL
+            hanging = await link.send(request("hang-3"))
+            hanging.cancel()  # the sender gave up on it
+            assert link._stream is not None and not link._stream.waiting
+        finally:
+            await link.close()
+            await channel.close()

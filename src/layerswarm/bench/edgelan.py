@@ -141,9 +141,21 @@ async def interleaved(
                     extras[name].append(result.path.network)
                 if rep >= 2 and name.endswith("_auto"):  # what auto chose, hop by hop
                     extras[name].append({"wires": sorted({str(h.wire) for h in result.path.hops})})
+                if rep >= 2 and name.startswith("relay_"):
+                    extras[name].append(_relay_split(result.path.hops, elapsed))
             if rep >= 2:
                 samples[name].append(elapsed)
     return samples, extras
+
+
+def _relay_split(hops: list[Any], elapsed_s: float) -> dict[str, float]:
+    """Where a relayed request's time went, from its trace: the nodes' compute, the forwarding between
+    them (wire time included; until the next node's acknowledgement, less its compute), and the rest
+    (the coordinator's stem, head and two legs, the trace's way back, each node's handling)."""
+    relayed = [h for h in hops if h.outcome == "relayed"]
+    forwarding = sum(h.send_ms or 0.0 for h in relayed)
+    compute = sum(h.latency_ms for h in relayed) - forwarding
+    return {"nodes_compute_ms": compute, "forwarding_ms": forwarding, "rest_ms": elapsed_s * 1e3 - compute - forwarding}
 
 
 async def uniform(
@@ -185,6 +197,9 @@ async def uniform(
                 for name, seen in extras.items():
                     if name.endswith("_auto"):
                         row[f"{name}_chose"] = sorted({w for e in seen for w in e.get("wires", [])})
+                    if name in ("relay_fp16", PER_CALL):
+                        for part in ("nodes_compute_ms", "forwarding_ms", "rest_ms"):
+                            row[f"{name}_{part}"] = median_ms([e[part] / 1e3 for e in seen if part in e])
                 rows.append({"tcp_slow_start_after_idle": restart, **row})
         finally:
             stop_all(procs + per_call)
@@ -329,13 +344,19 @@ def render(r: dict[str, Any]) -> str:
         "Relay chains (fp16) whose nodes forward over one long-lived stream per next node (the default) or "
         "with a Relay call per chain (`--no-relay-streams`):",
         "",
-        "| link | TCP slow start after idle | streams / bound | a call per chain / bound | per call / streams |",
-        "| --- | --- | --- | --- | --- |",
+        "| link | TCP slow start after idle | streams / bound | a call per chain / bound | per call / streams "
+        "| streams: nodes' compute / forwarding / rest ms | per call: the same |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for u in (u for u in r["uniform"] if f"{PER_CALL}_ms" in u):
+        split = {
+            name: " / ".join(str(u.get(f"{name}_{part}")) for part in ("nodes_compute_ms", "forwarding_ms", "rest_ms"))
+            for name in ("relay_fp16", PER_CALL)
+        }
         lines.append(
             f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} "
-            f"| {u['relay_fp16_over_bound']} | {u[f'{PER_CALL}_over_bound']} | {u['relay_per_call_over_streams']} |"
+            f"| {u['relay_fp16_over_bound']} | {u[f'{PER_CALL}_over_bound']} | {u['relay_per_call_over_streams']} "
+            f"| {split['relay_fp16']} | {split[PER_CALL]} |"
         )
     m = r["mixed"]
     lines += [

@@ -23,7 +23,7 @@ from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.wire.memory import keep_large_buffers
 
-from . import activations, adaptive, edgelan, shipped, vitb
+from . import activations, adaptive, edgelan, hop, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .report import render
@@ -81,7 +81,7 @@ def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
         with nodes([(model_dir, b) for b in range(12)]) as procs:
             configs = [("fp32", "unary"), ("fp32", "stream"), ("fp16", "unary"), ("fp16", "stream")]
             report["vitb_swarm_vs_monolith"] = asyncio.run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
-            report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps))
+            report["hop_vs_floor"] = asyncio.run(hop.hop_vs_floor(model_dir, procs[0], reps))
             report["vitb_throughput"] = asyncio.run(vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6))
             report["vitb_idle_vs_busy"] = asyncio.run(vitb.idle_vs_busy_compute(model_dir, procs, 2 if quick else 6))
             report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
@@ -109,7 +109,7 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
             model_dir = vitb_model_dir(Path(tmp))
             with nodes([(model_dir, 0)]) as procs:
-                report["hop_vs_floor"] = asyncio.run(vitb.hop_vs_floor(model_dir, procs[0], reps * 2))
+                report["hop_vs_floor"] = asyncio.run(hop.hop_vs_floor(model_dir, procs[0], reps * 2))
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     if only == "wire":

@@ -176,15 +176,16 @@ class NodeClient:
         linked = await self._relay_link.send(request)
         deadline = asyncio.get_running_loop().time() + timeout
         events: list[pb.RelayEvent] = []
-        while not events or events[-1].ack:  # the acknowledgement, then the final event
-            try:
+        try:
+            while not events or events[-1].ack:  # the acknowledgement, then the final event
                 left = max(deadline - asyncio.get_running_loop().time(), 0.001)
                 events.append(await asyncio.wait_for(linked.read(), left))
-            except asyncio.TimeoutError:
-                linked.cancel()
-                raise grpc.aio.AioRpcError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details="relay chain"
-                ) from None
+        except asyncio.TimeoutError:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details="relay chain"
+            ) from None
+        finally:
+            linked.cancel()  # however it went, stop listening for this chain
         return events
 
     async def collect(self, request_id: str, timeout: float) -> pb.ForwardResponse:

@@ -125,7 +125,13 @@ class PeerClient:
         """Send one chain's request on: on the peer's long-lived RelayStream (`stream`, unless the peer is
         too old for it) or as its own signed Relay call. Either way an object to read() its events from."""
         if stream and self.streams:
-            return await self.link.send(request)
+            try:
+                return await self.link.send(request)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:  # refused at open: nothing ran
+                    raise
+                log.info("%s has no RelayStream: a Relay call per chain from now on", self.address)
+                self.streams = False
         return self.stub.Relay(request, timeout=timeout, metadata=(self._signed("Relay"),))
 
     def _open_stream(self) -> Any:
@@ -139,13 +145,9 @@ class PeerClient:
             raise PeerRefused(str(exc)) from exc
 
     def refused(self, exc: grpc.aio.AioRpcError) -> None:
-        """A refusal carries the peer's challenge: a new one (a restart) must prove itself again. A peer
-        without RelayStream (UNIMPLEMENTED: an older node) gets a Relay call per chain from now on."""
+        """A refusal carries the peer's challenge: a new one (a restart) must prove itself again."""
         if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
             self.signer.learn(exc.trailing_metadata())
-        elif exc.code() is grpc.StatusCode.UNIMPLEMENTED and self.streams:
-            log.info("%s has no RelayStream: a Relay call per chain from now on", self.address)
-            self.streams = False
 
     async def close(self) -> None:
         await self.link.close()

@@ -219,6 +219,9 @@ class Relayer:
             return hand_back(f"{exc.code().name}: {exc.details()}")
         except PeerRefused as exc:
             return hand_back(f"PERMISSION_DENIED: {exc}")
+        finally:
+            if call is not None:  # done with it however it went (a no-op once it ended)
+                call.cancel()
         if final is grpc.aio.EOF:
             return hand_back("the next node closed the chain without a result")
         return pb.RelayEvent(

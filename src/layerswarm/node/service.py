@@ -113,6 +113,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         """Relay for many chains on one long-lived stream from the previous node (wire/relay_stream.py)."""
         events = serve_relay_stream(
             request_iterator,
+            context,
             lambda request: self.relayer.relay(request, self._handle),
             refusals=(RequestError, RelayRefused),
             max_deadline_s=MAX_DEADLINE_S,

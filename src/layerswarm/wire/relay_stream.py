@@ -29,7 +29,10 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 log = logging.getLogger(__name__)
 MAX_STREAM_IN_FLIGHT = 256  # chains one stream may have in flight at a node; past it: refused
-STATUS_WAIT_S = 1.0  # after a failed write, how long to wait for the stream's status
+STATUS_WAIT_S = 1.0  # a refused stream's status follows its (empty) headers at once
+# Sent by a node as soon as it takes a stream: the sender's first write waits for it, so a stream refused
+# at open (unauthenticated, a certificate without the role) reports that status, not a failed write.
+ACCEPTED = ("layerswarm-relay-stream", "accepted")
 LATE_GRACE_S = 1.0  # a request's task may outlive its deadline by this much (its final event)
 Events = Callable[[pb.RelayRequest], AsyncIterator[pb.RelayEvent]]
 Inbox = asyncio.Queue[pb.RelayEvent | grpc.aio.AioRpcError]  # one request's events, or what broke the stream
@@ -47,25 +50,42 @@ def refusal_error(event: pb.RelayEvent) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=event.handback_reason)
 
 
+class _Waiter:
+    """What one request may still receive: at most one acknowledgement, then one final event (or a
+    refusal); anything more from the peer is dropped, so a peer cannot grow our memory."""
+
+    def __init__(self) -> None:
+        self.queue: Inbox = asyncio.Queue()
+        self.acked = False
+
+    def take(self, event: pb.RelayEvent) -> bool:
+        """Queue `event` if the protocol allows it here; True when it ends the request."""
+        if event.ack and not event.refused:
+            if not self.acked:
+                self.acked = True
+                self.queue.put_nowait(event)
+            return False
+        self.queue.put_nowait(event)
+        return True
+
+
 class LinkedCall:
     """One request's events on a RelayLink, read like a Relay call's: read() an event or raise."""
 
-    def __init__(self, stream: _Stream, request_id: str, queue: Inbox) -> None:
-        self._stream, self._id, self._queue = stream, request_id, queue
+    def __init__(self, stream: _Stream, request_id: str, waiter: _Waiter) -> None:
+        self._stream, self._id, self._queue = stream, request_id, waiter.queue
 
     async def read(self) -> pb.RelayEvent:
         item = await self._queue.get()
         if isinstance(item, grpc.aio.AioRpcError):
+            self._queue.put_nowait(item)  # the stream stays broken for any later read too
             raise item
         if item.refused:
-            self.cancel()
             raise refusal_error(item)
-        if not item.ack:
-            self.cancel()  # the final event: nothing more will come for this request
         return item
 
     def cancel(self) -> None:
-        """Stop listening (the next node's task ends by its own deadline)."""
+        """Stop listening (the next node's task ends by its own deadline). Idempotent."""
         self._stream.waiting.pop(self._id, None)
 
 
@@ -74,7 +94,7 @@ class _Stream:
 
     def __init__(self, call: Any, peer: str) -> None:
         self.call = call
-        self.waiting: dict[str, Inbox] = {}
+        self.waiting: dict[str, _Waiter] = {}
         self.write_lock = asyncio.Lock()  # grpc.aio allows one write at a time on a stream
         self.broken: grpc.aio.AioRpcError | None = None
         self.reader = asyncio.create_task(self._read(), name=f"relay stream to {peer}")
@@ -84,16 +104,28 @@ class _Stream:
         error = unavailable("the next node closed the relay stream")
         try:
             async for event in self.call:
-                queue = self.waiting.get(event.request_id)
-                if queue is not None:  # else a request given up on: its late events are dropped
-                    queue.put_nowait(event)
+                waiter = self.waiting.get(event.request_id)
+                # None: a request given up on, or one already ended: its late events are dropped.
+                if waiter is not None and waiter.take(event):
+                    del self.waiting[event.request_id]
         except grpc.aio.AioRpcError as exc:
             error = exc
         finally:
             self.broken = error
-            for queue in self.waiting.values():
-                queue.put_nowait(error)
+            for waiter in self.waiting.values():
+                waiter.queue.put_nowait(error)
             self.waiting.clear()
+
+    async def accepted(self) -> None:
+        """Wait for the node's headers; raise the stream's status if it was refused at open."""
+        headers = await self.call.initial_metadata()
+        if ACCEPTED not in tuple(headers or ()):
+            await self._status(unavailable("relay stream refused without a status"))
+
+    async def _status(self, fallback: grpc.aio.AioRpcError) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.reader), STATUS_WAIT_S)
+        raise self.broken or fallback
 
     async def send(self, request: pb.RelayRequest) -> LinkedCall:
         rid = request.forward.request_id
@@ -103,20 +135,16 @@ class _Stream:
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.ALREADY_EXISTS, grpc.aio.Metadata(), grpc.aio.Metadata(), details=f"{rid} in flight"
             )
-        queue: Inbox = asyncio.Queue()
-        self.waiting[rid] = queue
-        linked = LinkedCall(self, rid, queue)
+        waiter = self.waiting[rid] = _Waiter()
+        linked = LinkedCall(self, rid, waiter)
         try:
             async with self.write_lock:
                 await self.call.write(request)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            # The stream ended as we wrote (refused at open, or the peer went away): its status, which
-            # the reader is about to see, says why (UNAUTHENTICATED with the peer's challenge, ...);
-            # the write's own error only says it failed.
+            # The stream ended as we wrote (the peer went away): its status, which the reader is about
+            # to see, says why; the write's own error only says it failed.
             linked.cancel()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.reader), STATUS_WAIT_S)
-            raise self.broken or unavailable(f"relay stream closed: {exc}") from exc
+            await self._status(unavailable(f"relay stream closed: {exc}"))
         return linked
 
     async def close(self) -> None:
@@ -144,6 +172,7 @@ class RelayLink:
         if self._stream is None or self._stream.broken is not None:
             self._stream = _Stream(self._open_call(), self.peer)
             self.opened += 1
+            await self._stream.accepted()
         return await self._stream.send(request)
 
     async def close(self) -> None:
@@ -154,6 +183,7 @@ class RelayLink:
 
 async def serve_relay_stream(
     requests: AsyncIterator[pb.RelayRequest],
+    context: grpc.aio.ServicerContext,
     events_of: Events,
     refusals: tuple[type[Exception], ...],
     max_deadline_s: float,
@@ -162,7 +192,8 @@ async def serve_relay_stream(
     """A node's side of one RelayStream: each request runs as its own task (`events_of`, node/relay.py's
     Relayer.relay with the node's hop), their events interleaved on the way out. `refusals` are the
     exceptions (with a `.code`) that refuse one request and leave the stream open."""
-    out: asyncio.Queue[pb.RelayEvent | None] = asyncio.Queue()
+    # Bounded: a sender that writes requests but never reads their events stops being read from.
+    out: asyncio.Queue[pb.RelayEvent | None] = asyncio.Queue(maxsize=2 * MAX_STREAM_IN_FLIGHT)
     tasks: dict[str, asyncio.Task[None]] = {}
 
     async def run_one(request: pb.RelayRequest) -> None:
@@ -170,14 +201,17 @@ async def serve_relay_stream(
 
         async def put_events() -> None:
             async for event in events_of(request):
-                out.put_nowait(event)
+                await out.put(event)
 
         try:
             await asyncio.wait_for(put_events(), _bounded(request.deadline_s, max_deadline_s) + LATE_GRACE_S)
         except refusals as exc:
-            out.put_nowait(pb.RelayEvent(request_id=rid, refused=exc.code.name, handback_reason=str(exc)))  # type: ignore[attr-defined]
+            await out.put(pb.RelayEvent(request_id=rid, refused=exc.code.name, handback_reason=str(exc)))  # type: ignore[attr-defined]
         except asyncio.TimeoutError:  # not the builtin before Python 3.11 (Jetson images run 3.10)
-            out.put_nowait(_refused(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "the chain's deadline passed here"))
+            await out.put(_refused(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "the chain's deadline passed here"))
+        except Exception:  # a bug here must not leave the sender waiting until its deadline
+            log.exception("relay %s failed", rid)
+            await out.put(_refused(rid, grpc.StatusCode.INTERNAL, "the node failed to relay this chain"))
         finally:
             tasks.pop(rid, None)
 
@@ -187,20 +221,24 @@ async def serve_relay_stream(
                 on_request()
                 rid = request.forward.request_id
                 if rid in tasks:
-                    out.put_nowait(_refused(rid, grpc.StatusCode.ALREADY_EXISTS, "request id already in flight here"))
+                    await out.put(_refused(rid, grpc.StatusCode.ALREADY_EXISTS, "request id already in flight here"))
                 elif len(tasks) >= MAX_STREAM_IN_FLIGHT:
-                    out.put_nowait(_refused(rid, grpc.StatusCode.RESOURCE_EXHAUSTED, "too many chains on one stream"))
+                    await out.put(_refused(rid, grpc.StatusCode.RESOURCE_EXHAUSTED, "too many chains on one stream"))
                 else:
                     tasks[rid] = asyncio.create_task(run_one(request), name=f"relay {rid[:32]}")
-            await asyncio.gather(*tasks.values(), return_exceptions=True)  # the sender is done: finish its chains
-        finally:
-            out.put_nowait(None)
+        except BaseException:  # logged by _log_crash (a cancellation is not); the events side ends too
+            with contextlib.suppress(asyncio.QueueFull):
+                out.put_nowait(None)
+            raise
+        await asyncio.gather(*tasks.values())  # the sender is done writing: finish its chains (they never raise)
+        await out.put(None)
 
+    await context.send_initial_metadata((ACCEPTED,))
     taker = asyncio.create_task(take_requests(), name="relay stream requests")
+    taker.add_done_callback(_log_crash)
     try:
         while (event := await out.get()) is not None:
             yield event
-        await taker  # raises what ended the request side, if anything did
     finally:
         for task in [taker, *tasks.values()]:
             task.cancel()
