@@ -21,7 +21,8 @@ HELP = {
 
 RELAY_HELP = {
     "tls_relay_cert": "with mutual TLS and --token-file: this node's relay certificate (PEM, `layerswarm-relay`, "
-    "deploy/make-certs.sh), with which it forwards relay chains to the next node (it can call Relay and Info only)",
+    "deploy/make-certs.sh), with which it forwards relay chains to the next node "
+    "(it can call Relay, RelayStream and Info only)",
     "tls_relay_key": "its private key (PEM)",
 }
 

@@ -83,7 +83,7 @@ class PeerClient:
             ("grpc.max_send_message_length", max_message_bytes),
         ]
         self.address = address
-        if security.tls:  # the relay certificate: the next node lets it call Relay and Info only
+        if security.tls:  # the relay certificate: the next node lets it call Relay, RelayStream and Info only
             options.append(("grpc.ssl_target_name_override", NODE_TLS_NAME))
             self.channel = grpc.aio.secure_channel(address, security.relay_channel_credentials(), options=options)
         else:

@@ -29,7 +29,7 @@ from .discovery import METHOD_PREFIX
 log = logging.getLogger(__name__)
 NODE_TLS_NAME = "layerswarm-node"
 COORDINATOR_TLS_NAME = "layerswarm-coordinator"  # the only client certificate that may call all of BlockNode
-RELAY_TLS_NAME = "layerswarm-relay"  # a node forwarding a chain: Relay and Info only
+RELAY_TLS_NAME = "layerswarm-relay"  # a node forwarding a chain: Relay, RelayStream and Info only
 RELAY_METHODS = frozenset({METHOD_PREFIX + "Relay", METHOD_PREFIX + "RelayStream", METHOD_PREFIX + "Info"})
 PROTECTED_PREFIX = METHOD_PREFIX
 
@@ -145,7 +145,8 @@ def _client_name_in(context: grpc.aio.ServicerContext, allowed: set[str]) -> boo
 async def _refuse_role(context: grpc.aio.ServicerContext) -> None:
     await context.abort(
         grpc.StatusCode.PERMISSION_DENIED,
-        "only the coordinator's certificate may call this BlockNode method (a relay certificate: Relay and Info)",
+        "only the coordinator's certificate may call this BlockNode method "
+        "(a relay certificate: Relay, RelayStream and Info)",
     )
 
 
