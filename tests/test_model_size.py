@@ -68,12 +68,21 @@ def test_cli_refuses_a_bad_size_naming_the_flag(
     assert not (tmp_path / "never").exists()
 
 
-def test_the_manifest_records_the_size_and_why(tmp_path: Path) -> None:
-    argv = ["train", "--data", "shapes1:32:8", "--out", str(tmp_path / "m"), "--epochs", "1", "--workers", "0"]
-    assert main([*argv, "--size", "small", "--depth", "1", "--no-reference", "--threads", "1"]) == 0
+def test_the_manifest_records_the_size_and_why_and_the_bench_reads_it(tmp_path: Path) -> None:
+    from layerswarm.bench.own_data import render_runs, run_row
+
+    data = tmp_path / "relations-32" / "data"
+    assert main(["datasets", "relations", str(data), "--train", "32", "--val", "16"]) == 0
+    argv = ["train", "--data", f"imagefolder:{data}", "--out", str(tmp_path / "m"), "--epochs", "1"]
+    assert main([*argv, "--size", "small", "--depth", "1", "--no-reference", "--threads", "1", "--workers", "0"]) == 0
     manifest = read_manifest(tmp_path / "m")
     size = manifest.recipe["size"]
     assert (manifest.config.dim, manifest.config.depth, manifest.config.heads) == (48, 1, 3)
     assert size["size"] == "small" and size["size_reason"] == "--size small; --depth 1 given"
     assert size["block_params"] == block_params(48, 1) and size["size_inputs"]["train_images"] == 32
     assert size["size_inputs"]["image_size"] == 32 and size["size_inputs"]["time_budget_s"] == 600.0
+    row = run_row(tmp_path / "m")
+    assert (row["task"], row["train_images"], row["dim"], row["depth"], row["heads"]) == ("relations", 32, 48, 1, 3)
+    assert row["block_params"] == block_params(48, 1) and row["epochs"] == 1
+    assert row["test_sequential"] == manifest.metrics["test_sequential"] and "--size small" in row["command"]
+    assert "| relations | 32 | 48 x 1 (3) | 28,272 |" in render_runs([row])
