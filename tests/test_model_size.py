@@ -27,6 +27,29 @@ def test_the_ladder_grows_and_base_is_the_long_standing_size() -> None:
     assert (DEFAULT.name, DEFAULT.dim, DEFAULT.depth, DEFAULT.heads) == ("base", 64, 6, 4)
 
 
+@pytest.mark.parametrize(
+    ("images", "side", "budget"),
+    [(100, 32, 600.0), (4000, 32, 600.0), (20000, 32, 600.0), (500, 224, 60.0), (None, None, 600.0)],
+)
+def test_auto_is_base_everywhere_as_measured_and_records_its_inputs(
+    images: int | None, side: int | None, budget: float
+) -> None:
+    """Measured (bench/results/own-data-size.json): small and large both learned less than base on the
+    generated tasks; nothing measured supports another size for any data yet."""
+    assert auto_size(images, side, budget)[0] == DEFAULT
+    chosen = choose_size(AUTO, train_images=images, image_size=side, time_budget_s=budget)
+    assert (chosen["dim"], chosen["depth"], chosen["heads"], chosen["size_chosen"]) == (64, 6, 4, "base")
+    assert chosen["size_inputs"] == {"train_images": images, "image_size": side, "time_budget_s": budget}
+    assert chosen["size_reason"].startswith("--size auto: base")
+
+
+def test_the_bare_command_line_gets_auto() -> None:
+    from layerswarm.cli import build_parser
+
+    args = build_parser("train").parse_args(["train", "--data", "shapes", "--out", "x"])
+    assert (args.size, args.dim, args.depth, args.heads) == (AUTO, None, None, None)
+
+
 def test_explicit_flags_win_over_the_size_and_say_so() -> None:
     chosen = choose_size("large", dim=32, heads=2, train_images=4000, image_size=32)
     assert (chosen["dim"], chosen["depth"], chosen["heads"]) == (32, BY_NAME["large"].depth, 2)

@@ -21,8 +21,8 @@ from .config import patch_size_for
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
 from .recipe import recipe_from_args
-from .size import AUTO, choose_size
 from .reference import compare, far_behind_warning, train_reference
+from .size import AUTO, choose_size
 from .train import Trainer, build_model, evaluate_loss, init_image_size
 from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
