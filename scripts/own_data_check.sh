@@ -10,6 +10,11 @@
 # The README's run: two streams side by side, each pinned to one core (taskset -c 0 / -c 1):
 #   for t in relations textures counting; do FAMILY=1 scripts/own_data_check.sh $t 4000 WORK; done
 #   for t in relations textures counting; do scripts/own_data_check.sh $t 20000 WORK; done
+# With SIZES, the size ladder instead (bench/results/own-data-size.json): the default command with
+# --no-reference --threads 1 and each size, a name (`--size small`) or DxBLOCKS (`--dim D --depth BLOCKS`,
+# 16 channels a head), into WORK/TASK-N/size-S/; then
+#   python -m layerswarm.bench.own_data --runs WORK/*/size-* --json bench/results/own-data-size.json
+#   SIZES="48x4 64x6 96x6 64x8" scripts/own_data_check.sh relations 4000 WORK   # taskset -c 0 / -c 1 as above
 set -euo pipefail
 TASK="$1"; N="$2"; WORK="$3/$TASK-$N"
 L="${LAYERSWARM:-$(dirname "$0")/../.venv/bin/layerswarm}"
@@ -18,6 +23,18 @@ stamp() { date -u +%s; }
 t0=$(stamp)
 [ -d "$WORK/data/train" ] || "$L" datasets "$TASK" "$WORK/data" --train "$N" --val 1000 >"$WORK/datasets.log" 2>&1
 t1=$(stamp)
+if [ -n "${SIZES:-}" ]; then
+  for size in $SIZES; do
+    case "$size" in
+      *x*) flags=(--dim "${size%x*}" --depth "${size#*x}" --heads $((${size%x*} / 16))) ;;
+      *) flags=(--size "$size") ;;
+    esac
+    [ -f "$WORK/size-$size/manifest.json" ] || "$L" train --data "imagefolder:$WORK/data" --out "$WORK/size-$size" \
+      --no-reference --threads 1 "${flags[@]}" >"$WORK/size-$size.log" 2>&1
+  done
+  echo "done: $WORK"
+  exit 0
+fi
 [ -f "$WORK/base/manifest.json" ] || "$L" train --data "imagefolder:$WORK/data" --out "$WORK/base" >"$WORK/base.log" 2>&1
 t2=$(stamp)
 echo "{\"task\": \"$TASK\", \"train_images\": $N, \"datasets_s\": $((t1 - t0)), \"base_s\": $((t2 - t1))}" >"$WORK/times.json"

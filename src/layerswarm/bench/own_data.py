@@ -7,6 +7,9 @@ same wall-clock time), the test accuracy, what ended training, the time; and whe
 (FAMILY=1), `layerswarm eval`'s targets for the LayerShuffle members and the conventional baseline.
 
     python -m layerswarm.bench.own_data WORK_DIR --json bench/results/own-data.json --markdown bench/results/own-data.md
+
+With --runs, one row per model directory instead (a comparison of flags, such as scripts/own_data_check.sh's
+SIZES ladder): the command, width and depth, test accuracy, the kept epoch, what ended training.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import platform
 import time
 from pathlib import Path
 from typing import Any
+
+from layerswarm.models.size import block_params
 
 from . import emit_table
 
@@ -125,12 +130,61 @@ def render(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_row(model_dir: Path) -> dict[str, Any]:
+    """One training run read back from its manifest (a `--runs` comparison such as the size ladder's):
+    the command, the size, the test accuracy, the kept epoch's validation and what ended training."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    recipe, config, metrics = manifest["recipe"], manifest["config"], manifest["metrics"]
+    history = recipe.get("history", [])
+    kept = min(history, key=lambda h: h["val_loss"]) if history else {}
+    data_dir = Path(manifest["dataset"]["spec"].split(":", 1)[1])
+    return {
+        "task": data_dir.parent.name.rsplit("-", 1)[0],  # the folders are TASK-N/data
+        "train_images": manifest["dataset"]["train"],
+        "dim": config["dim"],
+        "depth": config["depth"],
+        "heads": config["heads"],
+        "block_params": block_params(config["dim"], config["depth"]),
+        "command": recipe.get("command"),
+        "test_sequential": metrics.get("test_sequential"),
+        "test_arbitrary": metrics.get("test_arbitrary"),
+        "best_val_loss": round(kept["val_loss"], 4) if kept else None,
+        "best_val_acc": kept.get("val_acc"),
+        "best_val_acc_arbitrary": kept.get("val_acc_arbitrary"),
+        "epochs": len(history),
+        "planned_steps": history[-1].get("planned_steps") if history else None,
+        "training_s": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        "stopped": recipe.get("stopped"),
+    }
+
+
+def render_runs(rows: list[dict[str, Any]]) -> str:
+    lines = ["| task | train images | D x blocks (heads) | block parameters | test seq / arb | best val loss "]
+    lines[0] += "| epochs, training | ended by |"
+    lines.append("| --- " * 8 + "|")
+    for r in sorted(rows, key=lambda r: (r["task"], r["train_images"], r["block_params"])):
+        ended = "early stop" if "improved" in (r["stopped"] or "") else "time budget"
+        lines.append(
+            f"| {r['task']} | {r['train_images']:,} | {r['dim']} x {r['depth']} ({r['heads']}) | "
+            f"{r['block_params']:,} | {r['test_sequential']:.3f} / {r['test_arbitrary']:.3f} | "
+            f"{r['best_val_loss']:.3f} | {r['epochs']}, {r['training_s']:.0f} s | {ended} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("work", type=Path, help="the folder scripts/own_data_check.sh wrote into")
+    parser.add_argument("work", type=Path, nargs="?", help="the folder scripts/own_data_check.sh wrote into")
+    parser.add_argument("--runs", type=Path, nargs="+", help="model directories to compare, one row each, instead")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
+    if args.runs:
+        rows = [run_row(d) for d in args.runs]
+        report = {"written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": rows}
+        return emit_table(report, render_runs(rows), args.json, args.markdown)
+    if args.work is None:
+        parser.error("give the work folder, or --runs")
     summary = summarize(args.work)
     return emit_table(summary, render(summary), args.json, args.markdown)
 

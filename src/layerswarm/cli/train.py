@@ -7,9 +7,15 @@ from pathlib import Path
 
 from layerswarm.models.config import VARIANTS  # torch-free: building the parser stays fast
 from layerswarm.models.recipe import TrainRecipe as R  # every training default, stated once
+from layerswarm.models.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
 
 from .base import Subparsers, add_command, int_at_least, non_negative_int, positive_int
 
+SIZE_HELP = (
+    "width and depth of a model trained from scratch (--dim/--depth/--heads override it): "
+    + ", ".join(s.describe() for s in SIZES)
+    + f"; auto: {auto_rule()}"
+)
 DATA_HELP = "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH | words[...] | csv:PATH | jsonl:PATH"
 
 
@@ -129,9 +135,12 @@ def register(sub: Subparsers) -> None:
         default=0.0,
         help="the reference CNN's training budget in seconds (0: the ViT's own training time)",
     )
-    p.add_argument("--depth", type=positive_int, default=6, help="blocks (from scratch only)")
-    p.add_argument("--dim", type=positive_int, default=64, help="embedding size D (from scratch only)")
-    p.add_argument("--heads", type=positive_int, default=4, help="attention heads (from scratch only)")
+    p.add_argument("--size", choices=SIZE_CHOICES, default=AUTO, help=SIZE_HELP)
+    p.add_argument("--depth", type=positive_int, help="blocks (from scratch only; none: from --size)")
+    p.add_argument("--dim", type=positive_int, help="embedding size D (from scratch only; none: from --size)")
+    p.add_argument(
+        "--heads", type=positive_int, help="attention heads (from scratch only; none: from --size, 16 channels each)"
+    )
     p.add_argument(
         "--patch-size",
         type=positive_int,

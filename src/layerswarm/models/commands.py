@@ -22,6 +22,7 @@ from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
 from .recipe import recipe_from_args
 from .reference import compare, far_behind_warning, train_reference
+from .size import AUTO, choose_size
 from .train import Trainer, build_model, evaluate_loss, init_image_size
 from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
@@ -61,7 +62,9 @@ def train_main(args: argparse.Namespace) -> int:
         patch_size = patch_size_for(data.image_shape[1], args.stem)
     if getattr(args, "token_depth", None):
         raise ValueError("--token-depth is for text models (per-token depth); this is image data")
-    arch = {"depth": args.depth, "dim": args.dim, "heads": args.heads, "patch_size": patch_size, "stem": args.stem}
+    size = chosen_size(args, train_images=len(data.train_y), image_size=data.image_shape[1])
+    arch = {"depth": size["depth"], "dim": size["dim"], "heads": size["heads"], "patch_size": patch_size}
+    arch["stem"] = args.stem
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
     recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip, stem=model.cfg.stem)
     trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
@@ -79,6 +82,7 @@ def train_main(args: argparse.Namespace) -> int:
     recipe_record = {
         **asdict(recipe),
         "init": args.init,
+        "size": size if args.init is None else None,  # a fine-tune keeps its parent's width and depth
         "command": args.command_line,
         "history": trainer.history,
         "stopped": trainer.stopped or f"ran all {recipe.epochs} epochs",
@@ -149,6 +153,20 @@ def _quick_metrics(model: ViT, data: Dataset, workers: int, orders: int = 5) -> 
         for _ in range(orders)
     ]
     return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
+
+
+def chosen_size(args: argparse.Namespace, train_images: int | None, image_size: int | None) -> dict[str, Any]:
+    """--size (auto: from the data) with any of --dim/--depth/--heads in its place; a ValueError (the CLI's
+    exit 2) names the flags when they do not fit together."""
+    return choose_size(
+        getattr(args, "size", AUTO),
+        args.dim,
+        args.depth,
+        args.heads,
+        train_images=train_images,
+        image_size=image_size,
+        time_budget_s=args.time_budget_s,
+    )
 
 
 def resolve_image_size(init: str | None, asked: int | None) -> int | None:

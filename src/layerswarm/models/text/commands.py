@@ -43,9 +43,10 @@ def model_tokenizer(model_dir: str | Path, manifest: Manifest | None = None) -> 
 
 
 def text_train_main(args: argparse.Namespace) -> int:
-    from ..commands import _quick_metrics, _report_run, pick_train_device
+    from ..commands import _quick_metrics, _report_run, chosen_size, pick_train_device
 
     started = time.perf_counter()
+    size: dict[str, Any] | None = None  # from scratch only: a fine-tune keeps its parent's width and depth
     if args.threads:
         torch.set_num_threads(args.threads)
     corpus = load_corpus(args.data, seed=args.data_seed)
@@ -57,6 +58,7 @@ def text_train_main(args: argparse.Namespace) -> int:
     else:
         tok = train_tokenizer(corpus.train_texts, vocab_size=args.vocab_size)
         data = encode_corpus(corpus, tok, args.max_tokens)
+        size = chosen_size(args, train_images=len(data.train_y), image_size=None)  # auto: base for text
         torch.manual_seed(args.seed)
         cfg = ViTConfig(
             kind="text",
@@ -65,9 +67,9 @@ def text_train_main(args: argparse.Namespace) -> int:
             num_classes=len(data.class_names),
             variant=args.variant,
             class_names=data.class_names,
-            depth=args.depth,
-            dim=args.dim,
-            heads=args.heads,
+            depth=size["depth"],
+            dim=size["dim"],
+            heads=size["heads"],
         )
         model, lineage = TextEncoder(cfg), Lineage(source="scratch")
     if getattr(args, "token_depth", None):
@@ -80,7 +82,8 @@ def text_train_main(args: argparse.Namespace) -> int:
     _report_run(trainer, len(data.class_names))
     trained = trainer.model.eval()
     metrics = _quick_metrics(trained, data, 0)
-    record = {**asdict(recipe), "init": args.init, "command": args.command_line, "history": trainer.history}
+    record = {**asdict(recipe), "init": args.init, "size": size}
+    record.update(command=args.command_line, history=trainer.history)
     record["seconds"] = round(time.perf_counter() - started, 1)
     dataset = {**data.describe(), "data_seed": args.data_seed}
     save_tokenizer(tok, args.out)
