@@ -146,11 +146,13 @@ class Relayer:
             yield pb.RelayEvent(request_id=rid, trace=[own], activations=activations)
             return
         left_s = request.deadline_s - (time.monotonic() - started)
-        # Forward first, acknowledge while the output is on its way: the chain never waits on our ack.
+        # Acknowledge, then forward: the ack is a few bytes, and sent after our output it would queue
+        # behind 302 KB on this host's uplink, so the previous node's send_ms (its link estimate)
+        # would count our transfer too. The output's digest is in the final event, not the ack.
+        yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
         onward = asyncio.ensure_future(self._forward(request, reply, own, left_s))
         try:
             own.output_sha256 = await asyncio.to_thread(digest, reply.activations.data)
-            yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
             final = await onward
         finally:
             if not onward.done():
