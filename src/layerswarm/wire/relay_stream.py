@@ -111,9 +111,9 @@ class _Stream:
         except grpc.aio.AioRpcError as exc:
             error = exc
         finally:
-            self.broken = error
+            self.broken = self.broken or error  # `_status` may have given up on this stream first
             for waiter in self.waiting.values():
-                waiter.queue.put_nowait(error)
+                waiter.queue.put_nowait(self.broken)
             self.waiting.clear()
 
     async def accepted(self) -> None:
@@ -123,9 +123,14 @@ class _Stream:
             await self._status(unavailable("relay stream refused without a status"))
 
     async def _status(self, fallback: grpc.aio.AioRpcError) -> None:
+        """Raise the status the stream ended with; without one in time, give the stream up (the next
+        request opens a new one rather than writing on a stream that was never accepted)."""
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.reader), STATUS_WAIT_S)
-        raise self.broken or fallback
+        if self.broken is None:
+            self.broken = fallback
+            self.call.cancel()
+        raise self.broken
 
     async def send(self, request: pb.RelayRequest) -> LinkedCall:
         rid = request.forward.request_id
