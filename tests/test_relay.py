@@ -3,6 +3,7 @@ and a node that refuses to forward along a chain the coordinator did not MAC."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,7 +305,7 @@ async def _in_process_swarm(
     served = [
         FaultyNode(
             NodeSettings(
-                model_dir=model, block=b, advertise=False, grace_s=0.1, security=security, **(node_values or {})
+                model_dir=model, block=b, advertise=False, security=security, **{"grace_s": 0.1, **(node_values or {})}
             ),
             spec,
         )
@@ -536,3 +537,22 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     assert _trace_problem([first, second], segment, 0, sent) is None  # type: ignore[arg-type]
     setattr(first, field, value)
     assert _trace_problem([first, second], segment, 0, sent) == "trace step 0 has impossible times"  # type: ignore[arg-type]
+
+
+async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_out_its_grace(tmp_path: Path) -> None:
+    """Relay streams live as long as their sender: a node draining on SIGTERM must not wait its whole
+    grace period for them. It finishes the chains in flight, closes each stream, and the coordinator's
+    next request goes on without it."""
+    served, coord = await _in_process_swarm(
+        tmp_path, [FaultSpec()] * 3, node_values={"grace_s": 30.0}, verify_rate=None, min_blocks=1
+    )
+    try:
+        result = await coord.classify(images(), SEQ)  # opens coordinator -> 0 -> 1 -> 2 streams
+        assert [h.outcome for h in result.path.hops] == ["relayed"] * 3
+        await asyncio.wait_for(served[1].stop(), 10.0)  # far under its 30 s grace
+        after = await coord.classify(images(), SEQ)
+        assert [h.block for h in after.path.hops if h.block is not None] == [0, 2]  # block 1 skipped
+    finally:
+        await coord.stop()
+        for node in (served[0], served[2]):
+            await node.stop()

@@ -25,7 +25,7 @@ class Refused(Exception):
 
 
 async def events_of(request: pb.RelayRequest) -> AsyncIterator[pb.RelayEvent]:
-    """A stand-in hop: request ids say what to do ("refuse-...", "hang-...", "slow-..."); others answer at once."""
+    """A stand-in hop: request ids say what to do ("refuse-", "hang-", "slow-", "late-"...); others answer at once."""
     rid = request.forward.request_id
     if rid.startswith("refuse"):
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{rid} is not acceptable")
@@ -40,6 +40,8 @@ async def events_of(request: pb.RelayRequest) -> AsyncIterator[pb.RelayEvent]:
             yield pb.RelayEvent(request_id=rid, ack=True, trace=[pb.HopTrace(block=7)])
         yield pb.RelayEvent(request_id=rid, trace=[pb.HopTrace(block=7)])
     yield pb.RelayEvent(request_id=rid, ack=True, trace=[pb.HopTrace(block=request.index)])
+    if rid.startswith("late"):  # the rest of the chain takes a while after this hop's acknowledgement
+        await asyncio.sleep(0.3)
     yield pb.RelayEvent(request_id=rid, trace=[pb.HopTrace(block=request.index), pb.HopTrace(block=9)])
 
 
@@ -52,11 +54,14 @@ class Server:
 
     def __init__(self, handler: Handler | str | None = "serve") -> None:
         self.streams = 0
+        self.closing = asyncio.Event()
         self.handler = self._serve if handler == "serve" else handler
 
     async def _serve(self, requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RelayEvent]:
         self.streams += 1
-        async for event in serve_relay_stream(requests, context, events_of, (Refused,), max_deadline_s=60.0):
+        async for event in serve_relay_stream(
+            requests, context, events_of, (Refused,), max_deadline_s=60.0, closing=self.closing
+        ):
             yield event
 
     async def __aenter__(self) -> Server:
@@ -142,6 +147,23 @@ async def test_a_request_past_its_deadline_is_refused_with_deadline_exceeded(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await asyncio.wait_for(call.read(), 5.0)
     assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_a_draining_node_finishes_the_chains_in_flight_then_ends_the_stream(
+    served: tuple[Server, RelayLink],
+) -> None:
+    server, link = served
+    late = await link.send(request("late-1"))
+    assert (await asyncio.wait_for(late.read(), 5.0)).ack
+    server.closing.set()  # the node got SIGTERM with a chain in flight
+    refused = await link.send(request("new"))
+    assert not (await asyncio.wait_for(late.read(), 5.0)).ack  # the chain in flight still ends
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(refused.read(), 5.0)
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE and "shutting down" in (caught.value.details() or "")
+    assert link._stream is not None
+    await asyncio.wait_for(link._stream.reader, 5.0)  # then the node ends the stream itself
+    assert link._stream.broken is not None and link._stream.broken.code() is grpc.StatusCode.UNAVAILABLE
 
 
 async def test_a_stream_past_its_in_flight_cap_refuses_the_next_chain_until_one_ends(

@@ -64,6 +64,7 @@ class Node:
             options=grpc_options(settings.max_message_bytes), interceptors=interceptors or None
         )
         self.port = 0
+        self.service: BlockService | None = None
         self.advertiser: Advertiser | None = None
         self._metrics_server: tuple[Any, Any] | None = None
 
@@ -80,7 +81,8 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
-        pb_grpc.add_BlockNodeServicer_to_server(self.make_service(), self.server)  # type: ignore[no-untyped-call]
+        self.service = self.make_service()
+        pb_grpc.add_BlockNodeServicer_to_server(self.service, self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{s.host}:{s.port}"
         if s.security.tls:
@@ -111,6 +113,8 @@ class Node:
     async def stop(self) -> None:
         """Refuse new work (health NOT_SERVING), drain in-flight requests, then say goodbye on mDNS."""
         await self.health.enter_graceful_shutdown()
+        if self.service is not None:
+            self.service.closing.set()  # relay streams end once their chains have (they never end by themselves)
         await self.server.stop(self.settings.grace_s)
         if self.advertiser is not None:
             await self.advertiser.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -69,6 +70,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.settings = settings
         self.metrics = metrics
         self.boot_id = boot_id
+        self.closing = asyncio.Event()  # set when the node drains: its relay streams end (Node.stop)
         cfg = runtime.manifest.config
         # Text: any T up to the family's maximum (checked in _validate); images: exactly their T.
         self.spec = codec.TensorSpec(
@@ -118,6 +120,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
             refusals=(RequestError, RelayRefused),
             max_deadline_s=MAX_DEADLINE_S,
             on_request=self.metrics.requests.labels("RelayStream").inc,
+            closing=self.closing,
         )
         async for event in events:
             if event.refused:

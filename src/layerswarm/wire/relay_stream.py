@@ -193,61 +193,89 @@ async def serve_relay_stream(
     refusals: tuple[type[Exception], ...],
     max_deadline_s: float,
     on_request: Callable[[], None] = lambda: None,
+    closing: asyncio.Event | None = None,
 ) -> AsyncIterator[pb.RelayEvent]:
     """A node's side of one RelayStream: each request runs as its own task (`events_of`, node/relay.py's
     Relayer.relay with the node's hop), their events interleaved on the way out. `refusals` are the
-    exceptions (with a `.code`) that refuse one request and leave the stream open."""
-    # Bounded: a sender that writes requests but never reads their events stops being read from.
-    out: asyncio.Queue[pb.RelayEvent | None] = asyncio.Queue(maxsize=2 * MAX_STREAM_IN_FLIGHT)
-    tasks: dict[str, asyncio.Task[None]] = {}
+    exceptions (with a `.code`) that refuse one request and leave the stream open. Once `closing` is set
+    (the node drains), new requests are refused UNAVAILABLE and the stream ends when its chains have:
+    a stream lives as long as its sender, and a draining node must not wait its whole grace for it."""
+    served = _ServedStream(events_of, refusals, max_deadline_s, closing or asyncio.Event())
+    await context.send_initial_metadata((ACCEPTED,))
+    helpers = [
+        asyncio.create_task(served.take_requests(requests, on_request), name="relay stream requests"),
+        asyncio.create_task(served.end_when_drained(), name="relay stream drain"),
+    ]
+    for helper in helpers:
+        helper.add_done_callback(_log_crash)
+    try:
+        while (event := await served.out.get()) is not None:
+            yield event
+    finally:
+        for task in [*helpers, *served.tasks.values()]:
+            task.cancel()
+        await asyncio.gather(*helpers, *served.tasks.values(), return_exceptions=True)
 
-    async def run_one(request: pb.RelayRequest) -> None:
-        rid = request.forward.request_id
 
-        async def put_events() -> None:
-            async for event in events_of(request):
-                await out.put(event)
+class _ServedStream:
+    """The node's state for one RelayStream: its requests' tasks and their outgoing events (None ends it)."""
 
-        try:
-            await asyncio.wait_for(put_events(), _bounded(request.deadline_s, max_deadline_s) + LATE_GRACE_S)
-        except refusals as exc:
-            await out.put(pb.RelayEvent(request_id=rid, refused=exc.code.name, handback_reason=str(exc)))  # type: ignore[attr-defined]
-        except asyncio.TimeoutError:  # not the builtin before Python 3.11 (Jetson images run 3.10)
-            await out.put(_refused(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "the chain's deadline passed here"))
-        except Exception:  # a bug here must not leave the sender waiting until its deadline
-            log.exception("relay %s failed", rid)
-            await out.put(_refused(rid, grpc.StatusCode.INTERNAL, "the node failed to relay this chain"))
-        finally:
-            tasks.pop(rid, None)
+    def __init__(
+        self, events_of: Events, refusals: tuple[type[Exception], ...], max_deadline_s: float, closing: asyncio.Event
+    ) -> None:
+        self.events_of, self.refusals, self.max_deadline_s, self.closing = events_of, refusals, max_deadline_s, closing
+        # Bounded: a sender that writes requests but never reads their events stops being read from.
+        self.out: asyncio.Queue[pb.RelayEvent | None] = asyncio.Queue(maxsize=2 * MAX_STREAM_IN_FLIGHT)
+        self.tasks: dict[str, asyncio.Task[None]] = {}
 
-    async def take_requests() -> None:
+    async def take_requests(self, requests: AsyncIterator[pb.RelayRequest], on_request: Callable[[], None]) -> None:
         try:
             async for request in requests:
                 on_request()
                 rid = request.forward.request_id
-                if rid in tasks:
-                    await out.put(_refused(rid, grpc.StatusCode.ALREADY_EXISTS, "request id already in flight here"))
-                elif len(tasks) >= MAX_STREAM_IN_FLIGHT:
-                    await out.put(_refused(rid, grpc.StatusCode.RESOURCE_EXHAUSTED, "too many chains on one stream"))
+                if self.closing.is_set():
+                    await self.out.put(_refused(rid, grpc.StatusCode.UNAVAILABLE, "the node is shutting down"))
+                elif rid in self.tasks:
+                    await self.out.put(
+                        _refused(rid, grpc.StatusCode.ALREADY_EXISTS, "request id already in flight here")
+                    )
+                elif len(self.tasks) >= MAX_STREAM_IN_FLIGHT:
+                    await self.out.put(
+                        _refused(rid, grpc.StatusCode.RESOURCE_EXHAUSTED, "too many chains on one stream")
+                    )
                 else:
-                    tasks[rid] = asyncio.create_task(run_one(request), name=f"relay {rid[:32]}")
+                    self.tasks[rid] = asyncio.create_task(self.run_one(request), name=f"relay {rid[:32]}")
         except BaseException:  # logged by _log_crash (a cancellation is not); the events side ends too
             with contextlib.suppress(asyncio.QueueFull):
-                out.put_nowait(None)
+                self.out.put_nowait(None)
             raise
-        await asyncio.gather(*tasks.values())  # the sender is done writing: finish its chains (they never raise)
-        await out.put(None)
+        await asyncio.gather(*self.tasks.values())  # the sender is done writing: finish its chains (they never raise)
+        await self.out.put(None)
 
-    await context.send_initial_metadata((ACCEPTED,))
-    taker = asyncio.create_task(take_requests(), name="relay stream requests")
-    taker.add_done_callback(_log_crash)
-    try:
-        while (event := await out.get()) is not None:
-            yield event
-    finally:
-        for task in [taker, *tasks.values()]:
-            task.cancel()
-        await asyncio.gather(taker, *tasks.values(), return_exceptions=True)
+    async def run_one(self, request: pb.RelayRequest) -> None:
+        rid = request.forward.request_id
+
+        async def put_events() -> None:
+            async for event in self.events_of(request):
+                await self.out.put(event)
+
+        try:
+            await asyncio.wait_for(put_events(), _bounded(request.deadline_s, self.max_deadline_s) + LATE_GRACE_S)
+        except self.refusals as exc:
+            await self.out.put(pb.RelayEvent(request_id=rid, refused=exc.code.name, handback_reason=str(exc)))  # type: ignore[attr-defined]
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11 (Jetson images run 3.10)
+            await self.out.put(_refused(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "the chain's deadline passed here"))
+        except Exception:  # a bug here must not leave the sender waiting until its deadline
+            log.exception("relay %s failed", rid)
+            await self.out.put(_refused(rid, grpc.StatusCode.INTERNAL, "the node failed to relay this chain"))
+        finally:
+            self.tasks.pop(rid, None)
+
+    async def end_when_drained(self) -> None:
+        await self.closing.wait()
+        while self.tasks:
+            await asyncio.wait(list(self.tasks.values()))
+        await self.out.put(None)
 
 
 def _bounded(deadline_s: float, limit: float) -> float:
