@@ -30,7 +30,7 @@ from layerswarm.models.checkpoint import read_manifest
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
-from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, PROOF_KEY, TIME_KEY, CallSigner, identity_string
+from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, PROOF_KEY, TIME_KEY, CallSigner, info_identity
 from layerswarm.wire.discovery import instance_name
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
@@ -310,9 +310,7 @@ async def test_sniffed_credentials_cannot_be_replayed(model_dir: Path) -> None:
             nonce = signer.new_nonce()
             call = pb_grpc.BlockNodeStub(ca).Info(pb.InfoRequest(), metadata=((NONCE_KEY, nonce),))
             reply = await call
-            identity = identity_string(
-                reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
-            )
+            identity = info_identity(reply)
             assert signer.accept_info(await call.trailing_metadata(), nonce, identity)
             header = signer.sign("/layerswarm.v1.BlockNode/Forward")
             await pb_grpc.BlockNodeStub(ca).Forward(forward_request(), metadata=(header,))  # the genuine call

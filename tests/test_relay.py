@@ -529,14 +529,17 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     from layerswarm.coordinator.relay import _trace_problem
     from layerswarm.wire.relay_plan import digest
 
-    sent = b"activations"
-    segment = [(None, SimpleNamespace(address="a:1", block=0)), (None, SimpleNamespace(address="b:2", block=1))]
+    sent = pb.RelayRequest(forward=pb.ForwardRequest(activations=pb.Tensor(data=b"activations")))
+    segment = [
+        (None, SimpleNamespace(address="a:1", block=0, identity=None)),
+        (None, SimpleNamespace(address="b:2", block=1, identity=None)),
+    ]
     first = pb.HopTrace(node="a:1", block=0, position=0, compute_ms=1.0, send_ms=2.0, rtt_ms=0.5)
-    first.input_sha256, first.output_sha256 = digest(sent), "out-a"
+    first.input_sha256, first.output_sha256 = digest(b"activations"), "out-a"
     second = pb.HopTrace(node="b:2", block=1, position=1, compute_ms=1.0, input_sha256="out-a", output_sha256="out-b")
     assert _trace_problem([first, second], segment, 0, sent) is None  # type: ignore[arg-type]
     setattr(first, field, value)
-    assert _trace_problem([first, second], segment, 0, sent) == "trace step 0 has impossible times"  # type: ignore[arg-type]
+    assert _trace_problem([first, second], segment, 0, sent) == (0, "trace step 0 has impossible times")  # type: ignore[arg-type]
 
 
 async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_out_its_grace(tmp_path: Path) -> None:
@@ -555,4 +558,54 @@ async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_ou
     finally:
         await coord.stop()
         for node in (served[0], served[2]):
+            await node.stop()
+
+
+def _rewriting_later_entries(node: FaultyNode) -> None:
+    """Make `node` a lying relay: on each chain's way back it rewrites the next node's trace entry (its
+    forwarding time, which steers the coordinator's link map), keeping the digest chain intact."""
+    relay = node.relayer.relay
+
+    async def rewriting(request: pb.RelayRequest, handle: Any) -> Any:
+        async for event in relay(request, handle):
+            if not event.ack and len(event.trace) > 1:
+                event.trace[1].send_ms = 5000.0
+            yield event
+
+    node.relayer.relay = rewriting  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("keys", [True, False])
+async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_by_its_signature(
+    tmp_path: Path, keys: bool
+) -> None:
+    """Each node signs its own entry with a per-boot key its token proof vouches for, so a node the
+    entries travel back through cannot rewrite them: the chain is discarded and the request still
+    answers, by star from the activation the coordinator held. Nodes without keys (`keys=False`, as
+    from before keys existed) cannot be protected that way: the rewritten time gets through."""
+    served, coord = await _in_process_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
+    if not keys:  # nodes that report no key in Info, to a coordinator that meets them afresh
+        await coord.stop()
+        for node in served:
+            node.relayer.signer.public = b""
+        coord = Coordinator(coord.settings)
+        await coord.start()
+        await wait_until(lambda: coord.registry.reachable_depth() == 3, what="all blocks reachable")
+    _rewriting_later_entries(served[0])
+    try:
+        result = await coord.classify(images(), SEQ)
+        second, third = (f"127.0.0.1:{n.port}" for n in served[1:])
+        if keys:
+            (handback,) = result.path.handbacks
+            assert "is not signed by its node" in handback["reason"] and "trace step 1" in handback["reason"]
+            # Either of the two nodes at the break may be the liar: both are left out of this request
+            # (no other node serves their blocks here), and the last block runs star.
+            assert [(h.block, h.outcome) for h in result.path.hops if h.block is not None] == [(2, "ok")]
+            assert coord.registry.links.per_mb(second, third) is None  # the forged time never got in
+        else:
+            assert [h.outcome for h in result.path.hops] == ["relayed"] * 3 and not result.path.handbacks
+            assert coord.registry.links.per_mb(second, third) is not None
+    finally:
+        await coord.stop()
+        for node in served:
             await node.stop()

@@ -19,7 +19,7 @@ from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
-from layerswarm.wire.auth import AUTH_KEY, NONCE_KEY, AuthError, CallSigner, identity_string
+from layerswarm.wire.auth import AUTH_KEY, NONCE_KEY, AuthError, CallSigner, info_identity
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -79,9 +79,10 @@ async def test_token_guards_forward_but_not_info_or_health(node_with: Node) -> N
         nonce = signer.new_nonce()
         info = stub.Info(pb.InfoRequest(), metadata=((NONCE_KEY, nonce),))  # the handshake: open
         reply = await info
-        identity = identity_string(
-            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
-        )
+        identity = info_identity(reply)
+        assert reply.trace_key and reply.trace_key.hex() in identity  # the proof covers the trace key too
+        swapped_key = identity.replace(reply.trace_key.hex(), (b"\x01" * 32).hex())
+        assert not CallSigner(str(TOKEN.token)).accept_info(await info.trailing_metadata(), nonce, swapped_key)
         assert signer.accept_info(await info.trailing_metadata(), nonce, identity)  # the node proved the token
         assert not CallSigner("another-token").accept_info(await info.trailing_metadata(), nonce, identity)
         reply = await stub.Forward(forward_request(), metadata=(signer.sign("/layerswarm.v1.BlockNode/Forward"),))

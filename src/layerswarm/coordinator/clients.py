@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, identity_string, metadata_value
+from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, info_identity, metadata_value
 from layerswarm.wire.discovery import METHOD_PREFIX
 from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
@@ -144,9 +144,7 @@ class NodeClient:
             if metadata_value(trailing, CHALLENGE_KEY):
                 raise NodeNotProven("it requires a swarm token and we have none (--token-file)")
             return reply
-        identity = identity_string(
-            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
-        )
+        identity = info_identity(reply)
         if not self.signer.accept_info(trailing, nonce, identity):
             raise NodeNotProven("no valid proof of our swarm token in its Info reply (impostor, or another swarm)")
         return reply

@@ -40,6 +40,7 @@ def identity_from_info(info: pb.NodeInfo) -> NodeIdentity:
         dim=info.dim,
         shuffle_robust=info.shuffle_robust,
         device=info.device,
+        trace_key=info.trace_key,
     )
 
 

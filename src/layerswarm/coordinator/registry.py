@@ -51,6 +51,7 @@ class NodeIdentity:
     dim: int
     shuffle_robust: bool
     device: str = "cpu"
+    trace_key: bytes = b""  # Ed25519 public key for its relay trace entries (empty: an older node)
 
 
 @dataclass(frozen=True)

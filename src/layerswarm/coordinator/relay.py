@@ -23,13 +23,14 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import torch
 
 from layerswarm.wire import codec
 from layerswarm.wire.relay_plan import digest, plan_mac
+from layerswarm.wire.trace_sign import hop_signed_by
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
@@ -180,7 +181,7 @@ class RelayRunner:
             await asyncio.gather(collect, return_exceptions=True)
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else "timeout"
             return self._failed_start(run, segment[0][1], reason)
-        result = await self._accept(run, segment, events, activations.data, collect)
+        result = await self._accept(run, segment, events, request, collect)
         if opts.wire_choice is not None:  # --wire-dtype auto: the trace says what the chain was sent in
             for hop in result.hops:
                 hop.wire = codec.dtype_name(run.wire)
@@ -213,29 +214,29 @@ class RelayRunner:
         run: _Run,
         segment: list[tuple[Step, NodeRecord]],
         events: list[pb.RelayEvent],
-        sent: bytes,
+        request: pb.RelayRequest,
         collect: asyncio.Future[pb.ForwardResponse],
     ) -> ChainResult:
         """Check the chain's trace and result; give the hops and activations to continue from."""
         final = events[-1] if events else None
         trace = list(final.trace) if final is not None else []
-        problem = _trace_problem(trace, segment, run.depth, sent)
+        broken = _trace_problem(trace, segment, run.depth, request)
         result: pb.Tensor | None = None
-        if problem is None and final is not None and final.handback_reason:
+        if broken is None and final is not None and final.handback_reason:
             result = final.activations
-        elif problem is None:
+        elif broken is None:
             try:
                 result = (await collect).activations
             except (grpc.aio.AioRpcError, TimeoutError) as exc:
-                problem = f"collect from the last node failed: {exc}"
+                broken = Broken(len(segment) - 1, f"collect from the last node failed: {exc}")
         if not collect.done():
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
-        if problem is None and result is not None and digest(result.data) != trace[-1].output_sha256:
-            problem = "the result's digest differs from the last hop's output digest"
-        x = self._decode(result, run) if problem is None and result is not None else None
+        if broken is None and result is not None and digest(result.data) != trace[-1].output_sha256:
+            broken = Broken(len(trace) - 1, "the result's digest differs from the last hop's output digest")
+        x = self._decode(result, run) if broken is None and result is not None else None
         if x is None:
-            return self._discard(run, segment, trace, problem or "malformed result")
+            return self._discard(run, segment, broken or Broken(len(trace) - 1, "malformed result"))
         hops = [self._hop(t, step, record) for t, (step, record) in zip(trace, segment, strict=False)]
         for sender, receiver in itertools.pairwise(trace):  # node -> node links, measured by the sender
             observe_relay_link(self.registry.links, sender, receiver)
@@ -274,16 +275,15 @@ class RelayRunner:
             send_ms=round(t.send_ms, 3) if t.send_ms else None,
         )
 
-    def _discard(
-        self, run: _Run, segment: list[tuple[Step, NodeRecord]], trace: list[pb.HopTrace], problem: str
-    ) -> ChainResult:
-        """The chain's result cannot be trusted: none of its hops count; the nodes around the break fail."""
-        log.warning("relay chain %s discarded: %s", [r.address for _, r in segment], problem)
-        at = min(len(trace), len(segment) - 1)
+    def _discard(self, run: _Run, segment: list[tuple[Step, NodeRecord]], broken: Broken) -> ChainResult:
+        """The chain's result cannot be trusted: none of its hops count; the nodes at the break fail
+        (either of the two may be the liar)."""
+        log.warning("relay chain %s discarded: %s", [r.address for _, r in segment], broken.reason)
+        at = min(max(broken.step, 0), len(segment) - 1)
         for _, record in segment[max(0, at - 1) : at + 1]:
-            self.registry.record_failure(record.address, f"relay chain discarded: {problem}")
+            self.registry.record_failure(record.address, f"relay chain discarded: {broken.reason}")
             run.avoid.add(record.address)
-        return ChainResult(run.x, [], {"after_step": -1, "reason": f"chain discarded: {problem}"})
+        return ChainResult(run.x, [], {"after_step": -1, "reason": f"chain discarded: {broken.reason}"})
 
 
 def observe_relay_link(links: LinkMap, sender: pb.HopTrace, receiver: pb.HopTrace) -> None:
@@ -295,20 +295,32 @@ def observe_relay_link(links: LinkMap, sender: pb.HopTrace, receiver: pb.HopTrac
     links.observe(sender.node, receiver.node, sender.sent_bytes, max(sender.send_ms, 0.0) - sender.rtt_ms / 2)
 
 
+class Broken(NamedTuple):
+    """Where a chain's trace or result stopped being believable: between steps `step - 1` and `step`."""
+
+    step: int
+    reason: str
+
+
 def _trace_problem(
-    trace: list[pb.HopTrace], segment: list[tuple[Step, NodeRecord]], first_position: int, sent: bytes
-) -> str | None:
-    """Why the trace is not one of this chain (steps, positions, the digest chain), or None."""
+    trace: list[pb.HopTrace], segment: list[tuple[Step, NodeRecord]], first_position: int, sent: pb.RelayRequest
+) -> Broken | None:
+    """Why the trace is not one of this chain (steps, positions, signatures, the digest chain), or None."""
     if not trace or len(trace) > len(segment):
-        return f"trace of {len(trace)} hops for a chain of {len(segment)}"
-    if trace[0].input_sha256 != digest(sent):
-        return "the first hop's input digest differs from what was sent"
+        return Broken(len(trace), f"trace of {len(trace)} hops for a chain of {len(segment)}")
+    if trace[0].input_sha256 != digest(sent.forward.activations.data):
+        return Broken(0, "the first hop's input digest differs from what was sent")
     for k, (t, (_, record)) in enumerate(zip(trace, segment, strict=False)):
         if t.node != record.address or t.block != record.block or t.position != first_position + k:
-            return f"trace step {k} is not the planned one"
+            return Broken(k, f"trace step {k} is not the planned one")
+        # A node with a key (wire/trace_sign.py) signed its own entry: no other node on the way back can
+        # have rewritten it. Nodes from before keys existed report none; theirs are taken as they come.
+        key = record.identity.trace_key if record.identity is not None else b""
+        if key and not hop_signed_by(key, t, sent.forward.request_id, sent.plan_mac):
+            return Broken(k, f"trace step {k} ({t.node}) is not signed by its node")
         # send_ms may dip below 0 when the next node overstates its compute: clamped where it is used
         if not (0 <= t.compute_ms < MAX_TRACE_MS and abs(t.send_ms) < MAX_TRACE_MS and 0 <= t.rtt_ms < MAX_TRACE_MS):
-            return f"trace step {k} has impossible times"  # never let them into latency estimates
+            return Broken(k, f"trace step {k} has impossible times")  # never let them into latency estimates
         if k and t.input_sha256 != trace[k - 1].output_sha256:
-            return f"digest break between steps {k - 1} and {k} ({trace[k - 1].node} -> {t.node})"
+            return Broken(k, f"digest break between steps {k - 1} and {k} ({trace[k - 1].node} -> {t.node})")
     return None

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, identity_string
+from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, info_identity
 from layerswarm.wire.discovery import HEALTH_SERVICE, METHOD_PREFIX
 from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
@@ -112,9 +112,7 @@ class PeerClient:
         reply = await call
         self.handshake_rtt_ms = (time.monotonic() - started) * 1e3
         trailing = await call.trailing_metadata()
-        identity = identity_string(
-            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
-        )
+        identity = info_identity(reply)
         if not self.signer.accept_info(trailing, nonce, identity):
             raise PeerRefused(f"{self.address} gave no proof of our swarm token")
         if reply.block_index != block:

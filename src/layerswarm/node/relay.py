@@ -26,6 +26,7 @@ import grpc
 from layerswarm.wire.auth import derive_key
 from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest
 from layerswarm.wire.security import SecuritySettings
+from layerswarm.wire.trace_sign import TraceSigner
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .peers import PeerClient, PeerPool, PeerRefused
@@ -93,6 +94,7 @@ class Relayer:
         self.can_forward = self.key is not None and (not security.tls or security.relay_cert is not None)
         self.peers = PeerPool(security, max_message_bytes) if self.can_forward else None
         self.outbox = Outbox()
+        self.signer = TraceSigner()  # this boot's key for its own trace entries (its public half in Info)
 
     def check(self, request: pb.RelayRequest) -> None:
         if self.key is None:
@@ -139,6 +141,7 @@ class Relayer:
         rid = request.forward.request_id
         if request.index == len(request.chain) - 1:
             own.output_sha256 = digest(reply.activations.data)
+            self.signer.sign(own, rid, request.plan_mac)  # the final event copies it: sign it first
             if request.collect:
                 self.outbox.put(rid, reply)  # before the acknowledgement: the coordinator is waiting on it
             yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
@@ -158,6 +161,7 @@ class Relayer:
             if not onward.done():
                 onward.cancel()
         final.trace[0].output_sha256 = own.output_sha256  # a fast hand-back may have copied `own` before
+        self.signer.sign(final.trace[0], rid, request.plan_mac)
         yield final
 
     async def _forward(

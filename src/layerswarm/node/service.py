@@ -161,6 +161,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
                 served=rt.served,
             ),
             links=self.relayer.peers.link_stats() if self.relayer.peers else [],
+            trace_key=self.relayer.signer.public,
         )
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:

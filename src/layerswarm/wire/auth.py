@@ -31,6 +31,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from layerswarm.wire.v1 import block_pb2 as pb
+
 AUTH_KEY = "x-layerswarm-auth"
 NONCE_KEY = "x-layerswarm-nonce"
 CHALLENGE_KEY = "x-layerswarm-challenge"
@@ -57,9 +59,20 @@ def node_proof(key: bytes, challenge: str, nonce: str, identity: str) -> str:
     return _mac(key, f"node|{challenge}|{nonce}|{identity}")
 
 
-def identity_string(family_id: str, model_id: str, block: int, weights_sha256: str, boot_id: str) -> str:
-    """What a node's proof vouches for: a relay cannot alter these fields of its Info reply."""
-    return f"{family_id}|{model_id}|{block}|{weights_sha256}|{boot_id}"
+def identity_string(
+    family_id: str, model_id: str, block: int, weights_sha256: str, boot_id: str, trace_key: bytes = b""
+) -> str:
+    """What a node's proof vouches for: a relay cannot alter these fields of its Info reply. The trace key
+    (wire/trace_sign.py) only when the node has one, so older nodes' proofs still check."""
+    key = f"|{trace_key.hex()}" if trace_key else ""
+    return f"{family_id}|{model_id}|{block}|{weights_sha256}|{boot_id}{key}"
+
+
+def info_identity(info: pb.NodeInfo) -> str:
+    """The identity an Info reply's proof covers (the node signs it, callers check it)."""
+    return identity_string(
+        info.family_id, info.model_id, info.block_index, info.weights_sha256, info.boot_id, info.trace_key
+    )
 
 
 def valid_nonce(nonce: str | None) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from .auth import AUTH_KEY, NONCE_KEY, AuthError, NodeAuthenticator, identity_string, metadata_value
+from .auth import AUTH_KEY, NONCE_KEY, AuthError, NodeAuthenticator, info_identity, metadata_value
 from .discovery import METHOD_PREFIX
 
 log = logging.getLogger(__name__)
@@ -203,9 +203,7 @@ def _with_proof(handler: Any, auth: NodeAuthenticator, nonce: str | None) -> Any
 
     async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
         reply = await inner(request, context)
-        identity = identity_string(
-            reply.family_id, reply.model_id, reply.block_index, reply.weights_sha256, reply.boot_id
-        )
+        identity = info_identity(reply)
         context.set_trailing_metadata(auth.info_metadata(nonce, identity))
         return reply
 

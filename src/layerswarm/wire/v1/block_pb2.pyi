@@ -77,7 +77,7 @@ class Load(_message.Message):
     def __init__(self, in_flight: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., served: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("family_id", "model_id", "block_index", "variant", "weights_sha256", "device", "compute_dtype", "software_version", "protocol_version", "boot_id", "load", "depth", "tokens", "dim", "max_batch", "shuffle_robust", "links")
+    __slots__ = ("family_id", "model_id", "block_index", "variant", "weights_sha256", "device", "compute_dtype", "software_version", "protocol_version", "boot_id", "load", "depth", "tokens", "dim", "max_batch", "shuffle_robust", "links", "trace_key")
     FAMILY_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class NodeInfo(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_ROBUST_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_KEY_FIELD_NUMBER: _ClassVar[int]
     family_id: str
     model_id: str
     block_index: int
@@ -112,7 +113,8 @@ class NodeInfo(_message.Message):
     max_batch: int
     shuffle_robust: bool
     links: _containers.RepeatedCompositeFieldContainer[LinkStat]
-    def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkStat, _Mapping]]] = ...) -> None: ...
+    trace_key: bytes
+    def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkStat, _Mapping]]] = ..., trace_key: _Optional[bytes] = ...) -> None: ...
 
 class LinkStat(_message.Message):
     __slots__ = ("peer", "ewma_send_ms", "ewma_mbps", "samples", "rtt_ms")
@@ -159,7 +161,7 @@ class RelayRequest(_message.Message):
     def __init__(self, forward: _Optional[_Union[ForwardRequest, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[RelayStep, _Mapping]]] = ..., index: _Optional[int] = ..., plan_mac: _Optional[str] = ..., issued_ms: _Optional[int] = ..., hop_timeout_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., collect: _Optional[bool] = ...) -> None: ...
 
 class HopTrace(_message.Message):
-    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256", "rtt_ms")
+    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256", "rtt_ms", "signature")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +171,7 @@ class HopTrace(_message.Message):
     INPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     node: str
     block: int
     position: int
@@ -178,7 +181,8 @@ class HopTrace(_message.Message):
     input_sha256: str
     output_sha256: str
     rtt_ms: float
-    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class RelayEvent(_message.Message):
     __slots__ = ("request_id", "ack", "trace", "activations", "handback_reason", "refused")

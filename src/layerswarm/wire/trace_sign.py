@@ -1,0 +1,67 @@
+"""Per-node signatures on relay trace entries, so a node cannot rewrite the entries of the nodes after it.
+
+A chain's final event travels back through every node before the one that wrote an entry. With the
+swarm key alone (which every node holds) any of them could rewrite a later node's entry (its compute
+and forwarding times feed the coordinator's latency and link estimates) and keep the digest chain
+consistent. So each node makes an Ed25519 key per boot, reports its public half in `Info.trace_key`
+(bound to the node's token proof: `auth.info_identity`), and signs its own entry over the chain's
+request id and MAC: the entry cannot be altered, moved to another chain or written by anyone else.
+The coordinator checks every entry against the key of the node it names (coordinator/relay.py).
+
+What this does not stop: a node lying in its own entry (caught as before, by verification and the
+digest chain), or a node older than this check (no key: its entries are taken unsigned).
+"""
+
+from __future__ import annotations
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from layerswarm.wire.v1 import block_pb2 as pb
+
+VERSION = b"layerswarm hop v1"
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+
+
+class TraceSigner:
+    """This boot's key: signs the node's own trace entries."""
+
+    def __init__(self) -> None:
+        self._key = Ed25519PrivateKey.generate()
+        self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def sign(self, hop: pb.HopTrace, request_id: str, plan_mac: str) -> None:
+        hop.signature = self._key.sign(hop_message(hop, request_id, plan_mac))
+
+
+def hop_signed_by(public: bytes, hop: pb.HopTrace, request_id: str, plan_mac: str) -> bool:
+    """Whether `hop` is exactly what the holder of `public` signed for this chain."""
+    if len(public) != PUBLIC_KEY_BYTES or len(hop.signature) != SIGNATURE_BYTES:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(hop.signature, hop_message(hop, request_id, plan_mac))
+    except InvalidSignature:
+        return False
+    return True
+
+
+def hop_message(hop: pb.HopTrace, request_id: str, plan_mac: str) -> bytes:
+    """What a signature covers: the chain (request id and MAC) and every field of the entry but the
+    signature. Floats as their exact hex; a new HopTrace field must be added here (a test checks)."""
+    fields = (
+        request_id,
+        plan_mac,
+        hop.node,
+        str(hop.block),
+        str(hop.position),
+        hop.compute_ms.hex(),
+        hop.send_ms.hex(),
+        str(hop.sent_bytes),
+        hop.input_sha256,
+        hop.output_sha256,
+        hop.rtt_ms.hex(),
+    )
+    encoded = [f.encode() for f in fields]
+    return VERSION + b"".join(len(e).to_bytes(4, "big") + e for e in encoded)  # length-prefixed: unambiguous
