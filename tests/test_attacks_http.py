@@ -465,7 +465,7 @@ def test_every_status_is_counted_by_endpoint(client: httpx.Client) -> None:
             415,
         ),
         (lambda: classify_upload(client, b"0" * (UPLOAD_LIMIT + 1)), "/v1/classify", 413),
-        (lambda: classify_upload(client, png(), min_blocks="9"), "/v1/classify", 503),
+        (lambda: classify_upload(client, png(), min_blocks="9"), "/v1/classify", 422),  # past the depth of 3
         (lambda: client.get("/v1/nope"), "unmatched", 404),
         (lambda: client.get("/healthz"), "/healthz", 200),
     ]

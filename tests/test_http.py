@@ -98,9 +98,42 @@ def test_bad_input_gets_a_json_4xx(client: httpx.Client, kwargs: dict, status: i
     assert body["error"] == error and body["detail"]
 
 
+def test_error_details_name_what_to_fix(client: httpx.Client) -> None:
+    """Not an internal object's repr, the setting behind a limit, a cut-short body as malformed."""
+    bad = client.post("/v1/classify", files={"file": ("a.png", b"not an image", "image/png")}).json()
+    assert "BytesIO" not in bad["detail"] and "PNG" in bad["detail"]
+    large = client.post("/v1/classify", files={"file": ("a.png", b"0" * 200_000, "image/png")})
+    assert large.status_code == 413 and "--max-upload-bytes" in large.json()["detail"]
+    cut = b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n' + png()[:100]
+    short = client.post("/v1/classify", content=cut, headers={"content-type": "multipart/form-data; boundary=x"})
+    assert short.status_code == 400 and short.json()["error"] == "invalid_multipart", short.text
+
+
 def test_resize_option_accepts_other_sizes(client: httpx.Client) -> None:
     reply = client.post("/v1/classify", files={"file": ("a.png", png((40, 24)), "image/png")}, data={"resize": "true"})
     assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"min_blocks": 1000}, "past the model's depth of 3 blocks"),
+        ({"min_blocks": 4}, "past the model's depth of 3 blocks"),
+        ({"min_blocks": 2, "max_blocks": 1}, "above max_blocks 1"),
+    ],
+)
+def test_options_no_node_could_serve_are_the_callers_error_and_never_eject_a_node(
+    client: httpx.Client, options: dict[str, int], why: str
+) -> None:
+    """A path longer than the model would send hops at positions no node serves; every node would
+    refuse them and be ejected for it (a new user's trial did this with min_blocks 1000)."""
+    image = base64.b64encode(png()).decode()
+    for _ in range(6):  # more than the ejection threshold of consecutive failures
+        reply = client.post("/v1/classify", json={"image_base64": image, **options})
+        assert reply.status_code == 422 and reply.json()["error"] == "invalid_request"
+        assert why in reply.json()["detail"]
+    view = client.get("/v1/nodes").json()
+    assert all(n["state"] == "healthy" for n in view["nodes"]) and view["reachable_depth"] == 2
 
 
 def test_too_few_blocks_is_a_503_that_says_why(client: httpx.Client) -> None:
@@ -137,3 +170,11 @@ def test_nodes_probes_metrics_and_openapi(client: httpx.Client, swarm: tuple[htt
     body = spec["paths"]["/v1/classify"]["post"]["requestBody"]["content"]
     assert {"multipart/form-data", "application/json"} <= set(body)
     assert client.get("/v1/nope").json()["error"] == "http_error"
+
+
+def test_a_min_blocks_setting_past_the_depth_is_refused_at_start(family_dirs: list[Path]) -> None:
+    from layerswarm.coordinator.core import Coordinator
+    from layerswarm.coordinator.settings import CoordinatorSettings
+
+    with pytest.raises(ValueError, match="--min-blocks 4 is past the model's depth of 3"):
+        Coordinator(CoordinatorSettings(model_dir=family_dirs[0], min_blocks=4, mdns=False))

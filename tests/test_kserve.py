@@ -152,6 +152,11 @@ def test_errors_are_protocol_json_4xx(url: str, client: triton.InferenceServerCl
         (b"{}", {"Inference-Header-Content-Length": "999"}, 400),
         (json.dumps({"inputs": [encoded]}), {}, 400),  # not an image
         (json.dumps({"inputs": [encoded], "parameters": {"polcy": "shuffle"}}), {}, 400),
+        # Pixels outside [0, 1]: huge ones overflowed the stem into NaN, and every node refusing it was ejected.
+        (json.dumps({"inputs": [{**images, "data": [1e30] * 768}]}), {}, 400),
+        (json.dumps({"inputs": [{**images, "data": [1e6] * 768}]}), {}, 400),
+        (json.dumps({"inputs": [{**images, "data": [255.0] * 768}]}), {}, 400),
+        (json.dumps({"inputs": [{**images, "data": [-0.5] * 768}]}), {}, 400),
     ]
     for body, headers, status in cases:
         reply = httpx.post(base, content=body, headers=headers)
@@ -160,3 +165,5 @@ def test_errors_are_protocol_json_4xx(url: str, client: triton.InferenceServerCl
         newest = httpx.get(f"http://{url}/v1/swarm").json()["requests"][0]
         assert newest["api"] == "v2" and newest["status"] == status  # counted among the page's errors
     assert httpx.post(f"http://{url}/v2/models/nope/infer", content=b"{}").status_code == 404
+    nodes = httpx.get(f"http://{url}/v1/nodes").json()["nodes"]
+    assert nodes and all(n["state"] == "healthy" for n in nodes)  # no refusal was counted against a node

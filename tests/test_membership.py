@@ -179,6 +179,24 @@ async def test_a_restarted_coordinator_remembers_its_peers_and_answers_at_once(m
         await node.stop()
 
 
+async def test_a_remembered_peer_that_never_answers_is_forgotten(model_dir: Path, tmp_path: Path) -> None:
+    """A peer state file from an earlier run (another LAN) must not leave a pending node checked forever;
+    a static peer that does not answer is kept (the operator named it)."""
+    from layerswarm.coordinator.health import REMEMBERED_TRIES
+
+    state_file, gone, static = tmp_path / "coordinator.json", "127.0.0.1:9", "127.0.0.1:7"  # nothing listens
+    coord = Coordinator(CoordinatorSettings(model_dir=model_dir, mdns=False, peers=(static,), state_file=state_file))
+    save_peers(state_file, coord.registry.family.family_id, [gone])
+    await coord.start()
+    try:
+        assert coord.registry.nodes[gone].source == "remembered"
+        for _ in range(REMEMBERED_TRIES):
+            await coord.monitor.check_all()
+        assert gone not in coord.registry.nodes and static in coord.registry.nodes
+    finally:
+        await coord.stop()
+
+
 @pytest.mark.skipif(
     not (in_private_netns() and loopback_multicast_ready()), reason="mDNS: run inside a private namespace"
 )

@@ -202,6 +202,13 @@ def test_bad_text_requests_get_json_4xx(
     assert reply.json()["error"] == error
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data; boundary=x"])
+def test_text_requests_must_be_json(text_swarm: httpx.Client, content_type: str) -> None:
+    reply = text_swarm.post("/v1/classify/text", content=b'{"text": "red"}', headers={"content-type": content_type})
+    assert reply.status_code == 415 and reply.json()["error"] == "unsupported_media_type"
+    assert "application/json with `text`" in reply.json()["detail"]
+
+
 async def test_text_hops_in_half_precision_and_int8(text_dir: Path) -> None:
     """The compact wire formats carry text hops too: the reply holds the active tokens only."""
     from layerswarm.coordinator.text_hops import text_reply

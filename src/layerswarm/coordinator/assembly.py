@@ -45,6 +45,8 @@ def family_spec(settings: CoordinatorSettings) -> FamilySpec:
 def default_min_blocks(settings: CoordinatorSettings, manifest: Manifest) -> int:
     """--min-blocks, else the minimum useful depth `layerswarm eval` measured, else 1 (with a warning)."""
     if settings.min_blocks is not None:
+        if settings.min_blocks > manifest.config.depth:  # paths past the depth: every node would refuse them
+            raise ValueError(f"--min-blocks {settings.min_blocks} is past the model's depth of {manifest.config.depth}")
         return settings.min_blocks
     evaluated = policy.min_blocks(manifest)
     if evaluated is None:

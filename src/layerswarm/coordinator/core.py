@@ -25,7 +25,7 @@ from .discovery import DnsDiscovery, MdnsDiscovery
 from .ensemble import EnsembleResult, Route, run_ensemble
 from .executor import ExecOptions, PathExecutor, PathResult
 from .exits import RouteExit, load_defaults, request_policy
-from .health import HealthMonitor
+from .health import REMEMBERED, HealthMonitor
 from .members import Member, load_members
 from .metrics import CoordinatorMetrics
 from .netorder import NetPlan, plan_from_registry
@@ -34,6 +34,7 @@ from .periodic import Periodic
 from .planner import Plan, Policy, plan_path, with_repeats
 from .registry import NodeEvent, NodeState, Registry
 from .relay import RelayRunner
+from .request_checks import check_images, check_options, check_stem_output
 from .settings import CoordinatorSettings
 from .topology import TopologyChooser
 
@@ -164,7 +165,7 @@ class Coordinator:
         started = time.monotonic()
         if self.settings.state_file is not None:
             for peer in load_peers(self.settings.state_file, self.registry.family.family_id):
-                self.registry.add_candidate(peer, "remembered")
+                self.registry.add_candidate(peer, REMEMBERED)
         if self.discovery is not None:
             await self.discovery.start()
         if self.dns is not None:
@@ -247,15 +248,19 @@ class Coordinator:
 
     async def classify(self, images: torch.Tensor, opts: ClassifyOptions) -> Classification:
         """images: (B, C, H, W) float32 in [0, 1], or for a text family (B, T) token ids ([PAD]-filled;
-        models/text/tokenizer.py). Raises DepthError when too few blocks can run, and
-        ValueError for an invalid exit rule or threshold."""
+        models/text/tokenizer.py). Raises DepthError when too few blocks can run, InvalidRequest
+        for options or images no node could serve, and ValueError for an invalid exit rule or threshold."""
         started = time.monotonic()
+        check_options(opts, self.config)  # the caller's mistakes must never count against a node
+        check_images(images, self.config)
         await self.wait_first_round(self.settings.request_timeout_s / 2)
         exit_policy = request_policy(self.adaptive, opts.exit_rule, opts.exit_threshold, opts.exit_confidence)
         budget_s = self.settings.request_timeout_s
+        x = await self._run_local(self.stem, images)
+        check_stem_output(x, self.wire_dtype)
         setup = _RouteSetup(
             images=images,
-            x=await self._run_local(self.stem, images),
+            x=x,
             policy=opts.policy or self.default_policy,
             seed=opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**31),
             opts=opts,

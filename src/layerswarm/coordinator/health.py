@@ -24,6 +24,8 @@ from .periodic import Periodic
 from .registry import NodeIdentity, NodeState, Registry
 
 log = logging.getLogger(__name__)
+REMEMBERED = "remembered"  # the hint a peer state file gives (core.py)
+REMEMBERED_TRIES = 5  # failed checks before an address only remembered from an earlier run is forgotten
 
 
 def identity_from_info(info: pb.NodeInfo) -> NodeIdentity:
@@ -87,6 +89,10 @@ class HealthMonitor:
             return  # every hint says it is a stranger: leave it be
         answered = await self._check(address)
         record.checked = True
+        if not answered and set(record.hints) == {REMEMBERED} and record.consecutive_failures >= REMEMBERED_TRIES:
+            # Only an earlier run's memory says a node was here: without this, a peer gone for good
+            # (another LAN, a retired device) would be checked forever and listed as pending.
+            self.registry.drop_hint(address, REMEMBERED)
         if not answered and not record.hints:  # no hint left and no answer of its own: it left
             self.registry.forget(address, "no longer advertised or listed, and not answering")
             await self.pool.drop(address)

@@ -13,6 +13,7 @@ from .exits import ExitRuleError
 from .http_errors import ApiError
 from .http_models import ClassifyParams
 from .planner import Policy
+from .request_checks import InvalidRequest
 from .serving import Busy, TooThin, classify_batch
 
 
@@ -45,7 +46,7 @@ async def run_classification(
     """Through the serving layer (admission, activity); its refusals as HTTP errors."""
     try:
         result, _ = await classify_batch(coordinator, activity, images, opts, truths)
-    except ExitRuleError as exc:  # an exit rule without a threshold, or one out of the rule's range
+    except (ExitRuleError, InvalidRequest) as exc:  # e.g. an exit rule out of range, min_blocks past the depth
         raise ApiError(422, "invalid_request", str(exc)) from exc
     except Busy as exc:
         raise ApiError(429, "busy", str(exc)) from exc

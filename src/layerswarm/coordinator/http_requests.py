@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from fastapi import Request
@@ -23,16 +25,27 @@ BATCH_FORM_FIELDS = 16  # options beside the files (plus one `label` per file)
 Batch = tuple[list[bytes], list[str | None], ClassifyParams]  # images, their true labels if given, options
 
 
-def content_type_of(request: Request, what: str) -> str:
-    """JSON or multipart, else 415 naming what to send (`what`: the JSON field with the image(s))."""
+def content_type_of(request: Request, what: str, accept: tuple[str, ...] = (JSON, MULTIPART)) -> str:
+    """One of `accept`, else 415 naming what to send (`what`: the JSON field with the input)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in (JSON, MULTIPART):
-        raise ApiError(
-            415,
-            "unsupported_media_type",
-            f"send multipart/form-data with `file` part(s), or application/json with `{what}`",
-        )
+    if content_type not in accept:
+        forms = "multipart/form-data with `file` part(s), or " if MULTIPART in accept else ""
+        raise ApiError(415, "unsupported_media_type", f"send {forms}application/json with `{what}`")
     return content_type
+
+
+@contextmanager
+def upload_limit_explained(limit: int) -> Iterator[None]:
+    """A 413 on the whole body says which setting it comes from (the body may hold the form around the
+    image(s) beyond the images' own limit, so its number alone puzzled users)."""
+    try:
+        yield
+    except ApiError as exc:
+        if exc.status_code != 413:
+            raise
+        raise ApiError(
+            413, exc.error, f"{exc.detail}: images are limited to {limit} bytes each (--max-upload-bytes)"
+        ) from exc
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -62,11 +75,15 @@ def _options(fields: dict[str, str]) -> ClassifyParams:
 async def read_classify(gate: Gate, request: Request, limit: int) -> tuple[bytes, ClassifyParams]:
     """One image and its options (multipart `file`, or JSON `image_base64`)."""
     if content_type_of(request, "image_base64") == JSON:
-        data = await read_json_object(gate, request, limit * 4 // 3 + FORM_OVERHEAD_BYTES)
+        with upload_limit_explained(limit):
+            data = await read_json_object(gate, request, limit * 4 // 3 + FORM_OVERHEAD_BYTES)
         params = _validated(ClassifyJson, data)
         image = _base64(params.image_base64, "image_base64", limit)
         return image, ClassifyParams.model_validate(params.model_dump(exclude={"image_base64"}))
-    files, fields = await read_form(gate, request, limit + FORM_OVERHEAD_BYTES)
+    with upload_limit_explained(limit):
+        files, fields = await read_form(gate, request, limit + FORM_OVERHEAD_BYTES)
+    if not files and not fields:  # e.g. a body cut short before its first part ended
+        raise ApiError(400, "invalid_multipart", "no complete part in the multipart body (was it cut short?)")
     if set(files) != {"file"}:
         raise ApiError(422, "invalid_request", "multipart body needs one file part, named `file`, with the image")
     if len(files["file"]) > limit:
@@ -78,7 +95,9 @@ async def read_batch(gate: Gate, request: Request, limit: int, max_batch: int) -
     """The images of a batch (each at most `limit` bytes, at most `max_batch`), their labels, options."""
     body_limit = limit * 4 + FORM_OVERHEAD_BYTES  # the whole batch: four uploads' worth
     if content_type_of(request, "images") == JSON:
-        batch = _validated(BatchJson, await read_json_object(gate, request, body_limit * 4 // 3))
+        with upload_limit_explained(limit):
+            body = await read_json_object(gate, request, body_limit * 4 // 3)
+        batch = _validated(BatchJson, body)
         _check_batch(len(batch.images), max_batch, batch.label)
         images = [_base64(item.image_base64, f"images.{i}.image_base64", limit) for i, item in enumerate(batch.images)]
         return (
@@ -86,9 +105,12 @@ async def read_batch(gate: Gate, request: Request, limit: int, max_batch: int) -
             [item.label for item in batch.images],
             ClassifyParams.model_validate(batch.model_dump(exclude={"images"})),
         )
-    files, fields = await read_form_items(
-        gate, request, body_limit, max_files=max_batch + 1, max_fields=BATCH_FORM_FIELDS + max_batch
-    )
+    with upload_limit_explained(limit):
+        files, fields = await read_form_items(
+            gate, request, body_limit, max_files=max_batch + 1, max_fields=BATCH_FORM_FIELDS + max_batch
+        )
+    if not files and not fields:
+        raise ApiError(400, "invalid_multipart", "no complete part in the multipart body (was it cut short?)")
     if not files or any(name != "file" for name, _ in files):
         raise ApiError(422, "invalid_request", "multipart body needs one or more `file` parts with the images")
     _check_batch(len(files), max_batch, None)

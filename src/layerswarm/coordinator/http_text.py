@@ -26,6 +26,7 @@ from .core import ClassifyOptions, Coordinator
 from .http_classify import classify_options, run_classification
 from .http_errors import ApiError, describe
 from .http_models import ClassifyParams, ClassifyResponse
+from .http_requests import JSON, content_type_of
 from .http_responses import classify_response
 from .limits import Gate
 
@@ -64,6 +65,7 @@ def mount_text(app: FastAPI, coordinator: Coordinator, activity: Activity, gate:
         """Classify one text: JSON {"text": "...", ...options of /v1/classify, "token_depth": "mi"}."""
         if tokenizer is None:
             raise ApiError(400, "wrong_family", "this coordinator serves an image family: use /v1/classify")
+        content_type_of(request, "text", accept=(JSON,))  # 415 before the body is read
         async with gate.admit():
             body = await read_json_object(gate, request, coordinator.settings.max_upload_bytes)
             try:

@@ -130,5 +130,7 @@ def _open(data: bytes) -> Image.Image:
         return Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError as exc:
         raise ApiError(413, "too_many_pixels", f"decompression bomb: {exc}") from exc
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+    except UnidentifiedImageError as exc:  # its message names our in-memory buffer, nothing of use
+        raise ApiError(400, "invalid_image", f"not an image in a format read here ({', '.join(FORMATS)})") from exc
+    except (OSError, ValueError, SyntaxError) as exc:
         raise ApiError(400, "invalid_image", f"cannot decode the image: {exc}") from exc

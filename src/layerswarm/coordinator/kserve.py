@@ -27,6 +27,7 @@ from .http_errors import ApiError
 from .imaging import Decoder
 from .kserve_codec import InferRequest, InputTensor, OutputTensor, ProtocolError, encode_response, parse_request
 from .planner import Policy
+from .request_checks import InvalidRequest
 from .serving import Busy, TooThin, classify_batch
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -161,6 +162,8 @@ async def _serve_infer(
                 raise KServeError(429, str(exc)) from exc
             except TooThin as exc:
                 raise KServeError(503, str(exc)) from exc
+            except InvalidRequest as exc:
+                raise KServeError(400, str(exc)) from exc
     except ApiError as exc:  # the front door's refusals
         raise KServeError(exc.status_code, exc.detail) from exc
     probs = result.probs.numpy().astype(np.float32)

@@ -14,6 +14,7 @@ import torch
 from .activity import Activity
 from .core import Classification, ClassifyOptions, Coordinator
 from .executor import DepthError
+from .request_checks import InvalidRequest
 
 
 class Busy(Exception):
@@ -52,6 +53,9 @@ async def classify_batch(
     except DepthError as exc:
         activity.record_failure(api, batch, 503, "insufficient_depth")
         raise TooThin(str(exc)) from exc
+    except InvalidRequest:
+        activity.record_failure(api, batch, 422 if api == "v1" else 400, "invalid_request")
+        raise
     finally:
         coordinator.end_request()
     names = coordinator.config.class_names or tuple(str(i) for i in range(int(result.probs.shape[-1])))
