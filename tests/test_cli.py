@@ -3,16 +3,22 @@ operator mistakes answered with one line naming the flag or file and exit status
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from layerswarm.cli import build_parser, main
-from layerswarm.cli.base import load_settings
+from layerswarm.cli.base import UsageError, load_settings, one_line
+from layerswarm.cli.up import check_node_count
+from layerswarm.coordinator.auth import OPEN_PATHS
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.models.zoo import family_root
 from layerswarm.node.settings import NodeSettings
@@ -114,6 +120,13 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         (["train", "--data", "shapes", "--out", "x", "--reference-seconds", "-1"], {}, "--reference-seconds: must be"),
         (["train", "--data", "shapes", "--out", "x", "--drop-path", "1"], {}, "--drop-path: must be at least 0 and"),
         (["up", "--nodes", "4", "--kill", "4", "--network", "loopback"], {}, "--kill 4 must leave a node alive"),
+        (["up", "--nodes", "1", "--network", "loopback"], {}, "--nodes 1: at least 8 needed, one per block index"),
+        (["up", "--family-dir", "/nonexistent", "--network", "loopback"], {}, "--family-dir /nonexistent: no such"),
+        (["samples", "out", "--family", "nope"], {}, "--family nope: no such folder"),
+        (["samples", "out", "--family", "zoo:text"], {}, "--family zoo:text: a text model; samples are images"),
+        (["family", "--base", "b", "--out", "x", "--lr", "0"], {}, "argument --lr: must be a finite number above 0"),
+        (["eval", "x", "--margin", "101"], {}, "argument --margin: must be between 0 and 100 points, got 101"),
+        (["probe", "http", "http://127.0.0.1:9/", "--timeout", "-1"], {}, "argument --timeout: must be a finite"),
     ],
 )
 def test_operator_mistakes_get_one_line_and_status_2(
@@ -142,6 +155,131 @@ def test_an_image_folder_in_no_known_layout_lists_the_layouts(
     assert err.startswith(f"layerswarm train: error: imagefolder: {tmp_path} needs at least two class"), err
     assert "accepted layouts: ROOT/train/<class>/<image> with ROOT/val/" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_train_out_that_is_a_file_is_refused_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out, why in ((afile, ""), (afile / "model", f" ({afile} is)")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", "--data", "shapes", "--out", str(out)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --out: {out} is a file, not a folder{why}" in err and "Traceback" not in err, err
+
+
+def _class_folders(root: Path) -> None:
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(root / name / f"{i}.png")
+
+
+@pytest.mark.parametrize(("broken", "reason"), [("empty", "not an image Pillow can read"), ("truncated", "truncated")])
+def test_an_unreadable_image_is_one_line_naming_the_file_with_workers_too(
+    broken: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty file is refused when the folder is scanned; a truncated one (sound header) when a
+    DataLoader worker decodes it, whose wrapped traceback must not reach the operator."""
+    _class_folders(tmp_path / "data")
+    path = tmp_path / "data" / "b" / "broken.png"
+    if broken == "truncated":
+        noise = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+        Image.fromarray(noise).save(path)
+        path.write_bytes(path.read_bytes()[:1000])
+    else:
+        path.write_bytes(b"")
+    argv = ["train", "--data", f"imagefolder:{tmp_path / 'data'}", "--out", str(tmp_path / "out"), "--workers", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"layerswarm train: error: imagefolder: {path}: ") and reason in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "DataLoader" not in err
+
+
+class _FailingDataset(torch.utils.data.Dataset[int]):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> int:
+        try:
+            raise KeyError(index)
+        except KeyError as exc:
+            raise OSError("what went wrong\nand more on the next line") from exc
+
+
+def test_a_dataloader_worker_error_becomes_its_first_line() -> None:
+    loader = torch.utils.data.DataLoader(_FailingDataset(), batch_size=None, num_workers=1)
+    with pytest.raises(OSError) as info:
+        next(iter(loader))
+    assert "in DataLoader worker process 0" in str(info.value) and "Traceback" in str(info.value)
+    assert one_line(str(info.value)) == "what went wrong"
+    assert one_line("imagefolder: x.png: image file is truncated") == "imagefolder: x.png: image file is truncated"
+
+
+def test_a_closed_stdout_ends_the_command_quietly() -> None:
+    """`layerswarm zoo --json | head -2`: the reader goes away; no error message, the status of SIGPIPE."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        cmd = [sys.executable, "-m", "layerswarm", "zoo", "--json"]
+        result = subprocess.run(cmd, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
+def test_up_accepts_one_node_per_block_index_and_no_fewer() -> None:
+    check_node_count(8, family_root(), "--family")
+    check_node_count(None, family_root(), "--family")
+    with pytest.raises(UsageError, match="--nodes 7: at least 8 needed"):
+        check_node_count(7, family_root(), "--family")
+
+
+def test_log_flags_work_before_and_after_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LAYERSWARM_LOG", raising=False)
+    monkeypatch.delenv("LAYERSWARM_LOG_FORMAT", raising=False)
+    plain = build_parser().parse_args(["zoo"])
+    assert (plain.log_level, plain.log_format) == ("WARNING", "text")
+    model = ["--model-dir", SHIPPED]
+    after = build_parser().parse_args(["coordinator", *model, "--log-format", "json", "--log-level", "INFO"])
+    before = build_parser().parse_args(["--log-format", "json", "--log-level", "INFO", "coordinator", *model])
+    assert (after.log_level, after.log_format) == (before.log_level, before.log_format) == ("INFO", "json")
+    assert build_parser().parse_args(["--log-level", "ERROR", "zoo", "--log-level", "DEBUG"]).log_level == "DEBUG"
+    monkeypatch.setenv("LAYERSWARM_LOG", "INFO")
+    assert build_parser().parse_args(["zoo", "--log-format", "json"]).log_level == "INFO"
+
+
+def _help(command: str) -> str:
+    parser = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    return " ".join(parser.format_help().split())
+
+
+def test_help_states_each_default_once_and_truly() -> None:
+    train = _help("train")
+    assert "--no-reference skip the reference: by default a small CNN" in train
+    assert "(default: True)" not in train and "(default: False)" not in train  # on/off flags say it in words
+    assert "--margin MARGIN points of accuracy an exit may lose vs the full path (default: 1.0) --" in _help("eval")
+    api_keys = _help("coordinator").split("--api-key-file API_KEY_FILE ", 1)[1].split(" --", 1)[0]
+    assert f"except {', '.join(OPEN_PATHS)} (default: none" in api_keys  # what the front door lets through
+    assert "/redoc" in api_keys and "swarm page" in api_keys
+
+
+def test_the_fault_wrapper_lists_every_fault_flag_the_docs_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from layerswarm.harness import faults
+
+    with pytest.raises(SystemExit) as exit_info:
+        faults.main(["--help"])
+    assert exit_info.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    root = Path(__file__).resolve().parents[1]
+    documented = set(re.findall(r"--fault-[a-z-]+[a-z]", (root / "README.md").read_text()))
+    documented |= set(re.findall(r"--fault-[a-z-]+[a-z]", (root / "docs" / "trust-verification.md").read_text()))
+    assert "--fault-delay-ms" in documented
+    for flag in documented:
+        assert f"{flag} " in shown, flag
+    assert "--model-dir MODEL_DIR" in shown and "--block BLOCK" in shown  # the node's flags it passes on
 
 
 def test_bad_config_files_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

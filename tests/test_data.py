@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,14 @@ def test_bad_specs_are_explained(tmp_path: Path) -> None:
     (tmp_path / "only").mkdir()
     with pytest.raises(ValueError, match=r"two class sub-folders.*accepted layouts: ROOT/train/<class>"):
         load_dataset(f"imagefolder:{tmp_path}")
+
+
+def test_an_unreadable_image_is_named_when_the_folder_is_scanned(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)
+    broken = tmp_path / "b" / "broken.png"
+    broken.write_bytes(b"not a PNG at all")
+    with pytest.raises(ValueError, match=re.escape(f"imagefolder: {broken}: not an image Pillow can read")):
+        load_dataset(f"imagefolder:{tmp_path}", memory_limit_bytes=0)  # streamed: nothing is decoded up front
 
 
 @pytest.mark.parametrize("test_folder", ["val", "validation", "test"])

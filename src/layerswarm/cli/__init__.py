@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from typing import Any
 
 from layerswarm import __version__
 
 from . import logs
-from .base import Parser, UsageError
+from .base import Parser, UsageError, add_log_flags, one_line
 
 # Command name -> its module, in --help's order. Only the module of the command being run is imported
 # (a health probe every few seconds must not pay for the coordinator's settings or the chaos harness);
@@ -60,18 +61,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"layerswarm {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("LAYERSWARM_LOG", "WARNING"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging verbosity (default: %(default)s, or $LAYERSWARM_LOG)",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=os.environ.get("LAYERSWARM_LOG_FORMAT", "text"),
-        choices=["text", "json"],
-        help="log lines as text, or one JSON object per line (default: %(default)s, or $LAYERSWARM_LOG_FORMAT)",
-    )
+    add_log_flags(parser, top=True)  # each command takes them too, after its name
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in (only,) if only in COMMANDS else COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
@@ -91,18 +81,40 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     try:
         status: int = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then the BrokenPipeError below
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError as exc:
+        return _stdout_closed() if _stdout_is_broken() else _usage_error(args.command, str(exc))
     except UsageError as exc:
         return _usage_error(args.command, str(exc))
     except (ValueError, OSError) as exc:  # ModelDirError is a ValueError; FileNotFoundError an OSError
-        return _usage_error(args.command, str(exc))
+        return _usage_error(args.command, one_line(str(exc)))
     return status
 
 
 def _usage_error(command: str, message: str) -> int:
     print(f"layerswarm {command}: error: {message}", file=sys.stderr)
     return 2
+
+
+def _stdout_is_broken() -> bool:
+    """Whether the BrokenPipeError was stdout's (its reader gone: poll says POLLERR), not some socket's."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() here, or a stdout without a descriptor
+        return True
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`layerswarm zoo --json | head -2`): stop quietly, as a command
+    killed by SIGPIPE would (status 128 + 13), and point stdout at /dev/null so that the interpreter's
+    own flush at exit finds nothing to complain about (Python docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13
 
 
 def node_settings_from_argv(argv: list[str]) -> Any:

@@ -9,6 +9,9 @@ environment.
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -29,6 +32,21 @@ class UsageError(Exception):
     """An operator mistake: main() prints `layerswarm COMMAND: error: MESSAGE` and exits 2."""
 
 
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"  # in an error a DataLoader worker raised
+
+
+def one_line(message: str) -> str:
+    """An error's message fit for `layerswarm COMMAND: error: MESSAGE`. An exception raised in a DataLoader
+    worker reaches the main process as "Caught ValueError in DataLoader worker process 0." plus the
+    worker's whole traceback; that becomes the worker's own message (its first line). Others are kept."""
+    if WORKER_TRACEBACK not in message:
+        return message
+    lines = message.splitlines()
+    last = max(i for i, line in enumerate(lines) if line.endswith("Traceback (most recent call last):"))
+    raised = next((line for line in lines[last + 1 :] if line.strip() and not line[0].isspace()), lines[0])
+    return re.sub(r"^[A-Za-z_][\w.]*: ", "", raised, count=1)  # "PIL.UnidentifiedImageError: ..." -> "..."
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but errors name the command and exit 2 without a traceback."""
 
@@ -39,16 +57,37 @@ class Parser(argparse.ArgumentParser):
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Keeps hand-wrapped descriptions and appends every plain argparse default to its help (not a
-    None default: such a flag's help says itself what happens when it is not given)."""
+    None default: such a flag's help says itself what happens when it is not given; not the default of
+    an on/off flag either: `--no-reference (default: True)` would read as if the reference were skipped)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:
+        if action.default is None or action.nargs == 0:
             return action.help
         return super()._get_help_string(action)
 
 
+def add_log_flags(parser: argparse.ArgumentParser, top: bool) -> None:
+    """--log-level and --log-format. The top-level parser holds the defaults (the environment's, else
+    WARNING and text); each command accepts them too (after its name) without a default of its own, so
+    that one given on either side counts."""
+    level, fmt = os.environ.get("LAYERSWARM_LOG", "WARNING"), os.environ.get("LAYERSWARM_LOG_FORMAT", "text")
+    parser.add_argument(
+        "--log-level",
+        default=level if top else argparse.SUPPRESS,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help=f"logging verbosity (default: {level}, from $LAYERSWARM_LOG or WARNING)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=fmt if top else argparse.SUPPRESS,
+        choices=["text", "json"],
+        help=f"log lines as text, or one JSON object per line (default: {fmt}, from $LAYERSWARM_LOG_FORMAT or text)",
+    )
+
+
 def add_command(sub: Subparsers, name: str, func: Callable[[argparse.Namespace], int], **kw: Any) -> Parser:
     parser: Parser = sub.add_parser(name, formatter_class=HelpFormatter, **kw)
+    add_log_flags(parser, top=False)
     parser.set_defaults(func=func)
     return parser
 
@@ -70,6 +109,50 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number of at least 0 (argparse names the flag in its error)."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def probability_below_one(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    value = _finite(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
+def folder(text: str) -> Path:
+    """argparse type: a folder, or a path where one can be made (neither it nor a parent is a file)."""
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "" if existing == path else f" ({existing} is)"
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder{where}")
+    return path
 
 
 def existing_file(text: str) -> Path:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .base import Subparsers, add_command, non_negative_int, positive_int
-from .samples import folder
+from .base import Subparsers, add_command, folder, non_negative_int, positive_int
 
 TASKS = ("relations", "textures", "counting")  # models.synthetic.TASKS; kept torch- and numpy-free here
 
@@ -26,7 +25,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("dir", type=folder, help="folder to write into (created if missing)")
     p.add_argument("--train", type=positive_int, default=4000, help="training images (default: %(default)s)")
     p.add_argument("--val", type=non_negative_int, default=1000, help="validation images (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="generator seed (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .base import Subparsers, add_command, int_at_least
+from .base import Subparsers, add_command, int_at_least, non_negative_float, positive_int
 from .train import add_image_args, data_spec
 
 
@@ -30,7 +30,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of orders and merges")
     p.add_argument(
         "--min-depth-margin",
-        type=float,
+        type=non_negative_float,
         default=0.01,
         help="minimum useful depth: fewest blocks within this accuracy of full depth (default: %(default)s)",
     )
@@ -42,12 +42,12 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--calibrate-only", action="store_true", help="calibrate, skip the paper's experiments")
     p.add_argument(
-        "--margin", type=float, default=1.0, help="points of accuracy an exit may lose vs the full path (default 1)"
+        "--margin", type=percentage_points, default=1.0, help="points of accuracy an exit may lose vs the full path"
     )
-    p.add_argument("--exit-min-blocks", type=int, default=1, help="no exit before this depth (default: %(default)s)")
+    p.add_argument("--exit-min-blocks", type=positive_int, default=1, help="no exit before this depth")
     p.add_argument(
         "--test-noise",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="add seeded Gaussian noise of this std to the test images: a harder held-back split (calibration "
         "on it never writes a policy)",
@@ -60,6 +60,14 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="do not write min depth and activation statistics into the model directories' manifests",
     )
+
+
+def percentage_points(text: str) -> float:
+    """argparse type: points of accuracy, 0 to 100."""
+    value = non_negative_float(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100 points, got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

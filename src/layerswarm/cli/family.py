@@ -7,7 +7,7 @@ from pathlib import Path
 
 from layerswarm.models.config import VARIANTS
 
-from .base import Subparsers, add_command, non_negative_int, positive_int
+from .base import Subparsers, add_command, folder, non_negative_int, positive_float, positive_int
 from .train import data_spec
 
 
@@ -22,12 +22,12 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--base", required=True, type=Path, help="model directory every member is fine-tuned from")
     p.add_argument("--members", type=positive_int, default=4, help="how many members")
-    p.add_argument("--out", required=True, type=Path, help="folder for the members (OUT/<prefix>-<i>)")
+    p.add_argument("--out", required=True, type=folder, help="folder for the members (OUT/<prefix>-<i>)")
     p.add_argument("--prefix", default="member", help="member directory prefix")
     p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach")
     p.add_argument("--epochs", type=positive_int, default=5, help="fine-tuning passes per member")
-    p.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
-    p.add_argument("--first-seed", type=int, default=1, help="member i trains with seed FIRST_SEED + i")
+    p.add_argument("--lr", type=positive_float, default=5e-4, help="Adam learning rate")
+    p.add_argument("--first-seed", type=non_negative_int, default=1, help="member i trains with seed FIRST_SEED + i")
     p.add_argument("--jobs", type=positive_int, default=2, help="members trained in parallel, one thread each")
     p.add_argument("--data", type=data_spec, help="data spec (none: the base model's)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from layerswarm.wire.discovery import HEALTH_SERVICE
 
-from .base import Subparsers, add_command
+from .base import Subparsers, add_command, positive_float
 from .security import add_probe_security_args, probe_security
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("kind", choices=["grpc", "http"], help="what to ask")
     p.add_argument("target", help="HOST:PORT (grpc) or URL (http)")
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer")
+    p.add_argument("--timeout", type=positive_float, default=2.0, help="seconds to wait for the answer")
     add_probe_security_args(p)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .base import Subparsers, add_command, positive_int
+from .base import Subparsers, UsageError, add_command, folder, positive_int
 
 
 def register(sub: Subparsers) -> None:
@@ -26,27 +26,34 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--count", type=positive_int, default=10, help="how many images")
 
 
-def folder(text: str) -> Path:
-    """argparse type: a folder, or a path where one can be made (not a file)."""
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
-    return path
-
-
 def run(args: argparse.Namespace) -> int:
     from layerswarm.harness.samples import task_data, write_samples
-    from layerswarm.models.zoo import model_dirs, resolve
+    from layerswarm.models.checkpoint import read_manifest
 
-    from .base import UsageError
-
-    try:
-        model_dir = resolve(args.family)
-    except ValueError as exc:
-        raise UsageError(f"--family {exc}") from None
-    if not (model_dir / "manifest.json").is_file():  # a family folder: its members share one task
-        model_dir = model_dirs(model_dir)[0][0]
+    model_dir = model_of(args.family)
+    if read_manifest(model_dir).config.is_text:
+        raise UsageError(
+            f"--family {args.family}: a text model; samples are images (send sentences to /v1/classify/text)"
+        )
     written = write_samples(task_data(model_dir), args.dir, args.count)
     for path in written:
         print(path)
     return 0
+
+
+def model_of(family: str) -> Path:
+    """--family's model directory (a family folder: its first member; they share one task)."""
+    from layerswarm.models.zoo import model_dirs, resolve
+
+    try:
+        model_dir = resolve(family)
+    except ValueError as exc:  # it names the zoo: spec and lists the shipped ones
+        raise UsageError(f"--family {exc}") from None
+    if (model_dir / "manifest.json").is_file():
+        return model_dir
+    if not model_dir.is_dir():
+        raise UsageError(f"--family {family}: no such folder (a family folder, a model directory or zoo:FAMILY)")
+    try:
+        return model_dirs(model_dir)[0][0]
+    except (OSError, ValueError) as exc:  # no model directories in it; a broken manifest
+        raise UsageError(f"--family {family}: {exc}") from None

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from layerswarm.models.config import VARIANTS  # torch-free: building the parser stays fast
 from layerswarm.models.recipe import TrainRecipe as R  # every training default, stated once
 from layerswarm.models.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
 
-from .base import Subparsers, add_command, int_at_least, non_negative_int, positive_int
+from .base import (
+    Subparsers,
+    add_command,
+    folder,
+    int_at_least,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability_below_one,
+)
 
 SIZE_HELP = (
     "width and depth of a model trained from scratch (--dim/--depth/--heads override it): "
@@ -29,33 +38,6 @@ def data_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number of at least 0 (argparse names the flag in its error)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number above 0."""
-    value = non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be above 0")
-    return value
-
-
-def probability_below_one(text: str) -> float:
-    """argparse type: a number in [0, 1)."""
-    value = non_negative_float(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
-    return value
-
-
 def register(sub: Subparsers) -> None:
     p = add_command(
         sub,
@@ -66,7 +48,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--data", required=True, type=data_spec, help=DATA_HELP)
     p.add_argument("--variant", choices=VARIANTS, default=R.variant, help="training approach")
-    p.add_argument("--out", required=True, type=Path, help="model directory to write")
+    p.add_argument("--out", required=True, type=folder, help="model directory to write")
     p.add_argument(
         "--init",
         help="start from a model directory (fine-tune: same family) or hf:PATH (a local Hugging Face ViT with "
@@ -109,12 +91,16 @@ def register(sub: Subparsers) -> None:
         help="how images become tokens (from scratch only): conv (a few 3x3 stride-2 convolutions; a small ViT "
         "learns far more from little data) or patch (one strided convolution, the classic ViT stem)",
     )
-    p.add_argument("--seed", type=int, default=R.seed, help="training seed (order of batches, block orders, init)")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of generated data (keep it equal across a family)")
+    p.add_argument(
+        "--seed", type=non_negative_int, default=R.seed, help="training seed (order of batches, block orders, init)"
+    )
+    p.add_argument(
+        "--data-seed", type=non_negative_int, default=0, help="seed of generated data (keep it equal across a family)"
+    )
     p.add_argument("--batch-size", type=positive_int, default=R.batch_size, help="examples per step")
-    p.add_argument("--lr", type=float, default=R.lr, help="Adam learning rate, cosine-decayed after warm-up")
+    p.add_argument("--lr", type=positive_float, default=R.lr, help="Adam learning rate, cosine-decayed after warm-up")
     p.add_argument("--warmup-steps", type=non_negative_int, default=R.warmup_steps, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=R.weight_decay, help="AdamW weight decay")
+    p.add_argument("--weight-decay", type=non_negative_float, default=R.weight_decay, help="AdamW weight decay")
     p.add_argument("--no-augment", action="store_true", help="turn off augmentation (small shifts, and flips if asked)")
     p.add_argument(
         "--hflip",
@@ -163,7 +149,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--exit-loss",
-        type=float,
+        type=non_negative_float,
         default=R.exit_loss,
         help="weight of an early-exit loss: the shared head's cross-entropy after every truncation depth of "
         "the batch's random order (LayerSkip-style; 0: off)",

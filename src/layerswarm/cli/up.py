@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import Subparsers, add_command, non_negative_int, positive_int
+from .base import Subparsers, UsageError, add_command, non_negative_int, positive_int
 
 
 @dataclass
@@ -63,22 +63,14 @@ def register(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.kill is not None and args.nodes is not None and args.kill >= args.nodes:
-        message = f"--kill {args.kill} must leave a node alive (--nodes {args.nodes})"
-        print(f"layerswarm up: error: {message}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--kill {args.kill} must leave a node alive (--nodes {args.nodes})")
+    family_dir = chosen_family(args)
+    check_node_count(args.nodes, family_dir, "--family-dir" if args.family_dir is not None else "--family")
     mdns = network_with_mdns(args.network, args.argv)
     if not isinstance(mdns, bool):
         return mdns  # the exit status: re-executed in a private namespace, or refused
     from layerswarm.harness.procs import ProcessError
 
-    family_dir = args.family_dir
-    if family_dir is None and args.family:
-        from layerswarm.models.zoo import family_root
-
-        family_dir = family_root(args.family)
-        if not family_dir.is_dir():
-            print(f"layerswarm up: error: --family {args.family}: no such shipped family", file=sys.stderr)
-            return 2
     opts = UpOptions(args.nodes, args.requests, args.kill, mdns, family_dir, args.seed)
     try:
         summary = run_up(opts)
@@ -87,6 +79,44 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(to_json(summary) if args.json else render(summary))
     return 0 if summary["succeeded"] == summary["requests"] else 1
+
+
+def chosen_family(args: argparse.Namespace) -> Path:
+    """The family folder to run: --family-dir, else the shipped family --family names, else the default one."""
+    from layerswarm.models.zoo import family_root
+
+    if args.family_dir is not None:
+        if not args.family_dir.is_dir():
+            raise UsageError(f"--family-dir {args.family_dir}: no such folder")
+        return Path(args.family_dir)
+    family_dir = family_root(args.family) if args.family else family_root()
+    if not family_dir.is_dir():
+        raise UsageError(f"--family {args.family}: no such shipped family")
+    return family_dir
+
+
+def family_members(family_dir: Path) -> tuple[list[Path], int]:
+    """The family's shuffle-robust members (the ones a swarm mixes and reorders) and their depth."""
+    from layerswarm.models.checkpoint import read_manifest
+    from layerswarm.models.zoo import robust_members
+
+    members = robust_members(family_dir)
+    if not members:
+        raise ValueError(f"{family_dir} holds no shuffle-robust model (a swarm reorders blocks)")
+    return members, read_manifest(members[0]).config.depth
+
+
+def check_node_count(nodes: int | None, family_dir: Path, flag: str) -> None:
+    """Before anything starts: the family is usable and --nodes covers every block index (node k serves
+    block k % depth, so fewer nodes than blocks leave indices nobody serves and the swarm never comes up)."""
+    try:
+        _, depth = family_members(family_dir)
+    except (OSError, ValueError) as exc:  # no model directories; a broken manifest (ModelDirError)
+        raise UsageError(f"{flag} {family_dir}: {exc}") from None
+    if nodes is not None and nodes < depth:
+        raise UsageError(
+            f"--nodes {nodes}: at least {depth} needed, one per block index (the family's models have {depth} blocks)"
+        )
 
 
 def network_with_mdns(network: str, argv: list[str]) -> bool | int:
@@ -134,11 +164,9 @@ def progress(message: str) -> None:
 def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     from layerswarm.harness.procs import coordinator_cmd, node_cmd, spawn, spawn_many, stop_all
     from layerswarm.harness.swarm import node_layout
-    from layerswarm.models.checkpoint import read_manifest
-    from layerswarm.models.zoo import family_root, robust_members
+    from layerswarm.models.zoo import family_root
 
-    members = robust_members(opts.family_dir or family_root())
-    depth = read_manifest(members[0]).config.depth
+    members, depth = family_members(opts.family_dir or family_root())
     count = opts.nodes or depth * min(2, len(members))
     mdns = [] if opts.mdns else ["--no-advertise"]
     specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]

@@ -14,6 +14,18 @@ import hmac
 from pathlib import Path
 
 MIN_KEY_CHARS = 16
+# Open without a key: probes and metrics (orchestrators and scrapers hold no key) and the API schema.
+# Every other path needs one: the API, the swarm page and its assets, /redoc, /v2/models.
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+)
 
 
 def read_api_keys(path: Path) -> tuple[str, ...]:

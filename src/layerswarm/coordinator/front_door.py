@@ -13,32 +13,23 @@ import logging
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .auth import ApiKeys
+from .auth import OPEN_PATHS, ApiKeys
 from .metrics import CoordinatorMetrics
 from .protocol import TIMED_OUT
 
 log = logging.getLogger(__name__)
 
-# Open without a key: probes and metrics (orchestrators and scrapers hold no key) and the API schema.
-OPEN_PATHS = frozenset(
-    {
-        "/healthz",
-        "/readyz",
-        "/v2/health/live",
-        "/v2/health/ready",
-        "/metrics",
-        "/openapi.json",
-        "/docs",
-        "/docs/oauth2-redirect",
-    }
-)
 REFUSED = "layerswarm.refused"  # scope key: answered by the front door itself, before routing
 CLIENT_CLOSED = 499  # nginx's code for "the client went away before the answer": counted, never sent
 
 
 class FrontDoor:
     def __init__(
-        self, app: ASGIApp, keys: ApiKeys, metrics: CoordinatorMetrics, open_paths: frozenset[str] = OPEN_PATHS
+        self,
+        app: ASGIApp,
+        keys: ApiKeys,
+        metrics: CoordinatorMetrics,
+        open_paths: frozenset[str] = frozenset(OPEN_PATHS),
     ) -> None:
         self.app = app
         self.keys = keys

@@ -15,6 +15,8 @@ from pydantic_settings import SettingsConfigDict
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
+from .auth import OPEN_PATHS
+
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
     "verify_on": ("auto", "coordinator", "peers"),
@@ -136,8 +138,9 @@ class CoordinatorSettings(ProcessSettings):
     max_body_reads: int = Field(default=16, ge=1, description="request bodies read at once")
     api_keys: tuple[str, ...] = Field(
         default=(),
-        description="file of API keys, one a line (several: rotation); /v1/* then needs `Authorization: Bearer "
-        "KEY` or `X-API-Key: KEY` (/healthz, /readyz, /metrics stay open)",
+        description="file of API keys, one a line (several: rotation); every HTTP path then needs `Authorization: "
+        "Bearer KEY` or `X-API-Key: KEY` (the API, the swarm page /, /redoc, /v2/models...) except "
+        f"{', '.join(OPEN_PATHS)}",
     )
     threads: int = Field(default=1, ge=1)
     token_file: Path | None = None  # these four load `security` (keep secrets out of command lines)

@@ -40,6 +40,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -193,12 +194,45 @@ def forge_model_dir(src: Path, dst: Path, scale: float = 0.5, seed: int = 0) -> 
 
 
 def _fault_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m layerswarm.harness.faults", add_help=False)
-    p.add_argument("--fault-mode", default="none", choices=MODES)
-    p.add_argument("--fault-delay-ms", type=float, default=0.0)
-    p.add_argument("--fault-block", type=int, default=None)
-    p.add_argument("--fault-after", type=int, default=0)
+    from layerswarm.cli.base import HelpFormatter
+
+    p = argparse.ArgumentParser(
+        prog="python -m layerswarm.harness.faults",
+        add_help=False,  # --help shows these and then every `layerswarm node` flag (main)
+        usage="%(prog)s <layerswarm node arguments> [--fault-mode MODE] [--fault-delay-ms N] [--fault-block K] "
+        "[--fault-after N]",
+        description="Test only: the real node, slow or lying (the module docstring describes each mode).",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--fault-mode", default="none", choices=MODES, help="how the node misbehaves")
+    p.add_argument(
+        "--fault-delay-ms",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="milliseconds to hold each reply (counted as in flight), in any mode",
+    )
+    p.add_argument(
+        "--fault-block",
+        type=int,
+        default=None,
+        metavar="K",
+        help="other-block: the block whose output to send (none: the next)",
+    )
+    p.add_argument(
+        "--fault-after", type=int, default=0, metavar="N", help="answer honestly for this many requests first"
+    )
     return p
+
+
+def _print_help() -> NoReturn:
+    """--help: the fault flags, then the `layerswarm node` flags this wrapper passes on."""
+    from layerswarm.cli import build_parser
+
+    print(_fault_parser().format_help())
+    print("Every `layerswarm node` argument is accepted and passed on:\n", flush=True)
+    build_parser("node").parse_args(["node", "--help"])  # prints the node's help and exits
+    raise SystemExit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     from layerswarm.cli import node_settings_from_argv
     from layerswarm.node.server import run
 
-    fault_args, node_argv = _fault_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        _print_help()
+    fault_args, node_argv = _fault_parser().parse_known_args(argv)
     spec = FaultSpec(fault_args.fault_mode, fault_args.fault_delay_ms, fault_args.fault_block, fault_args.fault_after)
     settings = node_settings_from_argv(node_argv)
 

@@ -337,10 +337,7 @@ def _calibrate(args: argparse.Namespace, data: Any) -> dict[str, Any]:
     from .adaptive_eval import calibrate_model
     from .calibrate import CalibrationPlan
 
-    if not 0.0 <= args.margin <= 100.0:
-        raise SystemExit("layerswarm eval: --margin must be between 0 and 100 points")
-    if args.exit_min_blocks < 1:
-        raise SystemExit("layerswarm eval: --exit-min-blocks must be at least 1")
+    # --margin (0-100) and --exit-min-blocks (>= 1): checked by the parser (cli/eval.py)
     plan = CalibrationPlan(margin=args.margin / 100.0, min_blocks=args.exit_min_blocks, seed=args.seed)
     return {
         str(d).rstrip("/").rsplit("/", 1)[-1]: calibrate_model(d, data, plan, write=not args.no_write_policy)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
@@ -32,6 +33,8 @@ LAYOUTS = (
     "ROOT/train/<class>/<image> alone; or ROOT/<class>/<image> (split by a seeded fraction); "
     f"images ending in {', '.join(sorted(IMAGE_SUFFIXES))}"
 )
+# What Pillow raises for a file it cannot open or decode (truncated data: OSError, SyntaxError or EOFError).
+UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 Split = tuple["torch.Tensor | ImageFiles", torch.Tensor, "torch.Tensor | ImageFiles", torch.Tensor, tuple[str, ...]]
 
 
@@ -51,9 +54,17 @@ class ImageFiles(TorchDataset[torch.Tensor]):
     def __getitem__(self, index: int | torch.Tensor | list[int] | slice) -> torch.Tensor:
         """One image (3, S, S) for an int, else a batch (B, 3, S, S) decoded here."""
         if isinstance(index, int):
-            return torch.from_numpy(decode_image(self.paths[index], self.image_size))
+            return torch.from_numpy(self._decode(self.paths[index]))
         picked = self.paths[index] if isinstance(index, slice) else [self.paths[int(i)] for i in index]
-        return torch.from_numpy(np.stack([decode_image(p, self.image_size) for p in picked]))
+        return torch.from_numpy(np.stack([self._decode(p) for p in picked]))
+
+    def _decode(self, path: Path) -> np.ndarray:
+        """One image; a file that cannot be decoded is a ValueError naming it (a header can be sound and
+        the data truncated), also from a DataLoader worker."""
+        try:
+            return decode_image(path, self.image_size)
+        except UNREADABLE as exc:
+            raise unreadable(path, exc) from None
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return (self[i] for i in range(len(self)))
@@ -134,7 +145,29 @@ def _list_folder(root: Path, classes: list[str]) -> tuple[list[Path], torch.Tens
         labels += [label] * len(files)
     if not paths:
         raise ValueError(f"imagefolder: no images under {root}; accepted layouts: {LAYOUTS}")
+    check_headers(paths)
     return paths, torch.tensor(labels, dtype=torch.int64)
+
+
+def check_headers(paths: list[Path]) -> None:
+    """Refuse, naming it, the first file whose image header Pillow cannot read (an empty or corrupt file,
+    or another format under an image suffix), before any decoding. Image.open reads the header only:
+    about 0.15 ms a file on the 2-core development machine (page cache warm), minutes for ImageNet's
+    1.28 M files. A truncated file with a sound header is named when it is decoded (ImageFiles)."""
+    for path in paths:
+        try:
+            with Image.open(path):
+                pass
+        except UNREADABLE as exc:
+            raise unreadable(path, exc) from None
+
+
+def unreadable(path: Path, exc: BaseException) -> ValueError:
+    if isinstance(exc, UnidentifiedImageError):
+        reason = "not an image Pillow can read (empty, corrupt, or another format under an image suffix)"
+    else:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return ValueError(f"imagefolder: {path}: {reason}")
 
 
 def _check_no_extra_classes(test_root: Path, classes: list[str]) -> None:
