@@ -181,8 +181,8 @@ def inherited_augmentation(recipe: dict[str, Any]) -> list[str]:
     """The base's augmentation and regularisation choices as `train` flags: members learn under the
     base's rules (a base trained without flips must not get member fine-tunes that flip). Manifests
     written before `hflip` was recorded flipped whenever they augmented."""
-    drop_path = float(recipe.get("drop_path", 0.0))
-    regularise = ["--drop-path", str(drop_path)] if drop_path else []
+    drop_path, mixup = float(recipe.get("drop_path", 0.0)), float(recipe.get("mixup", 0.0))
+    regularise = (["--drop-path", str(drop_path)] if drop_path else []) + (["--mixup", str(mixup)] if mixup else [])
     augment = bool(recipe.get("augment", True))
     if not augment:
         return ["--no-augment", *regularise]

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -46,6 +47,35 @@ def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
     return list(range(depth))
 
 
+class Mix(NamedTuple):
+    """A mixup batch's second set of targets: sample i is lam x image i + (1 - lam) x image perm[i], so its
+    loss is lam x CE(label i) + (1 - lam) x CE(label perm[i])."""
+
+    labels: Tensor  # labels[perm]
+    lam: float
+
+
+def mixup_batch(images: Tensor, labels: Tensor, alpha: float, gen: torch.Generator) -> tuple[Tensor, Mix]:
+    """Blend a batch with a permutation of itself (mixup, Zhang et al. 2018): lam ~ Beta(alpha, alpha), one
+    per batch. Every draw comes from the trainer's torch generator (a seed for numpy's Beta sampler, which
+    torch cannot seed, then the permutation), so a run is reproducible from its seed and resumes with the
+    generator state it already saves."""
+    seed = int(torch.randint(2**62, (1,), generator=gen))
+    lam = float(np.random.default_rng(seed).beta(alpha, alpha))
+    perm = torch.randperm(images.shape[0], generator=gen)
+    mixed = lam * images + (1 - lam) * images[perm.to(images.device)]
+    return mixed, Mix(labels[perm.to(labels.device)], lam)
+
+
+def label_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0, mix: Mix | None = None) -> Tensor:
+    """Cross-entropy against the labels; for a mixup batch, the lam-weighted pair of cross-entropies (the
+    same label smoothing on both)."""
+    loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+    if mix is None:
+        return loss
+    return mix.lam * loss + (1 - mix.lam) * F.cross_entropy(logits, mix.labels, label_smoothing=label_smoothing)
+
+
 def training_loss(
     model: ViT,
     images: Tensor,
@@ -53,12 +83,18 @@ def training_loss(
     order: list[int],
     exit_loss: float = 0.0,
     label_smoothing: float = 0.0,
+    mix: Mix | None = None,
 ) -> Tensor:
     """Task cross-entropy (label-smoothed for images), plus each block's position cross-entropy for
     layershuffle-predict, plus (exit_loss > 0) the mean cross-entropy of the shared head read after every
-    truncation depth."""
+    truncation depth. With `mix` (a mixup batch), every cross-entropy against the labels, the early exits'
+    too, is the lam-weighted pair: a mixed image is lam parts one sample and 1 - lam parts another at every
+    depth, not only at the last. The position loss stays as it is: a block's position in the order does not
+    depend on what the image shows."""
     own_loss = getattr(model, "training_loss", None)  # text: the encoder masks its padding itself
     if own_loss is not None:
+        if mix is not None:
+            raise ValueError("mixup is for images: text batches are token ids, which do not blend")
         return own_loss(images, labels, order, exit_loss)
     x = model.stem(images)
     position_loss = images.new_zeros(())
@@ -70,8 +106,8 @@ def training_loss(
             target = torch.full((x.shape[0],), position, dtype=torch.long, device=x.device)
             position_loss = position_loss + F.cross_entropy(block.position_logits(x), target)
         if exit_loss > 0 and position + 1 < len(order):
-            early.append(F.cross_entropy(model.head(x), labels))
-    loss = F.cross_entropy(model.head(x), labels, label_smoothing=label_smoothing) + position_loss
+            early.append(label_loss(model.head(x), labels, mix=mix))
+    loss = label_loss(model.head(x), labels, label_smoothing, mix) + position_loss
     if early:
         loss = loss + exit_loss * torch.stack(early).mean()
     return loss
@@ -137,6 +173,8 @@ class Trainer:
     ):
         self.model, self.data, self.recipe, self.device = model.to(device), data, recipe, device
         model.set_drop_path(recipe.drop_path)
+        if recipe.mixup and getattr(model, "training_loss", None) is not None:
+            raise ValueError("--mixup is for images: text batches are token ids, which do not blend")
         self.state_dir, self.workers = state_dir, workers
         n_val = max(1, int(len(data.train_y) * recipe.val_fraction))
         split = torch.Generator().manual_seed(recipe.seed)
@@ -249,8 +287,17 @@ class Trainer:
             images = _augment(batch, self.gen, self.recipe.hflip) if self.recipe.augment else batch
             order = batch_order(self.model, self.recipe.variant, self.gen)
             labels = self.data.train_y[idx].to(self.device)
+            mix = None
+            if self.recipe.mixup:  # after the shifts: a blend of two shifted images; 0 draws nothing
+                images, mix = mixup_batch(images, labels, self.recipe.mixup, self.gen)
             loss = training_loss(
-                self.model, images.to(self.device), labels, order, self.recipe.exit_loss, self.recipe.label_smoothing
+                self.model,
+                images.to(self.device),
+                labels,
+                order,
+                self.recipe.exit_loss,
+                self.recipe.label_smoothing,
+                mix,
             )
             self.opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
