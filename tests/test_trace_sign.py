@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
+from layerswarm.bench.trace_cost import sample_hop
 from layerswarm.wire.trace_sign import TraceSigner, hop_message, hop_signed_by
 from layerswarm.wire.v1 import block_pb2 as pb
 
@@ -13,17 +14,7 @@ RID, MAC = "req-1-c1", "a" * 64
 
 
 def signed_hop(signer: TraceSigner) -> pb.HopTrace:
-    hop = pb.HopTrace(
-        node="10.0.0.2:50051",
-        block=3,
-        position=1,
-        compute_ms=4.25,
-        send_ms=24.5,
-        sent_bytes=302_592,
-        input_sha256="11" * 32,
-        output_sha256="22" * 32,
-        rtt_ms=0.4,
-    )
+    hop = sample_hop()
     signer.sign(hop, RID, MAC)
     return hop
 

@@ -280,3 +280,22 @@ def test_plots_draw_the_chance_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         for ax in fig.axes:
             flat = [line for line in ax.get_lines() if set(line.get_ydata()) == {0.25}]
             assert flat and "chance" in flat[0].get_label()
+
+
+def test_resume_reads_a_setting_added_later_as_its_default(data, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A run saved before a recipe field existed resumes; a real change of recipe is refused, named."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1, warmup_steps=2, batch_size=64)
+    model, _ = build_model(data, "layershuffle", None, ARCH, seed=0)
+    trainer = Trainer(model, data, recipe, torch.device("cpu"), tmp_path / "state")
+    trainer.fit()
+    trainer.save_state()
+    meta_path = tmp_path / "state" / "state.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["recipe"]["mixup"], meta["recipe"]["drop_path"]  # as saved by a version without them
+    meta_path.write_text(json.dumps(meta))
+    again, _ = build_model(data, "layershuffle", None, ARCH, seed=1)
+    assert Trainer(again, data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+
+    changed = TrainRecipe(variant="layershuffle", epochs=1, warmup_steps=2, batch_size=64, mixup=0.2)
+    with pytest.raises(ValueError, match=r"mixup: 0.0 -> 0.2"):
+        Trainer(again, data, changed, torch.device("cpu"), tmp_path / "state").load_state()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
@@ -62,6 +62,23 @@ class TrainRecipe:
             raise ValueError(
                 f"mixup (the Beta(a, a) parameter) must be a finite number of at least 0, got {self.mixup}"
             )
+
+
+def recipe_changes(saved: dict[str, Any], recipe: TrainRecipe) -> list[str]:
+    """How `recipe` differs from a `saved` one, one "field: saved -> now" line each (empty: the same).
+
+    A field the saved recipe lacks was added to the trainer after that run started; every field is added
+    with a default that keeps the earlier behaviour (drop_path and mixup 0: off), so the missing field
+    reads as its default and an older run resumes unless the command asks for something else."""
+    defaults = {f.name: f.default for f in fields(TrainRecipe)}
+    now = asdict(recipe)
+    unknown = sorted(set(saved) - set(now))
+    changed = [
+        f"{name}: {saved.get(name, defaults[name])!r} -> {value!r}"
+        for name, value in now.items()
+        if saved.get(name, defaults[name]) != value
+    ]
+    return changed + [f"{name}: {saved[name]!r} -> (no such setting in this version)" for name in unknown]
 
 
 def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:

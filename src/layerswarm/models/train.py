@@ -26,7 +26,7 @@ from tqdm import tqdm
 from .checkpoint import Lineage, Manifest, load_model, read_manifest
 from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, Images, iterate_batches
-from .recipe import TrainRecipe
+from .recipe import TrainRecipe, recipe_changes
 from .train_report import describe_epoch, peak_memory_mb
 from .vit import Block, ViT
 
@@ -354,8 +354,12 @@ class Trainer:
         if not path.is_file():
             return False
         meta = json.loads((self.state_dir / "state.json").read_text())
-        if meta["recipe"] != asdict(self.recipe):
-            raise ValueError(f"cannot resume from {self.state_dir}: it was made with another recipe")
+        changes = recipe_changes(meta["recipe"], self.recipe)
+        if changes:
+            raise ValueError(
+                f"cannot resume from {self.state_dir}: it was made with another recipe ({'; '.join(changes)}); "
+                "run the same command as before, or train into a new --out"
+            )
         tensors = load_file(str(path))
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
