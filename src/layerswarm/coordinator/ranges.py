@@ -22,7 +22,7 @@ STATS_MARGIN = 4.0  # the range filter's slack over what evaluation saw (soft vi
 def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> dict[str, Any] | None:
     """Values past half the wire dtype's limit: the next hop (a residual block adds to its input) would
     overflow. Checked on every reply, verification on or off, so the sender is blamed, not the next hop."""
-    peak = float(out.abs().max()) if out.numel() else 0.0
+    peak = codec.peak_abs(out) if out.numel() else 0.0
     limit = codec.value_limit(wire) / 2
     if peak <= limit:
         return None
@@ -39,7 +39,7 @@ def range_problem(ranges: list[dict[str, float]], out: torch.Tensor, position: i
     if position >= len(ranges):
         return None
     r = ranges[position]
-    peak = float(out.abs().max()) if out.numel() else 0.0
+    peak = codec.peak_abs(out) if out.numel() else 0.0
     rms = out.float().pow(2).mean(dim=tuple(range(1, out.dim()))).sqrt()
     lo, hi = float(rms.min()), float(rms.max())
     if peak > r["max_abs"] * STATS_MARGIN or lo < r["rms_min"] / STATS_MARGIN or hi > r["rms_max"] * STATS_MARGIN:
