@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from prometheus_client import generate_latest
 
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
@@ -75,6 +76,11 @@ async def test_lying_node_is_quarantined_on_evidence(family_dirs: list[Path], ho
         for _ in range(3):  # a node quarantined on evidence is never asked again
             hops = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops
             assert address(rogue) not in {h.node for h in hops}
+        # What an operator alerts on: the conviction and the transition, on /metrics.
+        scraped = generate_latest(coord.metrics.registry).decode()
+        assert "layerswarm_verify_convictions_total 1.0" in scraped
+        assert 'layerswarm_node_transitions_total{to="quarantined"} 1.0' in scraped
+        assert 'layerswarm_verify_hops_total{kind="reexecuted"}' in scraped
     finally:
         await coord.stop()
 

@@ -71,10 +71,43 @@ def test_compose_swarm_is_consistent() -> None:
     dockerfile = ROOT / services["coordinator"]["build"]["dockerfile"]
     assert dockerfile.is_file()
     prometheus = services["prometheus"]
-    config_path = ROOT / prometheus["volumes"][0].split(":")[0]
+    config_path = ROOT / prometheus["volumes"][0].split(":")[0] / "prometheus.yml"
     targets = yaml.safe_load(config_path.read_text())["scrape_configs"]
     scraped = {t for job in targets for cfg in job["static_configs"] for t in cfg["targets"]}
     assert scraped == {"coordinator:8080"} | {f"{n}:{a.metrics_port}" for n, a in nodes.items()}
+
+
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+PROMTOOL = shutil.which("promtool")
+
+
+def test_alert_rules_name_only_metrics_a_coordinator_exports(family_dirs: list[Path]) -> None:
+    """A renamed metric would leave its alert silent forever: every name the rules use must be on
+    /metrics of a real coordinator (verification on, as by default)."""
+    from prometheus_client import generate_latest
+
+    from layerswarm.coordinator.core import Coordinator
+    from layerswarm.coordinator.settings import CoordinatorSettings
+
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"]
+    rules = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"][0]["rules"]
+    named = {name for rule in rules for name in re.findall(r"layerswarm_[a-z_]+", rule["expr"])}
+    coordinator = Coordinator(CoordinatorSettings(model_dir=family_dirs[0], mdns=False))
+    exported = set(
+        re.findall(r"^# TYPE (layerswarm_[a-z_]+)", generate_latest(coordinator.metrics.registry).decode(), re.M)
+    )
+    exported |= {f"{name}_total" for name in exported}  # counters are typed without the suffix
+    assert named and named <= exported, named - exported
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (the distribution's prometheus package)")
+def test_alert_rules_fire_as_their_unit_tests_say() -> None:
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts.test.yml"]):
+        done = subprocess.run(
+            [str(PROMTOOL), *args], check=False, cwd=PROMETHEUS, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_kubernetes_manifests_are_consistent() -> None:

@@ -103,6 +103,7 @@ class Coordinator:
         self.verifier = make_verifier(settings)
         if self.verifier is not None:
             self.verifier.quarantine_referee = self.registry.quarantine
+        self.metrics = CoordinatorMetrics(self.registry, self.verifier)  # before any node event is counted
         self.executor = PathExecutor(self.registry, self.pool, self.verifier)
         token = settings.security.token
         self.relay = (
@@ -119,7 +120,6 @@ class Coordinator:
         self._first_round_task: asyncio.Task[None] | None = None
         self._saved_peers: set[str] | None = None
         self._memory = Periodic("peer-memory", 2.0, self._remember_peers)
-        self.metrics = CoordinatorMetrics(self.registry)
         self.adaptive = load_defaults(settings.model_dir, settings.exit_rule, settings.exit_threshold)
         log.info("adaptive compute defaults: %s", self.adaptive.to_json())
         auto_wire = settings.wire_dtype == "auto"
@@ -135,6 +135,7 @@ class Coordinator:
 
     def _on_node_event(self, event: NodeEvent) -> None:
         log_node_event(event)
+        self.metrics.node_transitions.labels(event.new.value if event.new else "forgotten").inc()
         if event.new is None and self.verifier is not None:  # it left: its per-node state goes too
             self.verifier.forget(event.address)
 

@@ -6,13 +6,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .registry import NodeState, Registry
 
 if TYPE_CHECKING:
     from .ensemble import EnsembleResult
+    from .verify import Verifier
 
 BLOCK_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -32,10 +33,45 @@ class _SwarmCollector(Collector):
         depth = GaugeMetricFamily("layerswarm_reachable_depth", "Distinct block indices routable now")
         depth.add_metric([], self.swarm.reachable_depth())
         yield depth
+        # Beside it, so an alert can compare the two without knowing the model (deploy/prometheus/alerts.yml).
+        yield GaugeMetricFamily("layerswarm_model_depth", "Blocks in the served model", self.swarm.family.depth)
+
+
+class _VerifyCollector(Collector):
+    """The verifier's own counters, read at scrape time: what an operator alerts on when a device on
+    the LAN starts lying (a rise in convictions) or when checks cost more than expected."""
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        c = self.verifier.counters
+        hops = CounterMetricFamily(
+            "layerswarm_verify_hops",
+            "Hops the verifier saw, by what it did: seen (every hop), reexecuted (on the coordinator), "
+            "reexecuted_on_peers (on replicas), flagged_by_range (outside the evaluated activation range)",
+            labels=["kind"],
+        )
+        for kind, value in (
+            ("seen", c.hops),
+            ("reexecuted", c.reexecuted),
+            ("reexecuted_on_peers", c.peer_reexecuted),
+            ("flagged_by_range", c.flagged),
+        ):
+            hops.add_metric([kind], value)
+        yield hops
+        yield CounterMetricFamily(
+            "layerswarm_verify_convictions", "Nodes caught returning wrong activations (quarantined)", c.convicted
+        )
+        yield CounterMetricFamily(
+            "layerswarm_verify_unresolved",
+            "Replica against replica with no second opinion: nobody convicted",
+            c.unresolved,
+        )
 
 
 class CoordinatorMetrics:
-    def __init__(self, swarm: Registry) -> None:
+    def __init__(self, swarm: Registry, verifier: Verifier | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "layerswarm_requests",
@@ -80,7 +116,16 @@ class CoordinatorMetrics:
         self.anytime_answers = Counter(
             "layerswarm_anytime_answers", "Requests answered early because of their deadline", registry=self.registry
         )
+        self.node_transitions = Counter(
+            "layerswarm_node_transitions",
+            "Node state changes by the state entered (quarantined: caught lying or malformed; ejected: "
+            "failing; ignored: refused to admit us; forgotten: gone from the registry)",
+            ["to"],
+            registry=self.registry,
+        )
         self.registry.register(_SwarmCollector(swarm))
+        if verifier is not None:
+            self.registry.register(_VerifyCollector(verifier))
 
     def observe(self, result: EnsembleResult, exit_rule: str | None) -> None:
         """Adaptive-compute figures of one answered request."""

@@ -89,6 +89,7 @@ class VerifyStats:
     peer_reexecuted: int = 0  # hops re-executed on replicas (each asks one or two)
     peer_calls: int = 0
     unresolved: int = 0  # one replica against another, no second opinion: nobody convicted
+    convicted: int = 0  # nodes caught lying, ever (detections keeps the last 100)
     detections: list[dict[str, Any]] = field(default_factory=list)
     disagreements: list[dict[str, Any]] = field(default_factory=list)
 
@@ -186,6 +187,7 @@ class Verifier:
             "hops_reexecuted_on_peers": c.peer_reexecuted,
             "peer_calls": c.peer_calls,
             "unresolved_disagreements": c.unresolved,
+            "convicted": c.convicted,
             "detections": c.detections,
             "disagreements": c.disagreements,
         }
@@ -270,11 +272,15 @@ class Verifier:
             "seconds_since_first_hop": round(time.monotonic() - seen.first_hop, 3) if seen else 0.0,
             "at": time.time(),
         }
-        self.counters.detections.append({"address": address, **evidence})
-        del self.counters.detections[:-100]
+        self._record_detection(address, evidence)
         log.warning("quarantining %s (a referee that lied) on evidence: %s", address, evidence)
         if self.quarantine_referee is not None:
             self.quarantine_referee(address, f"verification failed: {evidence['check']}", evidence)
+
+    def _record_detection(self, address: str, evidence: dict[str, Any]) -> None:
+        self.counters.convicted += 1
+        self.counters.detections.append({"address": address, **evidence})
+        del self.counters.detections[:-100]  # bounded
 
     # --- layer 2: re-execution on the coordinator ---------------------------------------------------
 
@@ -357,7 +363,6 @@ class Verifier:
             "seconds_since_first_hop": round(time.monotonic() - seen.first_hop, 3),
             "at": time.time(),
         }
-        self.counters.detections.append({"address": record.address, **evidence})
-        del self.counters.detections[:-100]  # bounded
+        self._record_detection(record.address, evidence)
         log.warning("quarantining %s on evidence: %s", record.address, evidence)
         return Lie(f"verification failed: {evidence['check']} ({evidence['discrepancy']})", evidence)
