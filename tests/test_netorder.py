@@ -101,3 +101,17 @@ def test_auto_topology_tries_both_then_keeps_to_the_faster_per_hop() -> None:
     assert sorted(tried) == ["relay"] * MIN_SAMPLES + ["star"] * MIN_SAMPLES
     picks = [chooser.choose() for _ in range(400)]
     assert 0.85 < picks.count("relay") / len(picks) < 1.0  # mostly relay, star still explored now and then
+
+
+def test_times_that_are_not_finite_never_reach_a_link_estimate() -> None:
+    """Link times come partly from nodes' own reports: one NaN or inf must not poison an average."""
+    links = LinkMap()
+    links.observe("a", "b", 1_000_000, 10.0)
+    links.observe_rtt("a", "b", 2.0)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        links.observe("a", "b", 1_000_000, bad)
+        links.observe_rtt("a", "b", bad)
+    assert links.per_mb("a", "b") == 10.0
+    assert links.transfer_ms("a", "b", 1_000_000) == 11.0  # half the 2 ms RTT + 10 ms per MB
+    links.observe("c", "d", 1_000_000, float("nan"))
+    assert links.per_mb("c", "d") is None  # no finite sample: not measured at all

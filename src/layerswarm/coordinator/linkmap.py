@@ -13,6 +13,7 @@ through `per_mb`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,8 @@ class LinkMap:
         self._links: dict[tuple[str, str], LinkSample] = {}
 
     def observe(self, src: str, dst: str, nbytes: int, ms: float) -> None:
-        if nbytes <= 0:
+        # Times come from peers' reports too: one NaN or inf would stay in the average for good.
+        if nbytes <= 0 or not math.isfinite(ms):
             return
         key = (src, dst)
         if key not in self._links and len(self._links) >= MAX_LINKS:
@@ -66,6 +68,8 @@ class LinkMap:
 
     def observe_rtt(self, src: str, dst: str, ms: float) -> None:
         """A small probe's round trip between src and dst (both directions share it)."""
+        if not math.isfinite(ms):
+            return
         for key in ((src, dst), (dst, src)):
             if key not in self._links and len(self._links) >= MAX_LINKS:
                 continue
