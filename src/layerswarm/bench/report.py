@@ -31,10 +31,15 @@ def _throughput(r: dict[str, Any]) -> list[str]:
     t = r["vitb_throughput"]
     cpu = f"nodes {t['swarm_nodes_cpu_s']} + coordinator {t['swarm_coordinator_cpu_s']} CPU-s"
     cpu += f"; {t['swarm_cores_busy']} cores busy"
-    rows = [
-        _row(f"swarm, {t['concurrent']} concurrent batch-1 requests", t["swarm_images_per_s"], t["ratio"], cpu),
-        _row(f"monolith, 2 threads, batch {t['concurrent']}", t["monolith_2_threads_images_per_s"], "1.000", "-"),
-    ]
+    rows = [_row(f"swarm, {t['concurrent']} concurrent batch-1 requests", t["swarm_images_per_s"], t["ratio"], cpu)]
+    if "vitb_throughput_relay" in r:  # its own rounds, against the monolith interleaved with them
+        relay = r["vitb_throughput_relay"]
+        relay_cpu = f"nodes {relay['swarm_nodes_cpu_s']} + coordinator {relay['swarm_coordinator_cpu_s']} CPU-s"
+        relay_cpu += f"; {relay['swarm_cores_busy']} cores busy"
+        rows.append(_row("swarm, the same, relay chains", relay["swarm_images_per_s"], relay["ratio"], relay_cpu))
+    rows.append(
+        _row(f"monolith, 2 threads, batch {t['concurrent']}", t["monolith_2_threads_images_per_s"], "1.000", "-")
+    )
     title = f"**ViT-B/16 shape, 12 nodes: throughput** (median of {t['rounds']} rounds, interleaved)"
     lines = _table(title, ["configuration", "images/s", "x monolith (2 threads)", "per round"], rows)
     if "vitb_idle_vs_busy" in r:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import secrets
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -85,6 +86,13 @@ def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
             report["vitb_throughput"] = asyncio.run(vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6))
             report["vitb_idle_vs_busy"] = asyncio.run(vitb.idle_vs_busy_compute(model_dir, procs, 2 if quick else 6))
             report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
+        # Relay chains need a swarm token: a second set of nodes with one keeps the runs above as they were.
+        token = Path(tmp) / "swarm.token"
+        token.write_text(secrets.token_hex(16) + "\n")
+        with nodes([(model_dir, b) for b in range(12)], "--token-file", str(token)) as procs:
+            report["vitb_throughput_relay"] = asyncio.run(
+                vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6, topology="relay", token_file=token)
+            )
         if torch.cuda.is_available():  # the same ratio on the GPU, where there is one; never required
             with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:
                 report["vitb_swarm_vs_monolith_cuda"] = asyncio.run(

@@ -31,7 +31,13 @@ SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 
 
 def coordinator(
-    model_dir: Path, peers: tuple[str, ...], wire: str, transport: str, spot_checks: bool = True
+    model_dir: Path,
+    peers: tuple[str, ...],
+    wire: str,
+    transport: str,
+    spot_checks: bool = True,
+    topology: str = "star",
+    token_file: Path | None = None,
 ) -> Coordinator:
     """An in-process coordinator with the defaults (spot checks included) unless told otherwise."""
     return Coordinator(
@@ -41,6 +47,8 @@ def coordinator(
             mdns=False,
             wire_dtype=wire,
             transport=transport,
+            topology=topology,
+            token_file=token_file,
             hop_timeout_s=60,
             request_timeout_s=300,
             health_interval_s=30,
@@ -159,41 +167,53 @@ async def idle_vs_busy_compute(model_dir: Path, procs: list[Proc], reps: int) ->
     }
 
 
-async def concurrent_throughput(model_dir: Path, procs: list[Proc], concurrent: int, rounds: int) -> dict[str, Any]:
+async def concurrent_throughput(
+    model_dir: Path,
+    procs: list[Proc],
+    concurrent: int,
+    rounds: int,
+    topology: str = "star",
+    token_file: Path | None = None,
+) -> dict[str, Any]:
     """Images per second: `concurrent` batch-1 requests at once through the swarm (fp16 streams, the
     default; nodes micro-batch what queues up) against the monolith on both cores at batch
-    `concurrent`, interleaved round by round."""
+    `concurrent`, interleaved round by round. Relay chains (`topology`, nodes with the swarm token in
+    `token_file`) move 13 activations a request instead of star's 24, and none through the coordinator
+    but its two legs."""
     model, _ = load_model(model_dir)
     images = torch.rand(concurrent, 3, model.cfg.image_size, model.cfg.image_size)
-    coord = coordinator(model_dir, addresses(procs), "fp16", "stream")
+    coord = coordinator(model_dir, addresses(procs), "fp16", "stream", topology=topology, token_file=token_file)
     await coord.start()
     swarm_s: list[float] = []
     monolith_s: list[float] = []
-    cpu: dict[str, list[float]] = {"nodes": [], "coordinator": [], "cores_busy": []}
+    cpu: dict[str, list[float]] = {"nodes": [], "coordinator": [], "cores_busy": [], "reexecuted": []}
     try:
-        for rep in range(rounds + 1):  # one warm-up round
+        for rep in range(rounds + 1):  # one warm-up round (every node's probation is in it)
             torch.set_num_threads(2)
             with torch.inference_mode():
                 monolith = timed(lambda: model(images))
             torch.set_num_threads(1)  # the coordinator's stem and head, as in the latency runs
             nodes_cpu, own_cpu = sum(cpu_seconds(p.pid) for p in procs), time.process_time()
+            reexecuted = _reexecuted(coord)
             started = time.perf_counter()
             results = await asyncio.gather(*(coord.classify(images[i : i + 1], SEQ) for i in range(concurrent)))
             swarm = time.perf_counter() - started
             nodes_cpu = sum(cpu_seconds(p.pid) for p in procs) - nodes_cpu
             own_cpu = time.process_time() - own_cpu  # this process is the coordinator
-            assert all(r.path.depth == len(model.blocks) for r in results)
+            assert all(r.path.depth == len(model.blocks) and r.path.topology == topology for r in results)
             if rep:
                 monolith_s.append(monolith)
                 swarm_s.append(swarm)
                 cpu["nodes"].append(nodes_cpu)
                 cpu["coordinator"].append(own_cpu)
                 cpu["cores_busy"].append((nodes_cpu + own_cpu) / swarm)
+                cpu["reexecuted"].append(_reexecuted(coord) - reexecuted)
     finally:
         await coord.stop()
     swarm_rate = concurrent / (median_ms(swarm_s) / 1e3)
     monolith_rate = concurrent / (median_ms(monolith_s) / 1e3)
     return {
+        "topology": topology,
         "concurrent": concurrent,
         "rounds": rounds,
         "swarm_images_per_s": round(swarm_rate, 3),
@@ -203,7 +223,12 @@ async def concurrent_throughput(model_dir: Path, procs: list[Proc], concurrent: 
         "swarm_nodes_cpu_s": round(statistics.median(cpu["nodes"]), 3),
         "swarm_coordinator_cpu_s": round(statistics.median(cpu["coordinator"]), 3),
         "swarm_cores_busy": round(statistics.median(cpu["cores_busy"]), 3),
+        "hops_reexecuted_per_round": statistics.median(cpu["reexecuted"]),  # spot checks, by the coordinator
     }
+
+
+def _reexecuted(coord: Coordinator) -> int:
+    return coord.verifier.counters.reexecuted if coord.verifier is not None else 0
 
 
 def coordinator_cpu_share(model_dir: Path, procs: list[Proc], requests: int, image_size: int) -> dict[str, Any]:
