@@ -19,6 +19,7 @@ from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.http_api import create_app
 from layerswarm.coordinator.linkmap import LinkMap
 from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.registry import NodeRecord
 from layerswarm.coordinator.relay import observe_relay_link
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
@@ -409,6 +410,31 @@ async def test_verification_still_sees_new_nodes_in_relay_mode(tmp_path: Path) -
         assert coord.registry.nodes[liar].state.value == "quarantined"
         assert "relayed" not in outcomes[0]  # everyone on probation: star, re-executed
         assert outcomes[-1] == ["relayed", "relayed"]  # blocks 0 and 2, chained
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_hop_sampled_for_verification_runs_star_even_where_it_ends_a_chain(tmp_path: Path) -> None:
+    """The verifier samples each hop once: the sampled hop ends the chain before it, and must then run
+    star and be re-executed, not be relayed on a second draw (which at 5% almost never hits)."""
+    served, coord = await _in_process_swarm(tmp_path, [FaultSpec()] * 4, verify_rate=0.0, verify_probation=0)
+    assert coord.verifier is not None
+    asked: set[str] = set()
+
+    def sampled_once(record: NodeRecord) -> bool:  # a draw that hits block 2's node, once per request
+        hit = record.block == 2 and record.address not in asked
+        asked.add(record.address)
+        return hit
+
+    coord.verifier.wants = sampled_once  # type: ignore[method-assign]
+    try:
+        for _ in range(2):
+            asked.clear()
+            result = await coord.classify(images(), SEQ)
+            assert [h.outcome for h in result.path.hops] == ["relayed", "relayed", "ok", "ok"]
+        assert coord.verifier.counters.reexecuted == 2  # block 2, forced, in each request
     finally:
         await coord.stop()
         for node in served:

@@ -63,6 +63,7 @@ class _Run:
     avoid: set[str] = field(default_factory=set)  # nodes that failed in this request
     chains: int = 0
     wire: torch.dtype | None = None  # the current chain's wire dtype (--wire-dtype auto: per chain)
+    sampled: dict[tuple[int, str], bool] = field(default_factory=dict)  # (step, node) -> verifier wants it
 
     @property
     def depth(self) -> int:
@@ -118,14 +119,24 @@ class RelayRunner:
         not failed in this request, not wanted by the verifier (those run star). Empty: step `start`
         runs star because the verifier wants it; one element: too short to chain."""
         segment: list[tuple[Step, NodeRecord]] = []
-        for step in steps[start:]:
+        for index, step in enumerate(steps[start:], start):
             record = self._pick(step, run)
-            if record is None or step.block in run.used:
-                break
-            if self.verifier is not None and self.verifier.wants(record):
+            if record is None or step.block in run.used or self._sampled(run, index, record):
                 break
             segment.append((step, record))
         return segment
+
+    def _sampled(self, run: _Run, index: int, record: NodeRecord) -> bool:
+        """Whether the verifier wants step `index` on `record` checked: drawn once per request. A step
+        that ends a chain because it was sampled is where the next segment starts, and a second draw
+        there (1 - rate: almost always no) would relay it unchecked: the configured share of hops
+        would never be re-executed, only the few sampled at a segment's first step."""
+        if self.verifier is None:
+            return False
+        key = (index, record.address)
+        if key not in run.sampled:
+            run.sampled[key] = self.verifier.wants(record)
+        return run.sampled[key]
 
     async def _star(self, run: _Run, steps: list[Step], i: int, length: int, rng: random.Random, force: bool) -> int:
         """Step i as a star hop, with the executor's substitutes, deadlines and verification."""
