@@ -13,6 +13,7 @@ import grpc
 import httpx
 import pytest
 import torch
+from prometheus_client import generate_latest
 
 from layerswarm.coordinator.clients import NodeClient
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
@@ -631,6 +632,9 @@ async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_by_its_sign
         else:
             assert [h.outcome for h in result.path.hops] == ["relayed"] * 3 and not result.path.handbacks
             assert coord.registry.links.per_mb(second, third) is not None
+        scraped = generate_latest(coord.metrics.registry).decode()  # what an operator's alert reads
+        outcome = "discarded" if keys else "completed"
+        assert f'layerswarm_relay_chains_total{{outcome="{outcome}"}} 1.0' in scraped
     finally:
         await coord.stop()
         for node in served:

@@ -352,6 +352,7 @@ class Coordinator:
             }
         for hop in path.hops:
             self.metrics.hops.labels(hop.outcome).inc()
+        self.metrics.observe_chains(path)
         return Route(index, path, await head(path.activations), member.model_id)
 
     def _over_members(self, opts: ClassifyOptions) -> bool:

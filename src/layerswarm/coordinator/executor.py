@@ -73,7 +73,9 @@ class PathResult:
     exited_early: bool = False
     anytime: bool = False  # answered early because the deadline left no time for the next hop
     topology: str = "star"  # star | relay (coordinator/relay.py)
-    handbacks: list[dict[str, Any]] = field(default_factory=list)  # relay chains that ended early, and why
+    # relay chains that ended early: kind (not_started | handed_back | discarded), after_step, reason
+    handbacks: list[dict[str, Any]] = field(default_factory=list)
+    chains: int = 0  # relay chains started (each ends complete or in one hand-back)
     network: dict[str, Any] | None = None  # network-aware plan: predicted vs actual time
 
     @property

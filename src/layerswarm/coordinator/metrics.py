@@ -13,6 +13,7 @@ from .registry import NodeState, Registry
 
 if TYPE_CHECKING:
     from .ensemble import EnsembleResult
+    from .executor import PathResult
     from .verify import Verifier
 
 BLOCK_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
@@ -116,6 +117,14 @@ class CoordinatorMetrics:
         self.anytime_answers = Counter(
             "layerswarm_anytime_answers", "Requests answered early because of their deadline", registry=self.registry
         )
+        self.relay_chains = Counter(
+            "layerswarm_relay_chains",
+            "Relay chains by how they ended: completed, handed_back (a node failed or refused; the request "
+            "went on from its last good activation), discarded (the trace or result did not check: digest, "
+            "signature, range; someone lied), not_started (the first node refused or was unreachable)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.node_transitions = Counter(
             "layerswarm_node_transitions",
             "Node state changes by the state entered (quarantined: caught lying or malformed; ejected: "
@@ -126,6 +135,13 @@ class CoordinatorMetrics:
         self.registry.register(_SwarmCollector(swarm))
         if verifier is not None:
             self.registry.register(_VerifyCollector(verifier))
+
+    def observe_chains(self, path: PathResult) -> None:
+        """How each relay chain of one route ended (star routes have none)."""
+        ended_early = [handback["kind"] for handback in path.handbacks]
+        self.relay_chains.labels("completed").inc(max(path.chains - len(ended_early), 0))
+        for kind in ended_early:
+            self.relay_chains.labels(kind).inc()
 
     def observe(self, result: EnsembleResult, exit_rule: str | None) -> None:
         """Adaptive-compute figures of one answered request."""

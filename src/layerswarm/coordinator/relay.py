@@ -106,7 +106,9 @@ class RelayRunner:
                         i = await self._star(run, steps, i, len(steps), rng, force=False)
                 continue
             i = await self._star(run, steps, i, len(steps), rng, force=bool(segment) is False)
-        path = PathResult(run.x, run.hops, plan.unreachable, topology="relay", handbacks=run.handbacks)
+        path = PathResult(
+            run.x, run.hops, plan.unreachable, topology="relay", handbacks=run.handbacks, chains=run.chains
+        )
         if path.depth < opts.min_blocks:
             raise DepthError(f"only {path.depth} blocks could run (minimum {opts.min_blocks}) in relay mode")
         return path
@@ -218,7 +220,8 @@ class RelayRunner:
     def _failed_start(self, run: _Run, record: NodeRecord, reason: str) -> ChainResult:
         self.registry.record_failure(record.address, reason)
         run.avoid.add(record.address)
-        return ChainResult(run.x, [], {"after_step": -1, "reason": f"step 0 ({record.address}): {reason}"})
+        reason = f"step 0 ({record.address}): {reason}"
+        return ChainResult(run.x, [], {"kind": "not_started", "after_step": -1, "reason": reason})
 
     async def _accept(
         self,
@@ -257,7 +260,8 @@ class RelayRunner:
             if failed is not None:
                 self.registry.record_failure(failed.address, final.handback_reason)
                 run.avoid.add(failed.address)
-            handback = {"after_step": run.depth + len(trace) - 1, "reason": final.handback_reason}
+            after_step = run.depth + len(trace) - 1
+            handback = {"kind": "handed_back", "after_step": after_step, "reason": final.handback_reason}
         return ChainResult(x, hops, handback)
 
     def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:
@@ -294,7 +298,8 @@ class RelayRunner:
         for _, record in segment[max(0, at - 1) : at + 1]:
             self.registry.record_failure(record.address, f"relay chain discarded: {broken.reason}")
             run.avoid.add(record.address)
-        return ChainResult(run.x, [], {"after_step": -1, "reason": f"chain discarded: {broken.reason}"})
+        reason = f"chain discarded: {broken.reason}"
+        return ChainResult(run.x, [], {"kind": "discarded", "after_step": -1, "reason": reason})
 
 
 def observe_relay_link(links: LinkMap, sender: pb.HopTrace, receiver: pb.HopTrace) -> None:
