@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -147,3 +148,22 @@ def test_bad_shape_counts_are_explained(spec: str, problem: str) -> None:
         load_dataset(spec)
     with pytest.raises(ValueError, match=problem):
         check_spec(spec)
+
+
+@pytest.mark.parametrize("suffix", [".png", ".pgm"])
+def test_sixteen_bit_grey_is_scaled_not_clipped_to_white(tmp_path: Path, suffix: str) -> None:
+    """A 16-bit grey ramp (PNG opens as I;16, PGM as I) decodes to the 8-bit ramp it is, for training and at
+    the coordinator alike: Pillow's own convert("RGB") turned every sample above 255 white."""
+    from layerswarm.coordinator.imaging import decode as coordinator_decode
+
+    ramp = np.arange(256, dtype=np.uint16).reshape(16, 16) * 257  # 0..65535: the 8-bit ramp at full scale
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            Image.fromarray(ramp).save(tmp_path / name / f"{i}{suffix}")
+    expected = np.repeat((np.arange(256, dtype=np.float32).reshape(1, 16, 16) / 255.0), 3, axis=0)
+    image = load_dataset(f"imagefolder:{tmp_path}", image_size=16).train_x[0].numpy()
+    assert np.allclose(image, expected, atol=1e-6)
+    png = io.BytesIO()
+    Image.fromarray(ramp).save(png, format="PNG")  # the coordinator reads no PGM
+    assert np.allclose(coordinator_decode(png.getvalue(), 16, max_pixels=1 << 20), expected, atol=1e-6)
