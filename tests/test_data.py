@@ -167,3 +167,53 @@ def test_sixteen_bit_grey_is_scaled_not_clipped_to_white(tmp_path: Path, suffix:
     png = io.BytesIO()
     Image.fromarray(ramp).save(png, format="PNG")  # the coordinator reads no PGM
     assert np.allclose(coordinator_decode(png.getvalue(), 16, max_pixels=1 << 20), expected, atol=1e-6)
+
+
+def test_imagefolder_finds_images_in_sub_folders_of_a_class(tmp_path: Path) -> None:
+    """ROOT/<class>/<year>/<image>, as photos are often sorted: the class keeps its images (it was left with
+    none, silently, and the model had a class it never saw)."""
+    _write_folder(tmp_path / "a", {"2024": (0, 0, 0), "2025": (10, 10, 10)}, 3)
+    _write_folder(tmp_path, {"b": (255, 255, 255)}, 6)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert d.class_names == ("a", "b")
+    labels = torch.cat([d.train_y, d.test_y])
+    assert torch.bincount(labels).tolist() == [6, 6]
+
+
+def test_imagefolder_skips_what_file_managers_leave_beside_images(tmp_path: Path) -> None:
+    """macOS's ._<image> resource forks (under an image suffix), .DS_Store, Thumbs.db, notes and hidden
+    folders (.ipynb_checkpoints in val/ too) are not images or classes: no error, nothing counted."""
+    _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    _write_folder(tmp_path / "val", {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)
+    (tmp_path / "train" / "a" / "._0.png").write_bytes(b"\x00\x05\x16\x07Mac OS X        ")
+    (tmp_path / "train" / "a" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (tmp_path / "train" / "b" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0")
+    (tmp_path / "train" / "b" / "notes.txt").write_text("from the field trip")
+    for hidden in (tmp_path / "train" / ".ipynb_checkpoints", tmp_path / "val" / ".ipynb_checkpoints"):
+        hidden.mkdir()
+        Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(hidden / "0.png")
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert d.class_names == ("a", "b") and (len(d.train_y), len(d.test_y)) == (6, 4)
+
+
+def test_imagefolder_class_without_images_is_refused_naming_it(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "readme.txt").write_text("to do")
+    with pytest.raises(ValueError, match=re.escape(f"class folder {tmp_path / 'c'} holds no images")):
+        load_dataset(f"imagefolder:{tmp_path}")
+
+
+def test_imagefolder_test_folder_missing_a_class_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255), "c": (0, 0, 255)}, 3)
+    _write_folder(tmp_path / "val", {"a": (0, 0, 0), "c": (0, 0, 255)}, 2)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert d.class_names == ("a", "b", "c") and d.test_y.tolist() == [0, 0, 2, 2]  # val's c keeps its label
+    assert "has no images of class(es) ['b']" in caplog.text
+
+
+def test_imagefolder_symlink_loop_is_read_once(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    (tmp_path / "a" / "again").symlink_to(tmp_path / "a", target_is_directory=True)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert len(d.train_y) + len(d.test_y) == 6
