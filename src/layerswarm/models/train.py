@@ -230,6 +230,12 @@ class Trainer:
     def schedule_done(self) -> bool:
         return int(self.sched.last_epoch) >= self.total_steps
 
+    def warming_up(self) -> bool:
+        """Whether the learning rate is still rising. A validation loss that did not fall then says nothing
+        of overfitting, so patience does not count it: on a few hundred images an epoch is one or two steps,
+        and counting from the first epoch ended training at chance some 18 steps into a 100-step warm-up."""
+        return int(self.sched.last_epoch) < self.recipe.warmup_steps
+
     def _stop_reason(self) -> str | None:
         if self.out_of_time():
             return f"time budget of {self.recipe.time_budget_s:.0f} s spent"
@@ -250,7 +256,7 @@ class Trainer:
             if record["val_loss"] < self.best_val:
                 self.best_val, self.stale = record["val_loss"], 0
                 self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            else:
+            elif not self.warming_up():
                 self.stale += 1
             self.epoch = epoch + 1
             self.save_state()
