@@ -23,7 +23,7 @@ from .evaluate import EvalPlan, check_targets, evaluate_models
 from .recipe import recipe_from_args
 from .reference import compare, far_behind_warning, train_reference
 from .size import AUTO, choose_size
-from .train import Trainer, build_model, evaluate_loss, init_image_size
+from .train import Trainer, build_model, check_same_classes, evaluate_loss, init_image_size
 from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
 
@@ -274,6 +274,8 @@ def eval_main(args: argparse.Namespace) -> int:
         workers=args.workers,
         memory_limit_bytes=args.data_memory_mb << 20,
     )
+    for model_dir in args.model_dirs:
+        check_same_classes(read_manifest(model_dir).config.class_names, data.class_names, str(model_dir))
     if args.test_noise:
         from .data import with_test_noise
 

@@ -422,6 +422,8 @@ def build_model(
     else:
         parent, manifest = load_model(init)
         model, lineage = _fine_tune_copy(parent, manifest, data, variant)
+        hint = "; to learn other classes, train from scratch"
+        check_same_classes(model.cfg.class_names, data.class_names, f"--init {init}", hint)
     if (h, c) != (model.cfg.image_size, model.cfg.in_channels):
         raise ValueError(
             f"the data is {c}x{h}x{h}, the --init model takes {model.cfg.in_channels}x{model.cfg.image_size}x"
@@ -439,3 +441,17 @@ def _fine_tune_copy(parent: ViT, manifest: Manifest, data: Dataset, variant: str
     model = ViT(cfg)
     model.load_state_dict(parent.state_dict())
     return model, Lineage(root=manifest.lineage.root, parent=manifest.model_id, source="model")
+
+
+def check_same_classes(
+    model_classes: tuple[str, ...], data_classes: tuple[str, ...], model: str, hint: str = ""
+) -> None:
+    """Refuse data whose classes are not the model's, in its order: output i means model_classes[i], so
+    other names (cat/dog/eel fine-tuned into a model of a/b/c served "a" for a cat) or another order (a
+    folder with a class added or removed shifts every label after it) were trained or scored against the
+    wrong outputs, silently. A model that names no classes (written before they were recorded) is not checked."""
+    if model_classes and tuple(model_classes) != tuple(data_classes):
+        raise ValueError(
+            f"{model} has classes {list(model_classes)}, the data {list(data_classes)} (sorted folder names): "
+            f"they must be the same, in the same order{hint}"
+        )
