@@ -217,3 +217,26 @@ def test_imagefolder_symlink_loop_is_read_once(tmp_path: Path) -> None:
     (tmp_path / "a" / "again").symlink_to(tmp_path / "a", target_is_directory=True)
     d = load_dataset(f"imagefolder:{tmp_path}")
     assert len(d.train_y) + len(d.test_y) == 6
+
+
+def test_a_class_of_one_image_is_never_split_away_from_training(tmp_path: Path) -> None:
+    """Very unequal classes: with seed 5 the random 20% test split drew the one "tiny" image (and the
+    trainer's 10% validation split can draw it again), leaving a class never trained on, silently. It goes
+    back to training; a split in which every class keeps an image is the plain permutation's, unchanged."""
+    from layerswarm.models.split import held_out_split
+
+    _write_folder(tmp_path, {"big": (0, 0, 0), "small": (128, 128, 128)}, 12)
+    _write_folder(tmp_path, {"tiny": (255, 255, 255)}, 1)
+    for seed in range(6):
+        d = load_dataset(f"imagefolder:{tmp_path}", seed=seed)
+        assert torch.bincount(d.train_y, minlength=3).tolist()[2] == 1, seed
+        assert len(d.test_y) >= 1
+    labels = torch.tensor([0] * 40 + [1] * 40 + [2])
+    for seed in range(20):
+        held, kept = held_out_split(labels, 9, seed)
+        assert 2 in labels[kept].tolist() and len(held) + len(kept) == 81, seed
+        assert sorted(torch.cat([held, kept]).tolist()) == list(range(81))
+    balanced = torch.arange(100) % 4
+    held, kept = held_out_split(balanced, 10, 5)
+    perm = torch.randperm(100, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(held, perm[:10]) and torch.equal(kept, perm[10:])

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from .images import IMAGE_SUFFIXES, decode_image
+from .split import held_out_split
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,9 @@ def load_imagefolder(
         _check_no_extra_classes(test_root, classes)
         test_paths, test_y = _list_folder(test_root, classes, every_class=False)
     else:
-        perm = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(seed))
-        n_test = max(1, int(len(train_y) * test_fraction))
-        test_paths, test_y = [train_paths[int(i)] for i in perm[:n_test]], train_y[perm[:n_test]]
-        train_paths, train_y = [train_paths[int(i)] for i in perm[n_test:]], train_y[perm[n_test:]]
+        held, kept = held_out_split(train_y, max(1, int(len(train_y) * test_fraction)), seed)
+        test_paths, test_y = [train_paths[int(i)] for i in held], train_y[held]
+        train_paths, train_y = [train_paths[int(i)] for i in kept], train_y[kept]
     if len(train_y) < 2:
         raise ValueError(f"imagefolder: {train_root} has {len(train_y)} training image(s); at least 2 are needed")
     decoded_bytes = (len(train_paths) + len(test_paths)) * 3 * image_size * image_size * 4

@@ -27,6 +27,7 @@ from .checkpoint import Lineage, Manifest, load_model, read_manifest
 from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, Images, iterate_batches
 from .recipe import TrainRecipe
+from .split import held_out_split
 from .train_report import describe_epoch, peak_memory_mb
 from .vit import Block, ViT
 
@@ -177,9 +178,7 @@ class Trainer:
             raise ValueError("--mixup is for images: text batches are token ids, which do not blend")
         self.state_dir, self.workers = state_dir, workers
         n_val = max(1, int(len(data.train_y) * recipe.val_fraction))
-        split = torch.Generator().manual_seed(recipe.seed)
-        perm = torch.randperm(len(data.train_y), generator=split)
-        self.val_idx, self.train_idx = perm[:n_val], perm[n_val:]
+        self.val_idx, self.train_idx = held_out_split(data.train_y, n_val, recipe.seed)
         if len(self.train_idx) == 0:
             raise ValueError(f"{len(data.train_y)} training image(s) leave none to train on after the validation split")
         x = data.train_x
