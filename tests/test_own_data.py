@@ -167,3 +167,20 @@ def test_a_model_reads_its_folder_back_from_anywhere_and_refuses_other_classes(
     assert "--init work/m has classes ['a', 'b'], the data ['cat', 'dog']" in err and "Traceback" not in err, err
     assert main(["eval", "work/m", "--data", other, "--workers", "0"]) == 2
     assert "work/m has classes ['a', 'b'], the data ['cat', 'dog']" in capsys.readouterr().err
+
+
+def test_a_fine_tunes_reference_trains_as_long_as_its_lineage_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fine-tuned ViT is its base's training plus its own: its reference CNN gets both, or a family member
+    fine-tuned for a second was reported far ahead of a CNN trained for that second."""
+    _folder(tmp_path / "photos", ("a", "b"), per_class=16)
+    tiny = ["--data", f"imagefolder:{tmp_path / 'photos'}", "--image-size", "16", "--workers", "0"]
+    tiny += ["--depth", "1", "--dim", "16", "--heads", "2", "--patience", "0"]
+    assert main(["train", *tiny, "--epochs", "30", "--no-reference", "--out", str(tmp_path / "base")]) == 0
+    base = read_manifest(tmp_path / "base").recipe["training_seconds_total"]
+    assert base > 0
+    assert main(["train", *tiny, "--epochs", "1", "--init", str(tmp_path / "base"), "--out", str(tmp_path / "m")]) == 0
+    member = read_manifest(tmp_path / "m")
+    assert member.recipe["training_seconds_total"] >= base
+    assert member.metrics["learned"]["reference"]["seconds"] >= 0.9 * base  # not the member's own second
