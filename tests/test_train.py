@@ -80,6 +80,40 @@ def test_resume_continues_exactly(data, tmp_path: Path) -> None:  # type: ignore
         assert torch.allclose(a, b, atol=1e-6), name
 
 
+def test_resume_refuses_a_state_of_other_data_or_another_model(easy_data: Dataset, tmp_path: Path) -> None:
+    """--resume in an --out whose state came from another --data of as many classes went on training the
+    other data's weights, silently; with another class count or --dim it stopped in a traceback."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1, lr=3e-3, warmup_steps=5, batch_size=64)
+    model, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=0)
+    Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").fit()
+    same, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=1)
+    assert Trainer(same, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+    renamed = Dataset(
+        "colours", "other", easy_data.train_x, easy_data.train_y, easy_data.test_x, easy_data.test_y, tuple("wxyz")
+    )
+    other, _ = build_model(renamed, "layershuffle", None, ARCH, seed=0)
+    with pytest.raises(ValueError, match=r"other data \(classes \['r', 'g', 'b', 'y'\], now \['w', 'x', 'y', 'z'\]"):
+        Trainer(other, renamed, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+    wider, _ = build_model(easy_data, "layershuffle", None, {**ARCH, "dim": 48}, seed=0)
+    with pytest.raises(ValueError, match=r"other model \(dim 32, now 48\)"):
+        Trainer(wider, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A read-only --out failed once the first epoch's train state was saved. os.access stands in for the
+    read-only mount: tests may run as root, for whom a chmod changes nothing."""
+    from layerswarm.models import commands
+
+    monkeypatch.setattr(commands.os, "access", lambda path, mode: Path(path) != tmp_path)
+    argv = ["train", "--data", "shapes1:32:8", "--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2"]
+    assert main([*argv, "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'm'}: cannot write the model directory there ({tmp_path} is not writable)" in err
+    assert "epoch 1" not in err and "Traceback" not in err and not (tmp_path / "m").exists()
+
+
 def test_cli_train_family_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = tmp_path / "base"
     common = [

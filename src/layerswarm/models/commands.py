@@ -39,6 +39,7 @@ def pick_train_device(name: str) -> torch.device:
 def train_main(args: argparse.Namespace) -> int:
     from .text.data import is_text_spec
 
+    check_out_writable(args.out)
     if is_text_spec(args.data):
         from .text.commands import text_train_main
 
@@ -109,6 +110,16 @@ def train_main(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def check_out_writable(out: Path) -> None:
+    """Refuse an --out that cannot be written before any data is decoded or trained on: it failed when the
+    first epoch's train state was saved, an epoch (minutes, on a large folder) later. access(2) also says
+    so for root on a read-only mount."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == out else f" ({existing} is not writable)"
+        raise ValueError(f"--out {out}: cannot write the model directory there{where}")
 
 
 def inherited_training_seconds(init: str | None) -> float:

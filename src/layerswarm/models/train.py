@@ -351,8 +351,16 @@ class Trainer:
             "history": self.history,
             "sched": self.sched.state_dict(),
             "recipe": asdict(self.recipe),
+            **self._made_with(),
         }
         (self.state_dir / "state.json").write_text(json.dumps(meta, indent=1))
+
+    def _made_with(self) -> dict[str, Any]:
+        """The data and model a train state belongs to, as JSON reads them back. Without them, --resume
+        with another --data of as many classes silently went on training the other data's weights, and
+        one with another class count or --dim stopped in a traceback."""
+        data = {k: v for k, v in self.data.describe().items() if k != "streamed"}  # streaming: a memory limit
+        return json.loads(json.dumps({"data": data, "model": self.model.cfg.to_dict()}))
 
     def load_state(self) -> bool:
         path = self.state_dir / "state.safetensors"
@@ -361,6 +369,15 @@ class Trainer:
         meta = json.loads((self.state_dir / "state.json").read_text())
         if meta["recipe"] != asdict(self.recipe):
             raise ValueError(f"cannot resume from {self.state_dir}: it was made with another recipe")
+        for key, now in self._made_with().items():
+            saved = meta.get(key, now)  # states written before these were recorded are not checked
+            changed = sorted(k for k in {*saved, *now} if saved.get(k) != now.get(k))
+            if changed:
+                shown = "; ".join(f"{k} {saved.get(k)!r}, now {now.get(k)!r}" for k in changed[:3])
+                raise ValueError(
+                    f"cannot resume from {self.state_dir}: it was made with other {key} ({shown}); "
+                    "use another --out, or train without --resume to start over there"
+                )
         tensors = load_file(str(path))
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
