@@ -99,6 +99,24 @@ def test_resume_refuses_a_state_of_other_data_or_another_model(easy_data: Datase
         Trainer(wider, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
 
 
+def test_a_train_state_is_one_file_replaced_whole_and_a_broken_one_is_named(easy_data: Dataset, tmp_path: Path) -> None:
+    """A run killed while saving left a truncated state.safetensors (a traceback on --resume) or new weights
+    beside the previous epoch's state.json. The record now travels inside the one file, replaced whole;
+    a broken file is a one-line error naming the state."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1, lr=3e-3, warmup_steps=5, batch_size=64)
+    model, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=0)
+    Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").fit()
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["state.json", "state.safetensors"]
+    (tmp_path / "state" / "state.json").write_text("{")  # a record torn apart: not the one read
+    again, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=1)
+    resumed = Trainer(again, easy_data, recipe, torch.device("cpu"), tmp_path / "state")
+    assert resumed.load_state() and resumed.epoch == 1
+    state = tmp_path / "state" / "state.safetensors"
+    state.write_bytes(state.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"cannot resume from .*state: its train state is unreadable"):
+        Trainer(again, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+
+
 def test_an_out_that_cannot_be_written_is_refused_before_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -19,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
@@ -33,6 +35,7 @@ from .vit import Block, ViT
 
 log = logging.getLogger(__name__)
 
+STATE_FILE = "state.safetensors"
 VAL_ORDERS = 3  # random block orders behind the arbitrary-order validation accuracy
 
 
@@ -342,7 +345,6 @@ class Trainer:
             for key, value in self.opt.state.get(param, {}).items():
                 tensors[f"opt.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
         tensors["rng"] = self.gen.get_state()
-        save_file(tensors, str(self.state_dir / "state.safetensors"))
         meta = {
             "epoch": self.epoch,
             "best_val": self.best_val,
@@ -353,7 +355,15 @@ class Trainer:
             "recipe": asdict(self.recipe),
             **self._made_with(),
         }
-        (self.state_dir / "state.json").write_text(json.dumps(meta, indent=1))
+        text = json.dumps(meta, indent=1)
+        # One file holds the weights and their record (safetensors metadata) and replaces the last one whole:
+        # a run killed while saving left a truncated file (a traceback on --resume), and one interrupted
+        # between two files the weights of one epoch beside the record of the one before. state.json is the
+        # same record, for people; it is read only for states written before the record moved in.
+        partial = self.state_dir / (STATE_FILE + ".partial")
+        save_file(tensors, str(partial), metadata={"meta": text})
+        os.replace(partial, self.state_dir / STATE_FILE)
+        (self.state_dir / "state.json").write_text(text)
 
     def _made_with(self) -> dict[str, Any]:
         """The data and model a train state belongs to, as JSON reads them back. Without them, --resume
@@ -363,10 +373,16 @@ class Trainer:
         return json.loads(json.dumps({"data": data, "model": self.model.cfg.to_dict()}))
 
     def load_state(self) -> bool:
-        path = self.state_dir / "state.safetensors"
+        path = self.state_dir / STATE_FILE
         if not path.is_file():
             return False
-        meta = json.loads((self.state_dir / "state.json").read_text())
+        try:
+            meta, tensors = read_state(path)
+        except (OSError, ValueError, KeyError, SafetensorError) as exc:
+            raise ValueError(
+                f"cannot resume from {self.state_dir}: its train state is unreadable ({exc}); "
+                "train without --resume to start over"
+            ) from None
         if meta["recipe"] != asdict(self.recipe):
             raise ValueError(f"cannot resume from {self.state_dir}: it was made with another recipe")
         for key, now in self._made_with().items():
@@ -378,7 +394,6 @@ class Trainer:
                     f"cannot resume from {self.state_dir}: it was made with other {key} ({shown}); "
                     "use another --out, or train without --resume to start over there"
                 )
-        tensors = load_file(str(path))
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
         self.best_state = best or None
@@ -396,6 +411,17 @@ class Trainer:
             self.total_steps, self.planned = int(meta["planned_steps"]), True
         log.info("resumed from %s at epoch %d", self.state_dir, self.epoch)
         return True
+
+
+def read_state(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """A train state's record and tensors: the record from the file's own metadata, else (states written
+    before it moved in) from state.json beside it."""
+    with safe_open(str(path), framework="pt") as f:
+        text = (f.metadata() or {}).get("meta")
+    meta = json.loads(text if text is not None else (path.parent / "state.json").read_text())
+    if not isinstance(meta, dict) or "recipe" not in meta:
+        raise ValueError("no training record in it")
+    return meta, load_file(str(path))
 
 
 def init_image_size(init: str) -> int:
