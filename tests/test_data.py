@@ -74,7 +74,7 @@ def test_an_unreadable_image_is_named_when_the_folder_is_scanned(tmp_path: Path)
         load_dataset(f"imagefolder:{tmp_path}", memory_limit_bytes=0)  # streamed: nothing is decoded up front
 
 
-@pytest.mark.parametrize("test_folder", ["val", "validation", "test"])
+@pytest.mark.parametrize("test_folder", ["val", "validation", "valid", "test"])
 def test_imagefolder_accepts_each_common_test_folder_name(tmp_path: Path, test_folder: str) -> None:
     _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
     _write_folder(tmp_path / test_folder, {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)

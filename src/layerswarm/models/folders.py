@@ -2,7 +2,8 @@
 
 Accepted layouts (class = sub-folder name, classes sorted by name):
 
-    ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/ or ROOT/test/ beside it (same classes)
+    ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/, ROOT/valid/ (Roboflow's exports) or
+    ROOT/test/ beside it (same classes), the first of these found
     ROOT/train/<class>/<image> alone, or ROOT/<class>/<image>: one set, split by a seeded fraction
 
 A class's images may sit in sub-folders of its folder (ROOT/<class>/2024/<image>), as torchvision's
@@ -32,9 +33,9 @@ from .split import held_out_split
 log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_LIMIT_BYTES = 2 << 30
-TEST_FOLDERS = ("val", "validation", "test")
+TEST_FOLDERS = ("val", "validation", "valid", "test")
 LAYOUTS = (
-    "ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/ or ROOT/test/ beside it; "
+    "ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/, ROOT/valid/ or ROOT/test/ beside it; "
     "ROOT/train/<class>/<image> alone; or ROOT/<class>/<image> (split by a seeded fraction); "
     f"images ending in {', '.join(sorted(IMAGE_SUFFIXES))}"
 )
