@@ -25,7 +25,8 @@ from layerswarm.models.images import to_rgb
 
 from .http_errors import ApiError
 
-FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+# PPM (.ppm, .pgm): image folders of them train (models/images.py IMAGE_SUFFIXES), so the model serves them.
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
 SMALL_IMAGE_PIXELS = 512 * 512  # decodes in about a millisecond
 MAX_LARGE_WAITING = 4  # large images queued or decoding; past this: 429
 
