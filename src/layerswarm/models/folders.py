@@ -18,6 +18,7 @@ as an `ImageFiles` list and is decoded batch by batch while the model trains (Da
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,15 +196,17 @@ def _images_under(folder: Path, skipped: list[Path]) -> list[Path]:
         if real in seen:
             continue
         seen.add(real)
-        for entry in current.iterdir():
-            if _hidden(entry):
-                continue
-            if entry.is_dir():
-                pending.append(entry)
-            elif entry.suffix.lower() in IMAGE_SUFFIXES:
-                found.append(entry)
-            else:
-                skipped.append(entry)
+        with os.scandir(current) as entries:  # is_dir from the directory entry: no stat per image file
+            for entry in entries:
+                path = Path(entry.path)
+                if _hidden(path):
+                    continue
+                if entry.is_dir():
+                    pending.append(path)
+                elif path.suffix.lower() in IMAGE_SUFFIXES:
+                    found.append(path)
+                else:
+                    skipped.append(path)
     return sorted(found)
 
 
