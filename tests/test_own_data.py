@@ -89,6 +89,7 @@ def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, caps
     manifest = read_manifest(tmp_path / "m")
     learned = manifest.metrics["learned"]
     assert learned["chance"] == 0.125 and 0 <= learned["reference"]["val_acc"] <= 1
+    assert 0 <= learned["majority_baseline"] <= 1  # always answering the most common class, beside chance
     assert {"vit_val_sequential", "vit_val_arbitrary", "ratio_val_sequential"} <= set(learned)
     assert manifest.recipe["hflip"] is False
     assert manifest.config.stem == "conv" and manifest.config.patch_size == 8  # from 32 x 32, for a conv stem

@@ -267,6 +267,19 @@ def test_no_chance_warning_for_a_model_that_learned(tmp_path: Path) -> None:
     assert near_chance_warning([{**learned[0], "val_acc_arbitrary": 0.2}], 10, shuffle_robust=True) is None
 
 
+def test_unequal_classes_warn_when_the_model_is_not_above_the_most_common_class() -> None:
+    """161 images, 150 of one class: a model that only ever answers it scores 0.93, far above chance
+    (0.33), and was reported as learned with no word."""
+    from layerswarm.models.train_report import below_majority_warning
+
+    kept = [{"epoch": 1, "val_loss": 0.5, "val_acc": 0.93, "val_acc_arbitrary": 0.93}]
+    warning = below_majority_warning(kept, 0.93, "big", 3, shuffle_robust=True)
+    assert warning and "most common class 'big' (0.930 of the validation images)" in warning
+    better = [{**kept[0], "val_acc": 0.99, "val_acc_arbitrary": 0.99}]
+    assert below_majority_warning(better, 0.93, "big", 3, shuffle_robust=True) is None
+    assert below_majority_warning(kept, 0.35, "a", 3, shuffle_robust=True) is None  # equal classes: chance speaks
+
+
 def test_image_size_must_match_the_init_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--data", "shapes1:32:8", "--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2"]
     assert main(["train", *common, "--image-size", "16", "--out", str(tmp_path / "a")]) == 0

@@ -24,7 +24,7 @@ from .recipe import recipe_from_args
 from .reference import compare, far_behind_warning, train_reference
 from .size import AUTO, choose_size
 from .train import Trainer, build_model, check_same_classes, evaluate_loss, init_image_size
-from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
+from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,22 @@ def _report_run(trainer: Trainer, num_classes: int) -> None:
     warning = near_chance_warning(history, num_classes, trainer.model.cfg.shuffle_robust)
     if warning:
         log.warning("%s", warning)
+        return
+    common, baseline = majority_baseline(trainer)
+    names = trainer.data.class_names
+    name = names[common] if common < len(names) else str(common)
+    warning = below_majority_warning(history, baseline, name, num_classes, trainer.model.cfg.shuffle_robust)
+    if warning:
+        log.warning("%s", warning)
+
+
+def majority_baseline(trainer: Trainer) -> tuple[int, float]:
+    """The most common class of the training folder, and the validation accuracy of always answering it:
+    what a model that learned only the class counts scores (about 1 / classes when they are equal). The
+    whole folder's counts, not the split's: with equal classes, the class the validation split took the
+    fewest of is the split's most common, and scored 0 on a small validation set."""
+    common = int(torch.bincount(trainer.data.train_y).argmax())
+    return common, float((trainer.val_y == common).float().mean())
 
 
 def _against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers: int) -> dict[str, Any]:
@@ -161,8 +177,10 @@ def _against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers
     if trainer.model.cfg.shuffle_robust:
         vit["val_arbitrary"] = kept["val_acc_arbitrary"]
     record = compare(vit, reference, len(data.class_names))
+    record["majority_baseline"] = round(majority_baseline(trainer)[1], 4)  # beside chance: unequal classes
     tqdm.write(
-        f"learned: chance {record['chance']:.3f}, reference CNN {reference.val_acc:.3f} in {reference.seconds:.0f} s, "
+        f"learned: chance {record['chance']:.3f}, most common class {record['majority_baseline']:.3f}, "
+        f"reference CNN {reference.val_acc:.3f} in {reference.seconds:.0f} s, "
         + ", ".join(f"ViT {k} {v:.3f}" for k, v in vit.items()),
         file=sys.stderr,
     )
