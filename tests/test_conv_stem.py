@@ -108,3 +108,17 @@ def test_translations_move_each_image_on_its_own_and_never_wrap() -> None:
     for o in out:  # a shifted block of ones, zeros shifted in: nothing came round from the other side
         rows, cols = o[0].sum(1) > 0, o[0].sum(0) > 0
         assert o[0][rows][:, cols].all() and o.sum() == rows.sum() * cols.sum()
+
+
+def test_patience_does_not_count_epochs_of_the_warm_up(tmp_path: Path) -> None:
+    """A few hundred images make an epoch of one step: early stopping counted the warm-up's epochs and
+    ended a run at chance long before the rate had risen. Here nothing can improve (lr 0, a patch stem: no
+    BatchNorm statistics move), so only the epochs after the 6-step warm-up may count towards patience 2."""
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(image_size=8, patch_size=2, num_classes=2, dim=16, depth=2, heads=2, stem="patch"))
+    recipe = TrainRecipe(epochs=60, patience=2, lr=0.0, warmup_steps=6, batch_size=256, augment=False)
+    trainer = Trainer(model, _tiny_data(160), recipe, torch.device("cpu"), tmp_path / "state")
+    assert trainer.steps_per_epoch == 1
+    trainer.fit()
+    assert len(trainer.history) == 7  # epoch 1 the best; 2-5 in the warm-up; 6 and 7 stale: stopped
+    assert "not improved for 2 epochs" in trainer.stopped

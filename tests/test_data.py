@@ -73,7 +73,7 @@ def test_an_unreadable_image_is_named_when_the_folder_is_scanned(tmp_path: Path)
         load_dataset(f"imagefolder:{tmp_path}", memory_limit_bytes=0)  # streamed: nothing is decoded up front
 
 
-@pytest.mark.parametrize("test_folder", ["val", "validation", "test"])
+@pytest.mark.parametrize("test_folder", ["val", "validation", "valid", "test"])
 def test_imagefolder_accepts_each_common_test_folder_name(tmp_path: Path, test_folder: str) -> None:
     _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
     _write_folder(tmp_path / test_folder, {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)
@@ -147,3 +147,94 @@ def test_bad_shape_counts_are_explained(spec: str, problem: str) -> None:
         load_dataset(spec)
     with pytest.raises(ValueError, match=problem):
         check_spec(spec)
+
+
+@pytest.mark.parametrize("suffix", [".png", ".pgm"])
+def test_sixteen_bit_grey_is_scaled_not_clipped_to_white(tmp_path: Path, suffix: str) -> None:
+    """A 16-bit grey ramp (PNG opens as I;16, PGM as I) decodes to the 8-bit ramp it is, for training and at
+    the coordinator alike: Pillow's own convert("RGB") turned every sample above 255 white."""
+    from layerswarm.coordinator.imaging import decode as coordinator_decode
+
+    ramp = np.arange(256, dtype=np.uint16).reshape(16, 16) * 257  # 0..65535: the 8-bit ramp at full scale
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            Image.fromarray(ramp).save(tmp_path / name / f"{i}{suffix}")
+    expected = np.repeat((np.arange(256, dtype=np.float32).reshape(1, 16, 16) / 255.0), 3, axis=0)
+    image = load_dataset(f"imagefolder:{tmp_path}", image_size=16).train_x[0].numpy()
+    assert np.allclose(image, expected, atol=1e-6)
+    served = coordinator_decode((tmp_path / "a" / f"0{suffix}").read_bytes(), 16, max_pixels=1 << 20)
+    assert np.allclose(served, expected, atol=1e-6)  # PGM too: a folder of them trains, so they are served
+
+
+def test_imagefolder_finds_images_in_sub_folders_of_a_class(tmp_path: Path) -> None:
+    """ROOT/<class>/<year>/<image>, as photos are often sorted: the class keeps its images (it was left with
+    none, silently, and the model had a class it never saw)."""
+    _write_folder(tmp_path / "a", {"2024": (0, 0, 0), "2025": (10, 10, 10)}, 3)
+    _write_folder(tmp_path, {"b": (255, 255, 255)}, 6)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert d.class_names == ("a", "b")
+    labels = torch.cat([d.train_y, d.test_y])
+    assert torch.bincount(labels).tolist() == [6, 6]
+
+
+def test_imagefolder_skips_what_file_managers_leave_beside_images(tmp_path: Path) -> None:
+    """macOS's ._<image> resource forks (under an image suffix), .DS_Store, Thumbs.db, notes and hidden
+    folders (.ipynb_checkpoints in val/ too) are not images or classes: no error, nothing counted."""
+    _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    _write_folder(tmp_path / "val", {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)
+    (tmp_path / "train" / "a" / "._0.png").write_bytes(b"\x00\x05\x16\x07Mac OS X        ")
+    (tmp_path / "train" / "a" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (tmp_path / "train" / "b" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0")
+    (tmp_path / "train" / "b" / "notes.txt").write_text("from the field trip")
+    for hidden in (tmp_path / "train" / ".ipynb_checkpoints", tmp_path / "val" / ".ipynb_checkpoints"):
+        hidden.mkdir()
+        Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(hidden / "0.png")
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert d.class_names == ("a", "b") and (len(d.train_y), len(d.test_y)) == (6, 4)
+
+
+def test_imagefolder_class_without_images_is_refused_naming_it(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "readme.txt").write_text("to do")
+    with pytest.raises(ValueError, match=re.escape(f"class folder {tmp_path / 'c'} holds no images")):
+        load_dataset(f"imagefolder:{tmp_path}")
+
+
+def test_imagefolder_test_folder_missing_a_class_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255), "c": (0, 0, 255)}, 3)
+    _write_folder(tmp_path / "val", {"a": (0, 0, 0), "c": (0, 0, 255)}, 2)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert d.class_names == ("a", "b", "c") and d.test_y.tolist() == [0, 0, 2, 2]  # val's c keeps its label
+    assert "has no images of class(es) ['b']" in caplog.text
+
+
+def test_imagefolder_symlink_loop_is_read_once(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    (tmp_path / "a" / "again").symlink_to(tmp_path / "a", target_is_directory=True)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert len(d.train_y) + len(d.test_y) == 6
+
+
+def test_a_class_of_one_image_is_never_split_away_from_training(tmp_path: Path) -> None:
+    """Very unequal classes: with seed 5 the random 20% test split drew the one "tiny" image (and the
+    trainer's 10% validation split can draw it again), leaving a class never trained on, silently. It goes
+    back to training; a split in which every class keeps an image is the plain permutation's, unchanged."""
+    from layerswarm.models.split import held_out_split
+
+    _write_folder(tmp_path, {"big": (0, 0, 0), "small": (128, 128, 128)}, 12)
+    _write_folder(tmp_path, {"tiny": (255, 255, 255)}, 1)
+    for seed in range(6):
+        d = load_dataset(f"imagefolder:{tmp_path}", seed=seed)
+        assert torch.bincount(d.train_y, minlength=3).tolist()[2] == 1, seed
+        assert len(d.test_y) >= 1
+    labels = torch.tensor([0] * 40 + [1] * 40 + [2])
+    for seed in range(20):
+        held, kept = held_out_split(labels, 9, seed)
+        assert 2 in labels[kept].tolist() and len(held) + len(kept) == 81, seed
+        assert sorted(torch.cat([held, kept]).tolist()) == list(range(81))
+    balanced = torch.arange(100) % 4
+    held, kept = held_out_split(balanced, 10, 5)
+    perm = torch.randperm(100, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(held, perm[:10]) and torch.equal(kept, perm[10:])

@@ -89,6 +89,7 @@ def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, caps
     manifest = read_manifest(tmp_path / "m")
     learned = manifest.metrics["learned"]
     assert learned["chance"] == 0.125 and 0 <= learned["reference"]["val_acc"] <= 1
+    assert 0 <= learned["majority_baseline"] <= 1  # always answering the most common class, beside chance
     assert {"vit_val_sequential", "vit_val_arbitrary", "ratio_val_sequential"} <= set(learned)
     assert manifest.recipe["hflip"] is False
     assert manifest.config.stem == "conv" and manifest.config.patch_size == 8  # from 32 x 32, for a conv stem
@@ -134,3 +135,53 @@ def test_own_data_summary_reads_what_a_default_run_leaves(tmp_path: Path) -> Non
     assert row["ratio_sequential"] == learned["ratio_val_sequential"]
     assert row["met"] == (learned["ratio_val_sequential"] >= 0.9)
     assert "| relations | 64 |" in render(summary) and "family" not in row
+
+
+def _folder(root: Path, classes: tuple[str, ...], per_class: int = 6) -> None:
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, size=(16, 16, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
+
+
+def test_a_model_reads_its_folder_back_from_anywhere_and_refuses_other_classes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manifest names the folder by its absolute path (`family`, `eval` and `up` read it back from any
+    working directory; a relative one failed there, or named another folder), and a fine-tune or an eval on
+    folders whose classes are not the model's, in its order, is refused (the labels were silently the
+    model's: a fine-tune on cat/dog served "a"/"b")."""
+    _folder(tmp_path / "work" / "photos", ("a", "b"))
+    _folder(tmp_path / "other", ("cat", "dog"))
+    monkeypatch.chdir(tmp_path / "work")
+    tiny = ["--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2", "--no-reference", "--workers", "0"]
+    assert main(["train", "--data", "imagefolder:photos", "--out", "m", "--image-size", "16", *tiny]) == 0
+    manifest = read_manifest(tmp_path / "work" / "m")
+    assert manifest.dataset["spec"] == f"imagefolder:{tmp_path / 'work' / 'photos'}"
+    monkeypatch.chdir(tmp_path)
+    assert load_dataset(str(manifest.dataset["spec"]), image_size=16).class_names == ("a", "b")
+    capsys.readouterr()
+    other = f"imagefolder:{tmp_path / 'other'}"
+    assert main(["train", "--data", other, "--init", "work/m", "--out", "ft", *tiny]) == 2
+    err = capsys.readouterr().err
+    assert "--init work/m has classes ['a', 'b'], the data ['cat', 'dog']" in err and "Traceback" not in err, err
+    assert main(["eval", "work/m", "--data", other, "--workers", "0"]) == 2
+    assert "work/m has classes ['a', 'b'], the data ['cat', 'dog']" in capsys.readouterr().err
+
+
+def test_a_fine_tunes_reference_trains_as_long_as_its_lineage_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fine-tuned ViT is its base's training plus its own: its reference CNN gets both, or a family member
+    fine-tuned for a second was reported far ahead of a CNN trained for that second."""
+    _folder(tmp_path / "photos", ("a", "b"), per_class=16)
+    tiny = ["--data", f"imagefolder:{tmp_path / 'photos'}", "--image-size", "16", "--workers", "0"]
+    tiny += ["--depth", "1", "--dim", "16", "--heads", "2", "--patience", "0"]
+    assert main(["train", *tiny, "--epochs", "30", "--no-reference", "--out", str(tmp_path / "base")]) == 0
+    base = read_manifest(tmp_path / "base").recipe["training_seconds_total"]
+    assert base > 0
+    assert main(["train", *tiny, "--epochs", "1", "--init", str(tmp_path / "base"), "--out", str(tmp_path / "m")]) == 0
+    member = read_manifest(tmp_path / "m")
+    assert member.recipe["training_seconds_total"] >= base
+    assert member.metrics["learned"]["reference"]["seconds"] >= 0.9 * base  # not the member's own second

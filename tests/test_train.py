@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.config import VARIANTS
 from layerswarm.models.data import Dataset, load_dataset
 from layerswarm.models.train import Trainer, TrainRecipe, batch_order, build_model, evaluate_loss
+from layerswarm.models.train_state import read_state
 
 ARCH = {"depth": 3, "dim": 32, "heads": 2, "patch_size": 8}
 
@@ -78,6 +80,58 @@ def test_resume_continues_exactly(data, tmp_path: Path) -> None:  # type: ignore
     t2.fit()
     for (name, a), b in zip(straight.state_dict().items(), resumed_model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_resume_refuses_a_state_of_other_data_or_another_model(easy_data: Dataset, tmp_path: Path) -> None:
+    """--resume in an --out whose state came from another --data of as many classes went on training the
+    other data's weights, silently; with another class count or --dim it stopped in a traceback."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1, lr=3e-3, warmup_steps=5, batch_size=64)
+    model, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=0)
+    Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").fit()
+    same, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=1)
+    assert Trainer(same, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+    renamed = Dataset(
+        "colours", "other", easy_data.train_x, easy_data.train_y, easy_data.test_x, easy_data.test_y, tuple("wxyz")
+    )
+    other, _ = build_model(renamed, "layershuffle", None, ARCH, seed=0)
+    with pytest.raises(ValueError, match=r"other data \(classes \['r', 'g', 'b', 'y'\], now \['w', 'x', 'y', 'z'\]"):
+        Trainer(other, renamed, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+    wider, _ = build_model(easy_data, "layershuffle", None, {**ARCH, "dim": 48}, seed=0)
+    with pytest.raises(ValueError, match=r"other model \(dim 32, now 48\)"):
+        Trainer(wider, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+
+
+def test_a_train_state_is_one_file_replaced_whole_and_a_broken_one_is_named(easy_data: Dataset, tmp_path: Path) -> None:
+    """A run killed while saving left a truncated state.safetensors (a traceback on --resume) or new weights
+    beside the previous epoch's state.json. The record now travels inside the one file, replaced whole;
+    a broken file is a one-line error naming the state."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1, lr=3e-3, warmup_steps=5, batch_size=64)
+    model, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=0)
+    Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").fit()
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["state.json", "state.safetensors"]
+    (tmp_path / "state" / "state.json").write_text("{")  # a record torn apart: not the one read
+    again, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=1)
+    resumed = Trainer(again, easy_data, recipe, torch.device("cpu"), tmp_path / "state")
+    assert resumed.load_state() and resumed.epoch == 1
+    state = tmp_path / "state" / "state.safetensors"
+    state.write_bytes(state.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"cannot resume from .*state: its train state is unreadable"):
+        Trainer(again, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A read-only --out failed once the first epoch's train state was saved. os.access stands in for the
+    read-only mount: tests may run as root, for whom a chmod changes nothing."""
+    from layerswarm.models import commands
+
+    monkeypatch.setattr(commands.os, "access", lambda path, mode: Path(path) != tmp_path)
+    argv = ["train", "--data", "shapes1:32:8", "--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2"]
+    assert main([*argv, "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'm'}: cannot write the model directory there ({tmp_path} is not writable)" in err
+    assert "epoch 1" not in err and "Traceback" not in err and not (tmp_path / "m").exists()
 
 
 def test_cli_train_family_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,6 +269,19 @@ def test_no_chance_warning_for_a_model_that_learned(tmp_path: Path) -> None:
     assert near_chance_warning([{**learned[0], "val_acc_arbitrary": 0.2}], 10, shuffle_robust=True) is None
 
 
+def test_unequal_classes_warn_when_the_model_is_not_above_the_most_common_class() -> None:
+    """161 images, 150 of one class: a model that only ever answers it scores 0.93, far above chance
+    (0.33), and was reported as learned with no word."""
+    from layerswarm.models.train_report import below_majority_warning
+
+    kept = [{"epoch": 1, "val_loss": 0.5, "val_acc": 0.93, "val_acc_arbitrary": 0.93}]
+    warning = below_majority_warning(kept, 0.93, "big", 3, shuffle_robust=True)
+    assert warning and "most common class 'big' (0.930 of the validation images)" in warning
+    better = [{**kept[0], "val_acc": 0.99, "val_acc_arbitrary": 0.99}]
+    assert below_majority_warning(better, 0.93, "big", 3, shuffle_robust=True) is None
+    assert below_majority_warning(kept, 0.35, "a", 3, shuffle_robust=True) is None  # equal classes: chance speaks
+
+
 def test_image_size_must_match_the_init_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--data", "shapes1:32:8", "--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2"]
     assert main(["train", *common, "--image-size", "16", "--out", str(tmp_path / "a")]) == 0
@@ -289,10 +356,10 @@ def test_resume_reads_a_setting_added_later_as_its_default(data, tmp_path: Path)
     trainer = Trainer(model, data, recipe, torch.device("cpu"), tmp_path / "state")
     trainer.fit()
     trainer.save_state()
-    meta_path = tmp_path / "state" / "state.json"
-    meta = json.loads(meta_path.read_text())
+    state = tmp_path / "state" / "state.safetensors"
+    meta, tensors = read_state(state)
     del meta["recipe"]["mixup"], meta["recipe"]["drop_path"]  # as saved by a version without them
-    meta_path.write_text(json.dumps(meta))
+    save_file(tensors, str(state), metadata={"meta": json.dumps(meta)})
     again, _ = build_model(data, "layershuffle", None, ARCH, seed=1)
     assert Trainer(again, data, recipe, torch.device("cpu"), tmp_path / "state").load_state()
 

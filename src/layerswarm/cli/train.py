@@ -69,7 +69,8 @@ def register(sub: Subparsers) -> None:
         "--patience",
         type=non_negative_int,
         default=R.patience,
-        help="stop after this many epochs without a lower validation loss, keeping the best (0: never stop early)",
+        help="stop after this many epochs without a lower validation loss, counted once the warm-up is over, "
+        "keeping the best (0: never stop early)",
     )
     p.add_argument(
         "--label-smoothing",

@@ -21,9 +21,12 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from prometheus_client import Gauge
 
+from layerswarm.models.images import to_rgb
+
 from .http_errors import ApiError
 
-FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+# PPM (.ppm, .pgm): image folders of them train (models/images.py IMAGE_SUFFIXES), so the model serves them.
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
 SMALL_IMAGE_PIXELS = 512 * 512  # decodes in about a millisecond
 MAX_LARGE_WAITING = 4  # large images queued or decoding; past this: 429
 
@@ -117,7 +120,7 @@ def decode(data: bytes, size: int, max_pixels: int) -> np.ndarray:
         if image.size[0] * image.size[1] > max_pixels:  # checked before; a second look costs nothing
             raise ApiError(413, "too_many_pixels", f"image of {image.size} pixels is over the budget")
         try:
-            rgb = image.convert("RGB")
+            rgb = to_rgb(image)  # training's conversion: 16-bit grey scaled, not clipped to white
         except (OSError, ValueError) as exc:  # truncated or corrupt pixel data
             raise ApiError(400, "invalid_image", f"cannot decode the image: {exc}") from exc
         if rgb.size != (size, size):

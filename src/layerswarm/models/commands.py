@@ -23,8 +23,8 @@ from .evaluate import EvalPlan, check_targets, evaluate_models
 from .recipe import recipe_from_args
 from .reference import compare, far_behind_warning, train_reference
 from .size import AUTO, choose_size
-from .train import Trainer, build_model, evaluate_loss, init_image_size
-from .train_report import best_epoch, describe_epoch, near_chance_warning, render_history
+from .train import Trainer, build_model, check_same_classes, evaluate_loss, init_image_size
+from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
 from .vit import ViT
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ def pick_train_device(name: str) -> torch.device:
 def train_main(args: argparse.Namespace) -> int:
     from .text.data import is_text_spec
 
+    check_out_writable(args.out)
     if is_text_spec(args.data):
         from .text.commands import text_train_main
 
@@ -72,11 +73,15 @@ def train_main(args: argparse.Namespace) -> int:
         trainer.load_state()
     fit_started = time.perf_counter()
     trainer.fit(on_epoch=lambda record: tqdm.write(describe_epoch(record, recipe.epochs), file=sys.stderr))
+    fit_seconds = time.perf_counter() - fit_started
+    inherited_s = inherited_training_seconds(args.init)
     _report_run(trainer, len(data.class_names))
     model = trainer.model.eval()
     metrics: dict[str, Any] = dict(_quick_metrics(model, data, args.workers))
     if args.reference:
-        budget = args.reference_seconds or time.perf_counter() - fit_started
+        # A fine-tune's ViT is its ancestors' training plus its own: the reference gets all of it, or a
+        # family member (a few seconds of fine-tuning) was reported 2.6 x a CNN trained for one second.
+        budget = args.reference_seconds or fit_seconds + inherited_s
         metrics["learned"] = _against_reference(trainer, data, budget, args.workers)
     model = model.cpu()
     recipe_record = {
@@ -85,6 +90,8 @@ def train_main(args: argparse.Namespace) -> int:
         "size": size if args.init is None else None,  # a fine-tune keeps its parent's width and depth
         "command": args.command_line,
         "history": trainer.history,
+        # wall-clock seconds of training behind these weights, the --init model's lineage included
+        "training_seconds_total": round(fit_seconds + inherited_s, 1),
         "stopped": trainer.stopped or f"ran all {recipe.epochs} epochs",
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -105,6 +112,28 @@ def train_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_out_writable(out: Path) -> None:
+    """Refuse an --out that cannot be written before any data is decoded or trained on: it failed when the
+    first epoch's train state was saved, an epoch (minutes, on a large folder) later. access(2) also says
+    so for root on a read-only mount."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == out else f" ({existing} is not writable)"
+        raise ValueError(f"--out {out}: cannot write the model directory there{where}")
+
+
+def inherited_training_seconds(init: str | None) -> float:
+    """Seconds of training behind an --init model directory, its own ancestors' included (0 from scratch
+    or for a Hugging Face checkpoint, whose training is not on record). Manifests written before the total
+    was recorded give the sum of their own epochs."""
+    if init is None or init.startswith("hf:"):
+        return 0.0
+    recipe = read_manifest(init).recipe
+    if "training_seconds_total" in recipe:
+        return float(recipe["training_seconds_total"])
+    return float(sum(float(r.get("seconds", 0.0)) for r in recipe.get("history", [])))
+
+
 def _report_run(trainer: Trainer, num_classes: int) -> None:
     """The summary table, and a warning when the kept model is near chance (stderr: stdout is the JSON)."""
     history = trainer.history
@@ -112,6 +141,22 @@ def _report_run(trainer: Trainer, num_classes: int) -> None:
     warning = near_chance_warning(history, num_classes, trainer.model.cfg.shuffle_robust)
     if warning:
         log.warning("%s", warning)
+        return
+    common, baseline = majority_baseline(trainer)
+    names = trainer.data.class_names
+    name = names[common] if common < len(names) else str(common)
+    warning = below_majority_warning(history, baseline, name, num_classes, trainer.model.cfg.shuffle_robust)
+    if warning:
+        log.warning("%s", warning)
+
+
+def majority_baseline(trainer: Trainer) -> tuple[int, float]:
+    """The most common class of the training folder, and the validation accuracy of always answering it:
+    what a model that learned only the class counts scores (about 1 / classes when they are equal). The
+    whole folder's counts, not the split's: with equal classes, the class the validation split took the
+    fewest of is the split's most common, and scored 0 on a small validation set."""
+    common = int(torch.bincount(trainer.data.train_y).argmax())
+    return common, float((trainer.val_y == common).float().mean())
 
 
 def _against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers: int) -> dict[str, Any]:
@@ -132,8 +177,10 @@ def _against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers
     if trainer.model.cfg.shuffle_robust:
         vit["val_arbitrary"] = kept["val_acc_arbitrary"]
     record = compare(vit, reference, len(data.class_names))
+    record["majority_baseline"] = round(majority_baseline(trainer)[1], 4)  # beside chance: unequal classes
     tqdm.write(
-        f"learned: chance {record['chance']:.3f}, reference CNN {reference.val_acc:.3f} in {reference.seconds:.0f} s, "
+        f"learned: chance {record['chance']:.3f}, most common class {record['majority_baseline']:.3f}, "
+        f"reference CNN {reference.val_acc:.3f} in {reference.seconds:.0f} s, "
         + ", ".join(f"ViT {k} {v:.3f}" for k, v in vit.items()),
         file=sys.stderr,
     )
@@ -228,6 +275,9 @@ def family_main(args: argparse.Namespace) -> int:
                 str(args.threads),
                 "--workers",
                 str(args.workers),
+                # The base's manifest holds the comparison with the reference CNN; a member's own would
+                # train one for as long as the base and the member together (a member is both).
+                "--no-reference",
                 *inherited_augmentation(base.recipe),
             ]
         )
@@ -274,6 +324,8 @@ def eval_main(args: argparse.Namespace) -> int:
         workers=args.workers,
         memory_limit_bytes=args.data_memory_mb << 20,
     )
+    for model_dir in args.model_dirs:
+        check_same_classes(read_manifest(model_dir).config.class_names, data.class_names, str(model_dir))
     if args.test_noise:
         from .data import with_test_noise
 

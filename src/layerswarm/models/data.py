@@ -10,6 +10,7 @@ policy), held in memory when they fit and streamed from disk otherwise (see fold
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,10 @@ def load_dataset(
         train_x, train_y, test_x, test_y, classes = load_imagefolder(
             Path(arg), size, seed=seed, workers=workers, memory_limit_bytes=memory_limit_bytes
         )
-        return Dataset("imagefolder", spec, train_x, train_y, test_x, test_y, classes)
+        # The absolute path in the spec: `family`, `eval` and `up` read it back from the manifest, from
+        # any working directory (a relative one failed there, or named another folder of the same name).
+        absolute = f"imagefolder:{os.path.abspath(arg)}"
+        return Dataset("imagefolder", absolute, train_x, train_y, test_x, test_y, classes)
     raise ValueError(f"unknown data spec {spec!r}: use {DATA_SPECS}")
 
 

@@ -2,8 +2,13 @@
 
 Accepted layouts (class = sub-folder name, classes sorted by name):
 
-    ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/ or ROOT/test/ beside it (same classes)
+    ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/, ROOT/valid/ (Roboflow's exports) or
+    ROOT/test/ beside it (same classes), the first of these found
     ROOT/train/<class>/<image> alone, or ROOT/<class>/<image>: one set, split by a seeded fraction
+
+A class's images may sit in sub-folders of its folder (ROOT/<class>/2024/<image>), as torchvision's
+ImageFolder finds them. Dot-names are skipped everywhere (.DS_Store, macOS's ._<image> resource forks,
+.ipynb_checkpoints); other files without an image suffix are skipped with a warning that counts them.
 
 A set whose decoded size (N x 3 x S x S float32) fits the memory limit is decoded once, by worker
 processes, into memory; a larger one (ImageNet at 224 x 224 is hundreds of GB decoded) stays on disk
@@ -13,6 +18,7 @@ as an `ImageFiles` list and is decoded batch by batch while the model trains (Da
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,13 +29,14 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from .images import IMAGE_SUFFIXES, decode_image
+from .split import held_out_split
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_LIMIT_BYTES = 2 << 30
-TEST_FOLDERS = ("val", "validation", "test")
+TEST_FOLDERS = ("val", "validation", "valid", "test")
 LAYOUTS = (
-    "ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/ or ROOT/test/ beside it; "
+    "ROOT/train/<class>/<image> with ROOT/val/, ROOT/validation/, ROOT/valid/ or ROOT/test/ beside it; "
     "ROOT/train/<class>/<image> alone; or ROOT/<class>/<image> (split by a seeded fraction); "
     f"images ending in {', '.join(sorted(IMAGE_SUFFIXES))}"
 )
@@ -87,15 +94,14 @@ def load_imagefolder(
     train_root = root / "train" if (root / "train").is_dir() else root
     test_root = next((root / n for n in TEST_FOLDERS if train_root != root and (root / n).is_dir()), None)
     classes = _class_dirs(train_root)
-    train_paths, train_y = _list_folder(train_root, classes)
+    train_paths, train_y = _list_folder(train_root, classes, every_class=True)
     if test_root is not None:
-        test_paths, test_y = _list_folder(test_root, classes)
         _check_no_extra_classes(test_root, classes)
+        test_paths, test_y = _list_folder(test_root, classes, every_class=False)
     else:
-        perm = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(seed))
-        n_test = max(1, int(len(train_y) * test_fraction))
-        test_paths, test_y = [train_paths[int(i)] for i in perm[:n_test]], train_y[perm[:n_test]]
-        train_paths, train_y = [train_paths[int(i)] for i in perm[n_test:]], train_y[perm[n_test:]]
+        held, kept = held_out_split(train_y, max(1, int(len(train_y) * test_fraction)), seed)
+        test_paths, test_y = [train_paths[int(i)] for i in held], train_y[held]
+        train_paths, train_y = [train_paths[int(i)] for i in kept], train_y[kept]
     if len(train_y) < 2:
         raise ValueError(f"imagefolder: {train_root} has {len(train_y)} training image(s); at least 2 are needed")
     decoded_bytes = (len(train_paths) + len(test_paths)) * 3 * image_size * image_size * 4
@@ -127,7 +133,7 @@ def decode_all(files: ImageFiles, workers: int, batch: int = 64) -> torch.Tensor
 
 
 def _class_dirs(root: Path) -> list[str]:
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not _hidden(p))
     if len(classes) < 2:
         raise ValueError(
             f"imagefolder: {root} needs at least two class sub-folders, found {classes}; accepted layouts: {LAYOUTS}"
@@ -135,18 +141,73 @@ def _class_dirs(root: Path) -> list[str]:
     return classes
 
 
-def _list_folder(root: Path, classes: list[str]) -> tuple[list[Path], torch.Tensor]:
+def _hidden(path: Path) -> bool:
+    """What file managers and tools leave beside images, never a class or an image: .DS_Store, macOS's
+    ._<image> resource forks (not images, under an image suffix), .ipynb_checkpoints, .git."""
+    return path.name.startswith(".")
+
+
+def _list_folder(root: Path, classes: list[str], every_class: bool) -> tuple[list[Path], torch.Tensor]:
+    """The images of each class under root, labelled by the class's index in `classes`. every_class: a
+    class folder without images is refused (training); else it is a warning (a test folder may lack one)."""
     paths: list[Path] = []
     labels: list[int] = []
+    skipped: list[Path] = []
+    missing: list[str] = []
     for label, name in enumerate(classes):
         folder = root / name
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+        files = _images_under(folder, skipped) if folder.is_dir() else []
+        if not files:
+            if every_class:
+                raise ValueError(
+                    f"imagefolder: class folder {folder} holds no images (a class the model could never learn); "
+                    f"add images or remove the folder; images end in {', '.join(sorted(IMAGE_SUFFIXES))}"
+                )
+            missing.append(name)
         paths += files
         labels += [label] * len(files)
     if not paths:
         raise ValueError(f"imagefolder: no images under {root}; accepted layouts: {LAYOUTS}")
+    if missing:
+        log.warning("imagefolder: %s has no images of class(es) %s: test accuracy leaves them out", root, missing)
+    if skipped:
+        suffixes = sorted({p.suffix.lower() or p.name for p in skipped})
+        log.warning(
+            "imagefolder: %s: skipped %d file(s) that are not images by their suffix (%s), e.g. %s",
+            root,
+            len(skipped),
+            ", ".join(suffixes[:8]),
+            skipped[0],
+        )
     check_headers(paths)
     return paths, torch.tensor(labels, dtype=torch.int64)
+
+
+def _images_under(folder: Path, skipped: list[Path]) -> list[Path]:
+    """The image files in a class folder and its sub-folders, sorted (dot-names left out; other files
+    without an image suffix added to `skipped`). A folder reached twice through symlinks, a loop among
+    them included, is read once."""
+    found: list[Path] = []
+    seen: set[Path] = set()
+    pending = [folder]
+    while pending:
+        current = pending.pop()
+        real = current.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        with os.scandir(current) as entries:  # is_dir from the directory entry: no stat per image file
+            for entry in entries:
+                path = Path(entry.path)
+                if _hidden(path):
+                    continue
+                if entry.is_dir():
+                    pending.append(path)
+                elif path.suffix.lower() in IMAGE_SUFFIXES:
+                    found.append(path)
+                else:
+                    skipped.append(path)
+    return sorted(found)
 
 
 def check_headers(paths: list[Path]) -> None:
@@ -171,6 +232,6 @@ def unreadable(path: Path, exc: BaseException) -> ValueError:
 
 
 def _check_no_extra_classes(test_root: Path, classes: list[str]) -> None:
-    extra = sorted(p.name for p in test_root.iterdir() if p.is_dir() and p.name not in classes)
+    extra = sorted(p.name for p in test_root.iterdir() if p.is_dir() and not _hidden(p) and p.name not in classes)
     if extra:
         raise ValueError(f"imagefolder: {test_root} has classes {extra} that the training folder lacks")

@@ -21,8 +21,8 @@ class TrainRecipe:
     # it is cut to the steps this budget allows at that epoch's pace (never more than epochs x steps per
     # epoch), so the cosine still ends at a low rate when the budget, not the epochs, ends the run.
     time_budget_s: float = 600.0
-    # Stop when this many validations in a row did not lower the validation loss (0: never stop early);
-    # the weights of the best validation are the ones kept.
+    # Stop when this many validations in a row did not lower the validation loss (0: never stop early),
+    # counting from the end of the warm-up (Trainer.warming_up); the weights of the best validation are kept.
     patience: int = 8
     label_smoothing: float = 0.1  # images: softens the targets, which small models on small data overfit
     # Stochastic depth: the probability that a sample skips a block's attention or MLP branch in training.

@@ -12,22 +12,22 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
 from .checkpoint import Lineage, Manifest, load_model, read_manifest
 from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, Images, iterate_batches
-from .recipe import TrainRecipe, recipe_changes
+from .recipe import TrainRecipe
+from .split import held_out_split
 from .train_report import describe_epoch, peak_memory_mb
+from .train_state import load_state, save_state
 from .vit import Block, ViT
 
 log = logging.getLogger(__name__)
@@ -177,9 +177,7 @@ class Trainer:
             raise ValueError("--mixup is for images: text batches are token ids, which do not blend")
         self.state_dir, self.workers = state_dir, workers
         n_val = max(1, int(len(data.train_y) * recipe.val_fraction))
-        split = torch.Generator().manual_seed(recipe.seed)
-        perm = torch.randperm(len(data.train_y), generator=split)
-        self.val_idx, self.train_idx = perm[:n_val], perm[n_val:]
+        self.val_idx, self.train_idx = held_out_split(data.train_y, n_val, recipe.seed)
         if len(self.train_idx) == 0:
             raise ValueError(f"{len(data.train_y)} training image(s) leave none to train on after the validation split")
         x = data.train_x
@@ -230,6 +228,12 @@ class Trainer:
     def schedule_done(self) -> bool:
         return int(self.sched.last_epoch) >= self.total_steps
 
+    def warming_up(self) -> bool:
+        """Whether the learning rate is still rising. A validation loss that did not fall then says nothing
+        of overfitting, so patience does not count it: on a few hundred images an epoch is one or two steps,
+        and counting from the first epoch ended training at chance some 18 steps into a 100-step warm-up."""
+        return int(self.sched.last_epoch) < self.recipe.warmup_steps
+
     def _stop_reason(self) -> str | None:
         if self.out_of_time():
             return f"time budget of {self.recipe.time_budget_s:.0f} s spent"
@@ -250,7 +254,7 @@ class Trainer:
             if record["val_loss"] < self.best_val:
                 self.best_val, self.stale = record["val_loss"], 0
                 self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            else:
+            elif not self.warming_up():
                 self.stale += 1
             self.epoch = epoch + 1
             self.save_state()
@@ -326,58 +330,14 @@ class Trainer:
         ]
         return {"val_loss": val_loss, "val_acc": val_acc, "val_acc_arbitrary": sum(arbitrary) / len(arbitrary)}
 
-    # --- resumable train state (safetensors + JSON: nothing is ever unpickled) ---------------------------
+    # --- resumable train state (models/train_state.py) -------------------------------------------------
 
     def save_state(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
-        if self.best_state is not None:
-            tensors.update({f"best.{k}": v.cpu().contiguous() for k, v in self.best_state.items()})
-        for i, param in enumerate(self.model.parameters()):
-            for key, value in self.opt.state.get(param, {}).items():
-                tensors[f"opt.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-        tensors["rng"] = self.gen.get_state()
-        save_file(tensors, str(self.state_dir / "state.safetensors"))
-        meta = {
-            "epoch": self.epoch,
-            "best_val": self.best_val,
-            "stale": self.stale,
-            "planned_steps": self.total_steps if self.planned else None,
-            "history": self.history,
-            "sched": self.sched.state_dict(),
-            "recipe": asdict(self.recipe),
-        }
-        (self.state_dir / "state.json").write_text(json.dumps(meta, indent=1))
+        save_state(self)
 
     def load_state(self) -> bool:
-        path = self.state_dir / "state.safetensors"
-        if not path.is_file():
-            return False
-        meta = json.loads((self.state_dir / "state.json").read_text())
-        changes = recipe_changes(meta["recipe"], self.recipe)
-        if changes:
-            raise ValueError(
-                f"cannot resume from {self.state_dir}: it was made with another recipe ({'; '.join(changes)}); "
-                "run the same command as before, or train into a new --out"
-            )
-        tensors = load_file(str(path))
-        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
-        self.best_state = best or None
-        for i, param in enumerate(self.model.parameters()):
-            state = {k.split(".", 2)[2]: v.to(self.device) for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
-            if state:
-                self.opt.state[param] = state
-        self.gen.set_state(tensors["rng"])
-        self.sched.load_state_dict(meta["sched"])
-        for group, lr in zip(self.opt.param_groups, self.sched.get_last_lr(), strict=True):
-            group["lr"] = lr  # the optimiser's rate is not in its saved state: the next step's comes from the schedule
-        self.epoch, self.best_val, self.history = meta["epoch"], meta["best_val"], meta["history"]
-        self.stale = int(meta.get("stale", 0))
-        if meta.get("planned_steps"):
-            self.total_steps, self.planned = int(meta["planned_steps"]), True
-        log.info("resumed from %s at epoch %d", self.state_dir, self.epoch)
-        return True
+        """Continue from the saved state, if any (False: none); ValueError when it is another run's."""
+        return load_state(self)
 
 
 def init_image_size(init: str) -> int:
@@ -420,6 +380,8 @@ def build_model(
     else:
         parent, manifest = load_model(init)
         model, lineage = _fine_tune_copy(parent, manifest, data, variant)
+        hint = "; to learn other classes, train from scratch"
+        check_same_classes(model.cfg.class_names, data.class_names, f"--init {init}", hint)
     if (h, c) != (model.cfg.image_size, model.cfg.in_channels):
         raise ValueError(
             f"the data is {c}x{h}x{h}, the --init model takes {model.cfg.in_channels}x{model.cfg.image_size}x"
@@ -437,3 +399,17 @@ def _fine_tune_copy(parent: ViT, manifest: Manifest, data: Dataset, variant: str
     model = ViT(cfg)
     model.load_state_dict(parent.state_dict())
     return model, Lineage(root=manifest.lineage.root, parent=manifest.model_id, source="model")
+
+
+def check_same_classes(
+    model_classes: tuple[str, ...], data_classes: tuple[str, ...], model: str, hint: str = ""
+) -> None:
+    """Refuse data whose classes are not the model's, in its order: output i means model_classes[i], so
+    other names (cat/dog/eel fine-tuned into a model of a/b/c served "a" for a cat) or another order (a
+    folder with a class added or removed shifts every label after it) were trained or scored against the
+    wrong outputs, silently. A model that names no classes (written before they were recorded) is not checked."""
+    if model_classes and tuple(model_classes) != tuple(data_classes):
+        raise ValueError(
+            f"{model} has classes {list(model_classes)}, the data {list(data_classes)} (sorted folder names): "
+            f"they must be the same, in the same order{hint}"
+        )

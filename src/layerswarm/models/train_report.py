@@ -71,3 +71,28 @@ def near_chance_warning(
         f"({chance:.3f} for {num_classes} classes): the model has learned little; train longer, with more "
         "data or another learning rate"
     )
+
+
+def below_majority_warning(
+    history: Sequence[dict[str, float]],
+    baseline: float,
+    class_name: str,
+    num_classes: int,
+    shuffle_robust: bool,
+    points: float = NEAR_CHANCE_POINTS,
+) -> str | None:
+    """A warning when the classes are so unequal that always answering the most common training class
+    (`baseline`: its share of the validation images) is well above chance and the kept model is not
+    `points` above it: chance (1 / classes) alone made a model that only ever said "big" look learned."""
+    epoch = best_epoch(history)
+    if epoch is None or baseline <= 1.0 / num_classes + points:
+        return None  # near_chance_warning speaks for balanced classes
+    record = next(r for r in history if int(r["epoch"]) == epoch)
+    key, order = ("val_acc_arbitrary", "arbitrary-order") if shuffle_robust else ("val_acc", "sequential")
+    if record[key] > baseline + points:
+        return None
+    return (
+        f"warning: {order} validation accuracy {record[key]:.3f} is not {points * 100:.0f} points above always "
+        f"answering the most common class {class_name!r} ({baseline:.3f} of the validation images): the classes "
+        "are very unequal and the model has learned little beyond that; add images of the smaller classes"
+    )
