@@ -185,3 +185,22 @@ def test_a_fine_tunes_reference_trains_as_long_as_its_lineage_did(
     member = read_manifest(tmp_path / "m")
     assert member.recipe["training_seconds_total"] >= base
     assert member.metrics["learned"]["reference"]["seconds"] >= 0.9 * base  # not the member's own second
+
+
+def test_a_member_without_its_own_reference_is_compared_with_its_bases(tmp_path: Path) -> None:
+    """Family members skip training a reference CNN (`--no-reference`, as `layerswarm family` passes):
+    they are still reported against chance and a reference, the one their base was compared with."""
+    _folder(tmp_path / "photos", ("a", "b"), per_class=16)
+    tiny = ["--data", f"imagefolder:{tmp_path / 'photos'}", "--image-size", "16", "--workers", "0"]
+    tiny += ["--depth", "1", "--dim", "16", "--heads", "2", "--patience", "0"]
+    assert main(["train", *tiny, "--epochs", "3", "--reference-seconds", "1", "--out", str(tmp_path / "base")]) == 0
+    base = read_manifest(tmp_path / "base").metrics["learned"]
+    member_args = ["--epochs", "1", "--init", str(tmp_path / "base"), "--no-reference", "--out", str(tmp_path / "m")]
+    assert main(["train", *tiny, *member_args]) == 0
+    learned = read_manifest(tmp_path / "m").metrics["learned"]
+    assert learned["reference"] == base["reference"] and learned["reference_from"] == str(tmp_path / "base")
+    assert learned["chance"] == 0.5 and {"vit_val_sequential", "vit_val_arbitrary", "ratio_val_arbitrary"} <= set(
+        learned
+    )
+    assert main(["train", *tiny, "--epochs", "1", "--no-reference", "--out", str(tmp_path / "scratch")]) == 0
+    assert "learned" not in read_manifest(tmp_path / "scratch").metrics  # nothing inherited, nothing claimed

@@ -20,8 +20,14 @@ from .checkpoint import read_manifest, save_model
 from .config import patch_size_for
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
+from .learned import (
+    against_inherited,
+    against_reference,
+    inherited_reference,
+    inherited_training_seconds,
+    majority_baseline,
+)
 from .recipe import recipe_from_args
-from .reference import compare, far_behind_warning, train_reference
 from .size import AUTO, choose_size
 from .train import Trainer, build_model, check_same_classes, evaluate_loss, init_image_size
 from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
@@ -82,7 +88,9 @@ def train_main(args: argparse.Namespace) -> int:
         # A fine-tune's ViT is its ancestors' training plus its own: the reference gets all of it, or a
         # family member (a few seconds of fine-tuning) was reported 2.6 x a CNN trained for one second.
         budget = args.reference_seconds or fit_seconds + inherited_s
-        metrics["learned"] = _against_reference(trainer, data, budget, args.workers)
+        metrics["learned"] = against_reference(trainer, data, budget, args.workers)
+    elif (inherited := inherited_reference(args.init)) is not None:  # a family member: the base's CNN
+        metrics["learned"] = against_inherited(trainer, inherited, str(args.init), len(data.class_names))
     model = model.cpu()
     recipe_record = {
         **asdict(recipe),
@@ -122,18 +130,6 @@ def check_out_writable(out: Path) -> None:
         raise ValueError(f"--out {out}: cannot write the model directory there{where}")
 
 
-def inherited_training_seconds(init: str | None) -> float:
-    """Seconds of training behind an --init model directory, its own ancestors' included (0 from scratch
-    or for a Hugging Face checkpoint, whose training is not on record). Manifests written before the total
-    was recorded give the sum of their own epochs."""
-    if init is None or init.startswith("hf:"):
-        return 0.0
-    recipe = read_manifest(init).recipe
-    if "training_seconds_total" in recipe:
-        return float(recipe["training_seconds_total"])
-    return float(sum(float(r.get("seconds", 0.0)) for r in recipe.get("history", [])))
-
-
 def _report_run(trainer: Trainer, num_classes: int) -> None:
     """The summary table, and a warning when the kept model is near chance (stderr: stdout is the JSON)."""
     history = trainer.history
@@ -148,46 +144,6 @@ def _report_run(trainer: Trainer, num_classes: int) -> None:
     warning = below_majority_warning(history, baseline, name, num_classes, trainer.model.cfg.shuffle_robust)
     if warning:
         log.warning("%s", warning)
-
-
-def majority_baseline(trainer: Trainer) -> tuple[int, float]:
-    """The most common class of the training folder, and the validation accuracy of always answering it:
-    what a model that learned only the class counts scores (about 1 / classes when they are equal). The
-    whole folder's counts, not the split's: with equal classes, the class the validation split took the
-    fewest of is the split's most common, and scored 0 on a small validation set."""
-    common = int(torch.bincount(trainer.data.train_y).argmax())
-    return common, float((trainer.val_y == common).float().mean())
-
-
-def _against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers: int) -> dict[str, Any]:
-    """Train the reference CNN on the trainer's own split for `budget_s`, compare, warn when far behind."""
-    x = data.train_x
-    train_x = x[trainer.train_idx] if isinstance(x, torch.Tensor) else x.subset(trainer.train_idx)
-    tqdm.write(f"reference: a small CNN on the same split for {budget_s:.0f} s...", file=sys.stderr)
-    reference = train_reference(
-        (train_x, data.train_y[trainer.train_idx]),
-        (trainer.val_x, trainer.val_y),
-        len(data.class_names),
-        budget_s,
-        seed=trainer.recipe.seed,
-        workers=workers,
-    )
-    kept = next(r for r in trainer.history if int(r["epoch"]) == best_epoch(trainer.history))
-    vit = {"val_sequential": kept["val_acc"]}
-    if trainer.model.cfg.shuffle_robust:
-        vit["val_arbitrary"] = kept["val_acc_arbitrary"]
-    record = compare(vit, reference, len(data.class_names))
-    record["majority_baseline"] = round(majority_baseline(trainer)[1], 4)  # beside chance: unequal classes
-    tqdm.write(
-        f"learned: chance {record['chance']:.3f}, most common class {record['majority_baseline']:.3f}, "
-        f"reference CNN {reference.val_acc:.3f} in {reference.seconds:.0f} s, "
-        + ", ".join(f"ViT {k} {v:.3f}" for k, v in vit.items()),
-        file=sys.stderr,
-    )
-    warning = far_behind_warning(vit, reference)
-    if warning:
-        log.warning("%s", warning)
-    return record
 
 
 def _quick_metrics(model: ViT, data: Dataset, workers: int, orders: int = 5) -> dict[str, float]:
