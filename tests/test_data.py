@@ -81,6 +81,15 @@ def test_imagefolder_accepts_each_common_test_folder_name(tmp_path: Path, test_f
     assert (len(d.train_y), len(d.test_y)) == (6, 4) and d.class_names == ("a", "b")
 
 
+@pytest.mark.parametrize(("train", "test"), [("Train", "Val"), ("TRAIN", "Test"), ("train", "Validation")])
+def test_imagefolder_split_folders_in_any_case(tmp_path: Path, train: str, test: str) -> None:
+    """Exports from Windows and macOS write Train/ and Val/: not two classes named so."""
+    _write_folder(tmp_path / train, {"a": (0, 0, 0), "b": (255, 255, 255)}, 3)
+    _write_folder(tmp_path / test, {"a": (0, 0, 0), "b": (255, 255, 255)}, 2)
+    d = load_dataset(f"imagefolder:{tmp_path}")
+    assert (len(d.train_y), len(d.test_y)) == (6, 4) and d.class_names == ("a", "b")
+
+
 def test_imagefolder_train_alone_is_split_by_seed(tmp_path: Path) -> None:
     _write_folder(tmp_path / "train", {"a": (0, 0, 0), "b": (255, 255, 255)}, 10)
     one, same, other = (load_dataset(f"imagefolder:{tmp_path}", seed=s) for s in (1, 1, 2))

@@ -366,3 +366,27 @@ def test_resume_reads_a_setting_added_later_as_its_default(data, tmp_path: Path)
     changed = TrainRecipe(variant="layershuffle", epochs=1, warmup_steps=2, batch_size=64, mixup=0.2)
     with pytest.raises(ValueError, match=r"mixup: 0.0 -> 0.2"):
         Trainer(again, data, changed, torch.device("cpu"), tmp_path / "state").load_state()
+
+
+def test_a_validation_split_too_small_to_mean_anything_is_named(
+    easy_data: Dataset, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """51 validation images (10% of 512) pass quietly; 12 of 128 are said to be noise."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1)
+    model, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=0)
+    with caplog.at_level("WARNING"):
+        Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path)
+    assert not [r for r in caplog.records if "validation split" in r.getMessage()]
+    few = Dataset(
+        "colours",
+        "few",
+        easy_data.train_x[:128],
+        easy_data.train_y[:128],
+        easy_data.test_x,
+        easy_data.test_y,
+        easy_data.class_names,
+    )
+    with caplog.at_level("WARNING"):
+        Trainer(model, few, recipe, torch.device("cpu"), tmp_path)
+    (warning,) = [r.getMessage() for r in caplog.records if "validation split" in r.getMessage()]
+    assert "holds 12 image(s)" in warning and "8 points" in warning

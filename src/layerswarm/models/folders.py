@@ -80,6 +80,14 @@ class ImageFiles(TorchDataset[torch.Tensor]):
         return ImageFiles([self.paths[int(i)] for i in index], self.image_size)
 
 
+def _split_folder(root: Path, names: tuple[str, ...]) -> Path | None:
+    """The first of `names` that is a folder under root, in any case (Windows and macOS exports write
+    Train/ and Val/, which a case-sensitive filesystem would otherwise take for two classes)."""
+    by_name = {entry.name.lower(): Path(entry.path) for entry in sorted(os.scandir(root), key=lambda e: e.name)}
+    folders = (by_name.get(name) for name in names)
+    return next((folder for folder in folders if folder is not None and folder.is_dir()), None)
+
+
 def load_imagefolder(
     root: Path,
     image_size: int,
@@ -91,8 +99,8 @@ def load_imagefolder(
     """(train images, train labels, test images, test labels, class names) from a folder."""
     if not root.is_dir():
         raise ValueError(f"imagefolder: {root} is not a directory; accepted layouts: {LAYOUTS}")
-    train_root = root / "train" if (root / "train").is_dir() else root
-    test_root = next((root / n for n in TEST_FOLDERS if train_root != root and (root / n).is_dir()), None)
+    train_root = _split_folder(root, ("train",)) or root
+    test_root = _split_folder(root, TEST_FOLDERS) if train_root != root else None
     classes = _class_dirs(train_root)
     train_paths, train_y = _list_folder(train_root, classes, every_class=True)
     if test_root is not None:

@@ -32,6 +32,8 @@ from .vit import Block, ViT
 
 log = logging.getLogger(__name__)
 
+# Below this many validation images one image moves accuracy by 2+ points: the warning says so.
+FEW_VALIDATION = 50
 VAL_ORDERS = 3  # random block orders behind the arbitrary-order validation accuracy
 
 
@@ -180,6 +182,14 @@ class Trainer:
         self.val_idx, self.train_idx = held_out_split(data.train_y, n_val, recipe.seed)
         if len(self.train_idx) == 0:
             raise ValueError(f"{len(data.train_y)} training image(s) leave none to train on after the validation split")
+        if n_val < FEW_VALIDATION:
+            log.warning(
+                "the validation split holds %d image(s): one image moves its accuracy by %.0f points, so early "
+                "stopping, the epoch kept and the accuracy reported against chance and the reference are noise "
+                "at this size; more images make them mean something",
+                n_val,
+                100 / n_val,
+            )
         x = data.train_x
         self.val_x = x[self.val_idx] if isinstance(x, Tensor) else x.subset(self.val_idx)
         self.val_y = data.train_y[self.val_idx]
