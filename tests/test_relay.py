@@ -721,3 +721,61 @@ def test_a_next_nodes_events_are_checked_before_they_are_believed() -> None:
         pb.RelayEvent(trace=entries[2:], handback_reason="x"),  # not starting at the next step
     ):
         assert "malformed final event" in (final_problem(bad, chain, 1) or ""), bad
+
+
+def _talking_on_after_its_final_event(node: FaultyNode, extra: int) -> None:
+    """Make `node` keep its Relay calls open after a chain's final event, sending `extra` more events
+    (acknowledgements and finals, 10 ms apart): what a hostile first node can send a coordinator that
+    starts chains with a Relay call per chain (--transport unary, or a node answering RelayStream
+    UNIMPLEMENTED, which any node may)."""
+    make = node.make_service
+
+    def make_service() -> Any:
+        service = make()
+        relay = service.Relay
+
+        async def talkative(request: pb.RelayRequest, context: grpc.aio.ServicerContext) -> Any:
+            async for event in relay(request, context):
+                yield event
+            for k in range(extra):
+                yield pb.RelayEvent(request_id=request.forward.request_id, ack=k % 2 == 0, handback_reason="more")
+                await asyncio.sleep(0.01)
+
+        service.Relay = talkative  # type: ignore[method-assign]
+        return service
+
+    node.make_service = make_service  # type: ignore[method-assign]
+
+
+async def test_a_relay_call_is_read_up_to_its_final_event_only(tmp_path: Path) -> None:
+    """The coordinator reads a Relay call's acknowledgement and final event, then ends the call: a node
+    that keeps sending after its final event gets neither the coordinator's memory (before: every event
+    kept, up to the request's deadline) nor its time (before: the chain waited for the call to end)."""
+    model = make_model_dir(tmp_path / "m", depth=2)
+    security = SecuritySettings(token=TOKEN)
+    served = [
+        FaultyNode(NodeSettings(model_dir=model, block=b, advertise=False, security=security, grace_s=0.1), FaultSpec())
+        for b in range(2)
+    ]
+    _talking_on_after_its_final_event(served[0], extra=400)
+    for node in served:
+        await node.start()
+    first, second = (f"127.0.0.1:{n.port}" for n in served)
+    client = NodeClient(first, 64 * 1024 * 1024, transport="unary", security=security)
+    chain = [pb.RelayStep(address=first, position=0, block=0), pb.RelayStep(address=second, position=1, block=1)]
+    forward = pb.ForwardRequest(request_id="r", activations=codec.encode(torch.zeros(1, 5, 32)), position=0)
+    request = pb.RelayRequest(
+        forward=forward, chain=chain, plan_mac=plan_mac(derive_key(TOKEN), "r", 1, chain), issued_ms=1,
+        hop_timeout_s=2.0, deadline_s=10.0, collect=False,
+    )  # fmt: skip
+    try:
+        await client.info(2.0)
+        started = time.monotonic()
+        events = await client.relay(request, 10.0)
+        assert time.monotonic() - started < 2.0  # not the 4 s the node keeps talking
+        assert [e.ack for e in events] == [True, False] and not events[-1].handback_reason
+        assert [t.block for t in events[-1].trace] == [0, 1]
+    finally:
+        await client.close()
+        for node in served:
+            await node.stop()

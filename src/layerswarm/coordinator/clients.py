@@ -52,6 +52,22 @@ async def _call(awaitable: Awaitable[T]) -> T:
         raise _unavailable("the call was cancelled under us: the channel to the node closed") from None
 
 
+async def _chain_events(call: Any) -> list[pb.RelayEvent]:
+    """A Relay call's acknowledgement and final event, then the call ended: a chain has no more, so
+    what a node sends after them (or acknowledgements past the first) is neither kept nor waited for."""
+    events: list[pb.RelayEvent] = []
+    try:
+        async for event in call:
+            if not event.ack:
+                events.append(event)
+                break
+            if not events:
+                events.append(event)
+    finally:
+        call.cancel()  # a no-op once the call has ended
+    return events
+
+
 class NodeClient:
     def __init__(
         self, address: str, max_message_bytes: int, transport: str = "stream", security: SecuritySettings | None = None
@@ -161,11 +177,7 @@ class NodeClient:
                         raise
                     self._relay_streams = False  # nothing ran: the same request as a call
             call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
-
-            async def events() -> list[pb.RelayEvent]:
-                return [event async for event in call]
-
-            return await _call(events())
+            return await _call(_chain_events(call))
         except grpc.aio.AioRpcError as exc:
             self._learn(exc)
             raise
