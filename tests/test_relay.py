@@ -779,3 +779,39 @@ async def test_a_relay_call_is_read_up_to_its_final_event_only(tmp_path: Path) -
         await client.close()
         for node in served:
             await node.stop()
+
+
+def _acknowledging_then_stalling(node: FaultyNode) -> None:
+    """Make `node` compute and acknowledge its hop, then never send its final event (nor forward)."""
+
+    async def stalling(request: pb.RelayRequest, handle: Any) -> Any:
+        reply = await handle(request.forward)
+        rid, step = request.forward.request_id, request.chain[request.index]
+        own = pb.HopTrace(node=step.address, block=step.block, position=step.position, compute_ms=reply.compute_ms)
+        yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
+        await asyncio.sleep(3600)
+
+    node.relayer.relay = stalling  # type: ignore[method-assign]
+
+
+async def test_a_node_withholding_its_final_event_is_the_one_handed_back(tmp_path: Path) -> None:
+    """A node that acknowledges, then stalls: the node before it stops waiting a margin before the
+    deadline its caller gave, so its hand-back, naming the staller, arrives while the caller still waits.
+    Before, every wait along the chain ended together: the coordinator timed out first and blamed the
+    chain's first node (ejected after two requests) while the staller stayed healthy."""
+    served, coord = await _in_process_swarm(
+        tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1, request_timeout_s=3.0
+    )
+    _acknowledging_then_stalling(served[1])
+    first, staller = (f"127.0.0.1:{n.port}" for n in served[:2])
+    try:
+        for _ in range(2):
+            result = await coord.classify(images(), SEQ)
+            assert any("step 1" in h["reason"] and "DEADLINE_EXCEEDED" in h["reason"] for h in result.path.handbacks)
+            assert result.path.hops[0].block == 0 and result.path.hops[0].outcome == "relayed"
+        assert coord.registry.nodes[staller].failed == 2
+        assert coord.registry.nodes[first].failed == 0 and coord.registry.nodes[first].state.value == "healthy"
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
