@@ -301,6 +301,44 @@ async def test_token_theft_and_impostor_without_the_token(model_dir: Path) -> No
         await real.stop()
 
 
+class PaddedStranger(pb_grpc.BlockNodeServicer):
+    """A stranger answering Info with a reply padded to `pad` bytes (its model id), as anyone on the LAN
+    may, to every coordinator that checks the address some advert named."""
+
+    def __init__(self, family_id: str, pad: int) -> None:
+        self.reply = pb.NodeInfo(family_id=family_id, model_id="x" * pad, protocol_version=1)
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.NodeInfo:
+        return self.reply
+
+
+async def test_a_strangers_padded_info_reply_is_refused_at_a_small_size_limit(model_dir: Path) -> None:
+    """Info and health checks go to strangers too, every round: their replies are refused past a small
+    limit (1 MiB) instead of the activations' 64 MiB, so a stranger cannot make the coordinator take in
+    tens of MB per check (before: 8 strangers padding to 48 MB grew it by 199 MB within 4 s on loopback,
+    bounded only by bandwidth and the health timeout). The real node is untouched."""
+    real = await start_node(model_dir, 0, advertise=False, token=TOKEN)
+    server = grpc.aio.server()
+    pb_grpc.add_BlockNodeServicer_to_server(PaddedStranger(read_manifest(model_dir).family_id, 2 << 20), server)  # type: ignore[no-untyped-call]
+    fake = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    coord = coordinator(model_dir, peers=(fake, address(real)), mdns=False, token=TOKEN)
+    await coord.start()
+    try:
+        await wait_until(
+            lambda: (
+                "RESOURCE_EXHAUSTED" in coord.registry.nodes[fake].reason and states(coord)[address(real)] == "healthy"
+            ),
+            what="the padded reply refused, the real node admitted",
+        )
+        assert states(coord)[fake] == "pending"  # never admitted, and listed with why
+        await classify_ok(coord)
+    finally:
+        await coord.stop()
+        await server.stop(0)
+        await real.stop()
+
+
 async def test_sniffed_credentials_cannot_be_replayed(model_dir: Path) -> None:
     a = await start_node(model_dir, 0, advertise=False, token=TOKEN)
     b = await start_node(model_dir, 0, advertise=False, token=TOKEN)

@@ -244,3 +244,43 @@ async def test_idle_streams_are_capped_per_node(model_dir: Path) -> None:
             assert len(client._idle) == MAX_IDLE_STREAMS
         finally:
             await client.close()
+
+
+def _reporting_compute_ms(node: Node, compute_ms: float) -> None:
+    """Make `node` answer every Forward honestly but for the compute time it reports."""
+    handle = node.service._handle
+
+    async def lying(request: pb.ForwardRequest) -> pb.ForwardResponse:
+        reply = await handle(request)
+        reply.compute_ms = compute_ms
+        return reply
+
+    node.service._handle = lying  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("compute_ms", [float("nan"), float("inf"), -1e300, 1e300])
+async def test_a_node_reporting_an_impossible_compute_time_spoils_no_link_or_answer(
+    family_dirs: list[Path], compute_ms: float
+) -> None:
+    """A star hop's link is measured as its round trip less the compute the node reports. A report that
+    cannot be true (not finite, negative, longer than the round trip) is left out: before, one NaN made
+    the link's estimate NaN for good (every --policy network plan through the node cost NaN), and a
+    compute longer than the round trip made the link look free. The hop's activations were fine: the
+    answers stand and the node stays healthy."""
+    async with (
+        nodes(*((family_dirs[0], b, 0.0) for b in range(3))) as served,
+        coordinator(family_dirs[0], served, 3, default_policy="network", min_blocks=3) as coord,
+    ):
+        liar = f"127.0.0.1:{served[1].port}"
+        transport = httpx.ASGITransport(app=create_app(coord))
+        async with httpx.AsyncClient(transport=transport, base_url="http://coordinator") as client:
+            assert (await client.post("/v1/classify", files=png_upload())).status_code == 200
+            honest_per_mb = coord.registry.links.per_mb(liar, "coordinator")
+            assert honest_per_mb is not None
+            _reporting_compute_ms(served[1], compute_ms)
+            for _ in range(3):
+                reply = await client.post("/v1/classify", files=png_upload())
+                assert reply.status_code == 200, reply.text
+            assert (await client.get("/v1/nodes")).status_code == 200
+        assert coord.registry.links.per_mb(liar, "coordinator") == honest_per_mb  # the lies never got in
+        assert coord.registry.nodes[liar].state.value == "healthy"

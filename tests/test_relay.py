@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
 from layerswarm.wire.auth import CHALLENGE_KEY, derive_key, metadata_value
-from layerswarm.wire.relay_plan import plan_mac
+from layerswarm.wire.relay_plan import digest, plan_mac
 from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
@@ -635,6 +637,210 @@ async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_by_its_sign
         scraped = generate_latest(coord.metrics.registry).decode()  # what an operator's alert reads
         outcome = "discarded" if keys else "completed"
         assert f'layerswarm_relay_chains_total{{outcome="{outcome}"}} 1.0' in scraped
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def _lying_in_its_acknowledgement(node: FaultyNode, compute_ms: float) -> None:
+    """Make `node` claim `compute_ms` in every acknowledgement it sends. The node before it measures its
+    link as the time until that acknowledgement less this compute, and signs the result as its own."""
+    relay = node.relayer.relay
+
+    async def lying(request: pb.RelayRequest, handle: Any) -> Any:
+        async for event in relay(request, handle):
+            if event.ack:
+                event.trace[0].compute_ms = compute_ms
+            yield event
+
+    node.relayer.relay = lying  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("claimed", [float("nan"), 1e7, 1e6])
+async def test_a_node_lying_in_its_acknowledgement_is_blamed_not_the_node_before_it(
+    tmp_path: Path, claimed: float
+) -> None:
+    """The next node's acknowledgement claims a compute time longer than the whole wait for it (NaN,
+    past the trace's bounds, or within them): the node before it hands back naming that node, rather
+    than signing an impossible forwarding time of its own (which would void the chain and blame it
+    and the node before it) or a link faster than light (which would steer the planner)."""
+    served, coord = await _in_process_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
+    _lying_in_its_acknowledgement(served[1], claimed)
+    first, liar = (f"127.0.0.1:{n.port}" for n in served[:2])
+    try:
+        result = await coord.classify(images(), SEQ)
+        (handback,) = result.path.handbacks
+        assert "step 1" in handback["reason"] and "acknowledgement" in handback["reason"], handback
+        assert coord.registry.nodes[liar].failed >= 1
+        assert coord.registry.nodes[first].failed == 0  # the honest node before it is not blamed
+        assert result.path.hops[0].outcome == "relayed"  # its own hop still counts
+        assert coord.registry.links.per_mb(first, liar) is None  # nothing measured against the lie
+        assert all(math.isfinite(s.ewma_send_ms) for s in served[0].relayer.peers.link_stats())  # type: ignore[union-attr]
+        assert not served[0].relayer.peers.link_stats()  # type: ignore[union-attr]
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def _ending_the_chain_at_itself(node: FaultyNode) -> None:
+    """Make `node` answer a chain as if it were its last step: its hop, its own (properly signed) entry,
+    no hand-back, and nothing forwarded, so the last node never gets the result the coordinator collects."""
+
+    async def truncating(request: pb.RelayRequest, handle: Any) -> Any:
+        reply = await handle(request.forward)
+        rid, step = request.forward.request_id, request.chain[request.index]
+        own = pb.HopTrace(
+            node=step.address, block=step.block, position=step.position, compute_ms=reply.compute_ms,
+            input_sha256=digest(request.forward.activations.data), output_sha256=digest(reply.activations.data),
+        )  # fmt: skip
+        node.relayer.signer.sign(own, rid, request.plan_mac)
+        yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
+        yield pb.RelayEvent(request_id=rid, trace=[own])
+
+    node.relayer.relay = truncating  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(("liar", "reason"), [(1, "step 1"), (0, "without a hand-back")])
+async def test_a_node_ending_a_chain_early_is_blamed_at_once_not_the_last_node(
+    tmp_path: Path, liar: int, reason: str
+) -> None:
+    """A node that claims the chain completed at itself (no hand-back, the rest of the trace missing) is
+    blamed at once: by the node before it, which hands back naming it, or, the first node, by the
+    coordinator. Before, the coordinator waited on Collect at the last node, which never got the chain,
+    for the request's whole deadline, then blamed that last node, and the request failed."""
+    served, coord = await _in_process_swarm(
+        tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1, request_timeout_s=6.0
+    )
+    _ending_the_chain_at_itself(served[liar])
+    addresses = [f"127.0.0.1:{n.port}" for n in served]
+    try:
+        started = time.monotonic()
+        result = await coord.classify(images(), SEQ)
+        assert time.monotonic() - started < 3.0  # not the request's whole deadline
+        assert any(reason in h["reason"] for h in result.path.handbacks), result.path.handbacks
+        assert coord.registry.nodes[addresses[liar]].failed >= 1
+        assert all(coord.registry.nodes[a].failed == 0 for a in addresses if a != addresses[liar])
+        ran = [h.block for h in result.path.hops if h.block is not None]
+        assert sorted(ran) == [b for b in range(4) if b != liar]  # only the liar's block left out
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def test_a_next_nodes_events_are_checked_before_they_are_believed() -> None:
+    """What a node checks in its next node's events (node/relay.py), before it signs anything from them
+    or passes them back: an acknowledgement's compute within the wait for it, and a final event that
+    holds the next step's entry and the rest, all of them unless it hands back."""
+    from layerswarm.node.relay import ack_problem, final_problem
+
+    assert ack_problem(pb.HopTrace(compute_ms=4.0), waited_ms=5.0) is None
+    for compute_ms in (float("nan"), float("inf"), -1.0, 7.0):
+        assert "implausible acknowledgement" in (ack_problem(pb.HopTrace(compute_ms=compute_ms), 5.0) or "")
+    chain = [pb.RelayStep(address=f"n:{k}", position=k, block=k) for k in range(4)]
+    entries = [pb.HopTrace(node=s.address, block=s.block, position=s.position) for s in chain]
+    assert final_problem(pb.RelayEvent(trace=entries[1:]), chain, 1) is None
+    assert final_problem(pb.RelayEvent(trace=entries[1:2], handback_reason="step 2: dead"), chain, 1) is None
+    for bad in (
+        pb.RelayEvent(trace=entries[1:3]),  # short, without a hand-back
+        pb.RelayEvent(trace=[], handback_reason="x"),  # a hand-back without the next node's own entry
+        pb.RelayEvent(trace=entries[1:], ack=True),  # a second acknowledgement
+        pb.RelayEvent(trace=[*entries[1:], entries[3]]),  # longer than the chain
+        pb.RelayEvent(trace=entries[2:], handback_reason="x"),  # not starting at the next step
+    ):
+        assert "malformed final event" in (final_problem(bad, chain, 1) or ""), bad
+
+
+def _talking_on_after_its_final_event(node: FaultyNode, extra: int) -> None:
+    """Make `node` keep its Relay calls open after a chain's final event, sending `extra` more events
+    (acknowledgements and finals, 10 ms apart): what a hostile first node can send a coordinator that
+    starts chains with a Relay call per chain (--transport unary, or a node answering RelayStream
+    UNIMPLEMENTED, which any node may)."""
+    make = node.make_service
+
+    def make_service() -> Any:
+        service = make()
+        relay = service.Relay
+
+        async def talkative(request: pb.RelayRequest, context: grpc.aio.ServicerContext) -> Any:
+            async for event in relay(request, context):
+                yield event
+            for k in range(extra):
+                yield pb.RelayEvent(request_id=request.forward.request_id, ack=k % 2 == 0, handback_reason="more")
+                await asyncio.sleep(0.01)
+
+        service.Relay = talkative  # type: ignore[method-assign]
+        return service
+
+    node.make_service = make_service  # type: ignore[method-assign]
+
+
+async def test_a_relay_call_is_read_up_to_its_final_event_only(tmp_path: Path) -> None:
+    """The coordinator reads a Relay call's acknowledgement and final event, then ends the call: a node
+    that keeps sending after its final event gets neither the coordinator's memory (before: every event
+    kept, up to the request's deadline) nor its time (before: the chain waited for the call to end)."""
+    model = make_model_dir(tmp_path / "m", depth=2)
+    security = SecuritySettings(token=TOKEN)
+    served = [
+        FaultyNode(NodeSettings(model_dir=model, block=b, advertise=False, security=security, grace_s=0.1), FaultSpec())
+        for b in range(2)
+    ]
+    _talking_on_after_its_final_event(served[0], extra=400)
+    for node in served:
+        await node.start()
+    first, second = (f"127.0.0.1:{n.port}" for n in served)
+    client = NodeClient(first, 64 * 1024 * 1024, transport="unary", security=security)
+    chain = [pb.RelayStep(address=first, position=0, block=0), pb.RelayStep(address=second, position=1, block=1)]
+    forward = pb.ForwardRequest(request_id="r", activations=codec.encode(torch.zeros(1, 5, 32)), position=0)
+    request = pb.RelayRequest(
+        forward=forward, chain=chain, plan_mac=plan_mac(derive_key(TOKEN), "r", 1, chain), issued_ms=1,
+        hop_timeout_s=2.0, deadline_s=10.0, collect=False,
+    )  # fmt: skip
+    try:
+        await client.info(2.0)
+        started = time.monotonic()
+        events = await client.relay(request, 10.0)
+        assert time.monotonic() - started < 2.0  # not the 4 s the node keeps talking
+        assert [e.ack for e in events] == [True, False] and not events[-1].handback_reason
+        assert [t.block for t in events[-1].trace] == [0, 1]
+    finally:
+        await client.close()
+        for node in served:
+            await node.stop()
+
+
+def _acknowledging_then_stalling(node: FaultyNode) -> None:
+    """Make `node` compute and acknowledge its hop, then never send its final event (nor forward)."""
+
+    async def stalling(request: pb.RelayRequest, handle: Any) -> Any:
+        reply = await handle(request.forward)
+        rid, step = request.forward.request_id, request.chain[request.index]
+        own = pb.HopTrace(node=step.address, block=step.block, position=step.position, compute_ms=reply.compute_ms)
+        yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
+        await asyncio.sleep(3600)
+
+    node.relayer.relay = stalling  # type: ignore[method-assign]
+
+
+async def test_a_node_withholding_its_final_event_is_the_one_handed_back(tmp_path: Path) -> None:
+    """A node that acknowledges, then stalls: the node before it stops waiting a margin before the
+    deadline its caller gave, so its hand-back, naming the staller, arrives while the caller still waits.
+    Before, every wait along the chain ended together: the coordinator timed out first and blamed the
+    chain's first node (ejected after two requests) while the staller stayed healthy."""
+    served, coord = await _in_process_swarm(
+        tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1, request_timeout_s=3.0
+    )
+    _acknowledging_then_stalling(served[1])
+    first, staller = (f"127.0.0.1:{n.port}" for n in served[:2])
+    try:
+        for _ in range(2):
+            result = await coord.classify(images(), SEQ)
+            assert any("step 1" in h["reason"] and "DEADLINE_EXCEEDED" in h["reason"] for h in result.path.handbacks)
+            assert result.path.hops[0].block == 0 and result.path.hops[0].outcome == "relayed"
+        assert coord.registry.nodes[staller].failed == 2
+        assert coord.registry.nodes[first].failed == 0 and coord.registry.nodes[first].state.value == "healthy"
     finally:
         await coord.stop()
         for node in served:

@@ -127,6 +127,9 @@ def test_txt_record_round_trip_and_errors() -> None:
     )
     txt = {k.encode(): v.encode() for k, v in advert.to_txt().items()}
     assert Advert.from_txt(txt) == advert  # type: ignore[arg-type]
+    forged = {**txt, b"family": b"fam-1\nnode 10.0.0.7:50051: healthy -> ejected (forged)"}
+    with pytest.raises(ValueError, match="control characters in family"):  # it would be logged as is
+        Advert.from_txt(forged)  # type: ignore[arg-type]
     del txt[b"block"]
     with pytest.raises(ValueError, match="lacks block"):
         Advert.from_txt(txt)  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ KEEPALIVE_OPTIONS = [
     ("grpc.enable_retries", 0),  # the coordinator decides what to retry, and where
 ]
 MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
+CONTROL_MAX_BYTES = 1 << 20  # an Info or health reply: a few kB (Info lists at most 64 links)
 T = TypeVar("T")
 
 
@@ -52,26 +53,38 @@ async def _call(awaitable: Awaitable[T]) -> T:
         raise _unavailable("the call was cancelled under us: the channel to the node closed") from None
 
 
+async def _chain_events(call: Any) -> list[pb.RelayEvent]:
+    """A Relay call's acknowledgement and final event, then the call ended: a chain has no more, so
+    what a node sends after them (or acknowledgements past the first) is neither kept nor waited for."""
+    events: list[pb.RelayEvent] = []
+    try:
+        async for event in call:
+            if not event.ack:
+                events.append(event)
+                break
+            if not events:
+                events.append(event)
+    finally:
+        call.cancel()  # a no-op once the call has ended
+    return events
+
+
 class NodeClient:
     def __init__(
         self, address: str, max_message_bytes: int, transport: str = "stream", security: SecuritySettings | None = None
     ) -> None:
         security = security or SecuritySettings()
-        options: list[tuple[str, Any]] = [
-            *KEEPALIVE_OPTIONS,
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
         self.address = address
         self.transport = transport
         self.signer = CallSigner(security.token) if security.token else None
-        if security.tls:  # nodes share one certificate name, so they may change addresses
-            options.append(("grpc.ssl_target_name_override", NODE_TLS_NAME))
-            self.channel = grpc.aio.secure_channel(address, security.channel_credentials(), options=options)
-        else:
-            self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.channel = _channel(address, security, max_message_bytes, max_message_bytes)
+        # Info and health checks go to every address a hint names, strangers included, and their replies
+        # are a few kB: on a connection of their own with a small receive limit, a stranger cannot make
+        # us take in a reply of the activations' limit (64 MiB) on every check.
+        self.control = _channel(address, security, CONTROL_MAX_BYTES, max_message_bytes)
         self.block = pb_grpc.BlockNodeStub(self.channel)  # type: ignore[no-untyped-call]
-        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self._control_block = pb_grpc.BlockNodeStub(self.control)  # type: ignore[no-untyped-call]
+        self.health = health_pb2_grpc.HealthStub(self.control)
         self._idle: list[Any] = []  # ForwardStream calls with no request outstanding
         # Relay chains this node starts, over one long-lived RelayStream (transport "stream"), until it
         # answers UNIMPLEMENTED (a node older than RelayStream): then a Relay call per chain.
@@ -137,7 +150,7 @@ class NodeClient:
         token (over our fresh nonce and the identity it reports), else NodeNotProven; nothing derived
         from the token is sent before that proof."""
         nonce = CallSigner.new_nonce()
-        call = self.block.Info(pb.InfoRequest(), timeout=timeout, metadata=((NONCE_KEY, nonce),))
+        call = self._control_block.Info(pb.InfoRequest(), timeout=timeout, metadata=((NONCE_KEY, nonce),))
         reply = await _call(call)
         trailing = await _call(call.trailing_metadata())
         if self.signer is None:
@@ -161,11 +174,7 @@ class NodeClient:
                         raise
                     self._relay_streams = False  # nothing ran: the same request as a call
             call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
-
-            async def events() -> list[pb.RelayEvent]:
-                return [event async for event in call]
-
-            return await _call(events())
+            return await _call(_chain_events(call))
         except grpc.aio.AioRpcError as exc:
             self._learn(exc)
             raise
@@ -213,6 +222,19 @@ class NodeClient:
         self._idle.clear()
         await self._relay_link.close()
         await self.channel.close()
+        await self.control.close()
+
+
+def _channel(address: str, security: SecuritySettings, max_receive: int, max_send: int) -> grpc.aio.Channel:
+    options: list[tuple[str, Any]] = [
+        *KEEPALIVE_OPTIONS,
+        ("grpc.max_receive_message_length", max_receive),
+        ("grpc.max_send_message_length", max_send),
+    ]
+    if security.tls:  # nodes share one certificate name, so they may change addresses
+        options.append(("grpc.ssl_target_name_override", NODE_TLS_NAME))
+        return grpc.aio.secure_channel(address, security.channel_credentials(), options=options)
+    return grpc.aio.insecure_channel(address, options=options)
 
 
 def _unavailable(details: str) -> grpc.aio.AioRpcError:

@@ -112,7 +112,7 @@ class MdnsDiscovery:
             self._queue.pop(name, None)
             address = self._addresses.pop(name, None)
             if address is not None:
-                log.info("mDNS goodbye for %s (%s): a hint only, verifying the node", name, address)
+                log.info("mDNS goodbye for %r (%s): a hint only, verifying the node", name, address)
                 self._forget_hint(name, address)
             return
         self._queue[name] = None
@@ -145,20 +145,21 @@ class MdnsDiscovery:
             self._slots.release()
 
     async def _resolve(self, service_type: str, name: str) -> None:
+        """Names are logged with repr: an advert's name is anyone's bytes, newlines included."""
         assert self._zc is not None
         info = AsyncServiceInfo(service_type, name)
         if not await info.async_request(self._zc.zeroconf, 3000):
-            log.warning("could not resolve mDNS record %s", name)
+            log.warning("could not resolve mDNS record %r", name)
             return
         addresses = info.parsed_addresses(IPVersion.V4Only)
         if not addresses or info.port is None:
-            log.warning("mDNS record %s has no IPv4 address or port", name)
+            log.warning("mDNS record %r has no IPv4 address or port", name)
             return
         address = f"{addresses[0]}:{info.port}"
         try:
             advert = Advert.from_txt(dict(info.properties))
         except ValueError as exc:
-            log.warning("ignoring mDNS record %s: %s", name, exc)
+            log.warning("ignoring mDNS record %r: %s", name, exc)
             return
         previous = self._addresses.pop(name, None)
         if previous is not None and previous != address:
@@ -172,7 +173,7 @@ class MdnsDiscovery:
             old_name, old_address = self._addresses.popitem(last=False)
             self._forget_hint(old_name, old_address)
         log.info(
-            "mDNS: %s at %s (advertises family %s, block %d): %s",
+            "mDNS: %r at %s (advertises family %s, block %d): %s",
             name,
             address,
             advert.family,

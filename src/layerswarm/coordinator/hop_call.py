@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -116,7 +117,18 @@ class HopCaller:
         self, record: NodeRecord, round_trip_ms: float, compute_ms: float, sent: int, received: int
     ) -> None:
         """A star hop measures the coordinator <-> node link: its round trip less the node's compute,
-        half each way (passive: real traffic only)."""
-        one_way = max(round_trip_ms - compute_ms, 0.0) / 2
+        half each way (passive: real traffic only). A compute time that cannot be true (not finite,
+        negative, longer than the round trip it happened in) is the node's lie or bug and measures
+        nothing: one NaN would stay in the link's average for good, and a longer one makes the link
+        look free, which --policy network would route towards."""
+        if not (math.isfinite(compute_ms) and 0.0 <= compute_ms <= round_trip_ms):
+            log.debug(
+                "%s reported compute_ms %r over a round trip of %.3f ms: link not measured",
+                record.address,
+                compute_ms,
+                round_trip_ms,
+            )
+            return
+        one_way = (round_trip_ms - compute_ms) / 2
         self.registry.links.observe(COORDINATOR, record.address, sent, one_way)
         self.registry.links.observe(record.address, COORDINATOR, received, one_way)

@@ -234,7 +234,8 @@ class RelayRunner:
         """Check the chain's trace and result; give the hops and activations to continue from."""
         final = events[-1] if events else None
         trace = list(final.trace) if final is not None else []
-        broken = _trace_problem(trace, segment, run.depth, request)
+        handed_back = final is not None and bool(final.handback_reason)
+        broken = _trace_problem(trace, segment, run.depth, request, handed_back)
         result: pb.Tensor | None = None
         if broken is None and final is not None and final.handback_reason:
             result = final.activations
@@ -319,11 +320,20 @@ class Broken(NamedTuple):
 
 
 def _trace_problem(
-    trace: list[pb.HopTrace], segment: list[tuple[Step, NodeRecord]], first_position: int, sent: pb.RelayRequest
+    trace: list[pb.HopTrace],
+    segment: list[tuple[Step, NodeRecord]],
+    first_position: int,
+    sent: pb.RelayRequest,
+    handed_back: bool = False,
 ) -> Broken | None:
     """Why the trace is not one of this chain (steps, positions, signatures, the digest chain), or None."""
     if not trace or len(trace) > len(segment):
         return Broken(len(trace), f"trace of {len(trace)} hops for a chain of {len(segment)}")
+    if len(trace) < len(segment) and not handed_back:
+        # Never wait on Collect for it: the last node never got the chain. Every node checks the final
+        # event it passes back (node/relay.py: final_problem), so a short one reaching us is the first
+        # node's doing.
+        return Broken(0, f"trace of {len(trace)} hops for a chain of {len(segment)}, without a hand-back")
     if trace[0].input_sha256 != digest(sent.forward.activations.data):
         return Broken(0, "the first hop's input digest differs from what was sent")
     for k, (t, (_, record)) in enumerate(zip(trace, segment, strict=False)):

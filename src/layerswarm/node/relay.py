@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -38,6 +38,8 @@ COLLECT_MAX_WAIT_S = 30.0
 MAX_HOP_TIMEOUT_S = 60.0
 MAX_DEADLINE_S = 600.0
 MAX_REQUEST_ID = 128
+HANDBACK_MARGIN_S = 0.25  # at most; a hand-back of a 302 KB activation takes 24 ms at 100 Mbit/s
+ACK_SLACK_MS = 1.0  # two clocks time one compute: ours around it, the next node's inside it
 Handle = Callable[[pb.ForwardRequest], Awaitable[pb.ForwardResponse]]
 
 
@@ -148,7 +150,9 @@ class Relayer:
             activations = None if request.collect else reply.activations
             yield pb.RelayEvent(request_id=rid, trace=[own], activations=activations)
             return
-        left_s = request.deadline_s - (time.monotonic() - started)
+        # Our final event must reach our caller within the deadline it gave (when it stops waiting), a
+        # hand-back included: we stop waiting for the rest of the chain a margin before that.
+        left_s = request.deadline_s - (time.monotonic() - started) - handback_margin_s(request.deadline_s)
         # Acknowledge, then forward: the ack is a few bytes, and sent after our output it would queue
         # behind 302 KB on this host's uplink, so the previous node's send_ms (its link estimate)
         # would count our transfer too. The output's digest is in the final event, not the ack.
@@ -184,6 +188,7 @@ class Relayer:
             plan_mac=request.plan_mac,
             issued_ms=request.issued_ms,
             hop_timeout_s=request.hop_timeout_s,
+            # When we stop waiting: the next node stops a margin before it, so its hand-back still reaches us.
             deadline_s=max(left_s, 0.001),
             collect=request.collect,
         )
@@ -211,7 +216,11 @@ class Relayer:
             if ack is grpc.aio.EOF or not ack.ack or len(ack.trace) != 1:
                 call.cancel()
                 return hand_back("no acknowledgement from the next node")
-            send_ms = (time.monotonic() - sent) * 1e3 - ack.trace[0].compute_ms
+            waited_ms = (time.monotonic() - sent) * 1e3
+            problem = ack_problem(ack.trace[0], waited_ms)
+            if problem is not None:
+                return hand_back(problem)
+            send_ms = waited_ms - ack.trace[0].compute_ms
             own.send_ms, own.sent_bytes = send_ms, len(onward.forward.activations.data)
             self.peers.observe(nxt.address, own.sent_bytes, send_ms)
             self.peers.probe_soon(peer)
@@ -230,6 +239,9 @@ class Relayer:
                 call.cancel()
         if final is grpc.aio.EOF:
             return hand_back("the next node closed the chain without a result")
+        problem = final_problem(final, request.chain, request.index + 1)
+        if problem is not None:
+            return hand_back(problem)
         return pb.RelayEvent(
             request_id=rid,
             trace=[own, *final.trace],
@@ -246,6 +258,41 @@ class Relayer:
     async def close(self) -> None:
         if self.peers is not None:
             await self.peers.close()
+
+
+def handback_margin_s(deadline_s: float) -> float:
+    """How long before a chain's deadline a node stops waiting for the rest of it, so that its hand-back
+    (a small event and one activation, over one hop) reaches its caller before the caller stops waiting
+    in turn. Without it all waits along a chain ended together, and the caller of a node that
+    acknowledged and then withheld its final event timed out first, blaming its own next node (the
+    coordinator: the chain's first node) while the one stalling was never named."""
+    return min(HANDBACK_MARGIN_S, max(deadline_s, 0.0) / 8)
+
+
+def ack_problem(entry: pb.HopTrace, waited_ms: float) -> str | None:
+    """Why the next node's acknowledgement cannot be believed, or None. Its compute happened while we
+    waited for it, so it cannot be longer than our wait: we take it off our wait to measure the link,
+    sign the result as our own forwarding time, and the coordinator voids a chain over impossible times
+    blaming the nodes at that entry. A next node lying here must be blamed itself, never us."""
+    compute_ms = entry.compute_ms
+    if not (math.isfinite(compute_ms) and 0 <= compute_ms <= waited_ms + ACK_SLACK_MS):
+        return f"implausible acknowledgement: compute_ms {compute_ms:.6g} over a wait of {waited_ms:.3f} ms"
+    return None
+
+
+def final_problem(final: pb.RelayEvent, chain: Sequence[pb.RelayStep], index: int) -> str | None:
+    """Why the final event of the step at `index` is not one of this chain, or None: it carries that
+    step's entry and those after it, all of them unless it hands back. Passed on as it is, a shortened
+    trace with no hand-back would leave the coordinator waiting on a result the last node never got,
+    and then blaming the last node; checked here, the node that sent it is the one handed back."""
+    rest, entries = len(chain) - index, len(final.trace)
+    if final.ack or not 1 <= entries <= rest or (entries < rest and not final.handback_reason):
+        what = "a hand-back" if final.handback_reason else "no hand-back"
+        return f"malformed final event: {entries} trace entries for the {rest} steps left, with {what}"
+    first, step = final.trace[0], chain[index]
+    if (first.node, first.block, first.position) != (step.address, step.block, step.position):
+        return "malformed final event: its first trace entry is not the next step's"
+    return None
 
 
 async def _read(call: Any, timeout: float) -> Any:

@@ -39,6 +39,11 @@ class Advert:
         missing = [k for k in TXT_KEYS if k not in text]
         if missing:
             raise ValueError(f"TXT record lacks {', '.join(missing)}")
+        # Anyone on the LAN writes these, and the coordinator logs them (and reasons built from them):
+        # a newline would let an advert forge log lines, such as a node's state change.
+        unprintable = [k for k in TXT_KEYS if not text[k].isprintable()]
+        if unprintable:
+            raise ValueError(f"TXT record has control characters in {', '.join(unprintable)}")
         try:
             block, proto = int(text["block"]), int(text["proto"])
         except ValueError as exc:
