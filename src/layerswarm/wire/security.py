@@ -181,9 +181,10 @@ def _require_role(handler: Any, allowed: set[str]) -> Any:
 
 
 def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> Any:
-    """A refusal with UNAUTHENTICATED. A unary call's request is read first (up to the node's message
-    limit): refusing before reading it races the caller's send, and under load the caller then saw
-    INTERNAL ("Internal error from Core") instead of the refusal (2 of 50 runs of the replay tests)."""
+    """A refusal with UNAUTHENTICATED, after the caller's (first) message is read: a call ended while
+    its caller is still writing makes grpc.aio's client report its own INTERNAL ("Internal error from
+    Core") instead of the refusal (seen under load in the replay tests), and a coordinator then cannot
+    tell a refusal, whose trailing metadata carries the node's new challenge, from a failure."""
 
     async def abort(context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"swarm authentication: {reason}", trailing)
@@ -191,6 +192,8 @@ def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> An
     if method.endswith("Stream"):
 
         async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async for _ in requests:  # the caller's first message in (as for a unary call), then the refusal
+                break
             await abort(context)
             yield  # pragma: no cover - abort raises; this makes the function an async generator
 
