@@ -157,3 +157,35 @@ async def test_mutual_tls_end_to_end(certs: Path, model_dir: Path) -> None:
 def test_half_a_tls_configuration_is_refused(certs: Path) -> None:
     with pytest.raises(ValueError, match="all three"):
         SecuritySettings.from_files(None, certs / "node.pem", None, certs / "ca.pem")
+
+
+@pytest.mark.parametrize("node_with", [TOKEN], indirect=True)
+async def test_a_stranger_cannot_make_a_node_read_more_than_its_model_needs(node_with: Node) -> None:
+    """A refused call is read before its refusal (refusing first races the caller's send), so what a
+    stranger can make a node take in per call is its receive limit: sized to the model's largest
+    request (here batch 64 x 5 tokens x 32 wide, + 1 MiB), not the 64 MiB ceiling."""
+    from layerswarm.node.server import receive_limit
+
+    cfg = node_with.manifest.config
+    assert node_with.receive_limit == receive_limit(node_with.settings, cfg) < 2 << 20
+    most = pb.ForwardRequest(activations=codec.encode(torch.randn(64, cfg.num_tokens, cfg.dim)), position=0)
+    padded = pb.ForwardRequest(activations=pb.Tensor(data=b"\0" * (3 << 20)), position=0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{node_with.port}") as channel:
+        stub = pb_grpc.BlockNodeStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Forward(most, timeout=10)  # the largest legitimate request: read, then refused
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.aio.AioRpcError) as too_big:
+            await stub.Forward(padded, timeout=10)
+        assert too_big.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_the_receive_limit_covers_a_full_batch_and_keeps_the_configured_ceiling(model_dir: Path) -> None:
+    from layerswarm.models.config import ViTConfig
+    from layerswarm.node.server import receive_limit
+
+    settings = NodeSettings(model_dir=model_dir, block=0)
+    vitb = ViTConfig(image_size=224, patch_size=16, dim=768, depth=12, heads=12)
+    assert receive_limit(settings, vitb) == 64 * 197 * 768 * 4 + 64 * 197 * 8 + (1 << 20)  # 39.8 MB
+    small = NodeSettings(model_dir=model_dir, block=0, max_message_bytes=1 << 20)
+    assert receive_limit(small, vitb) == 1 << 20  # a lower configured ceiling wins

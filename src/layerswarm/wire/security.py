@@ -15,6 +15,8 @@ Forward, ForwardStream or Collect.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -180,6 +182,9 @@ def _require_role(handler: Any, allowed: set[str]) -> Any:
     return grpc.unary_unary_rpc_method_handler(unary, **codec)
 
 
+FIRST_MESSAGE_WAIT_S = 0.5  # how long a refused stream waits for the caller's first message
+
+
 def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> Any:
     """A refusal with UNAUTHENTICATED, after the caller's (first) message is read: a call ended while
     its caller is still writing makes grpc.aio's client report its own INTERNAL ("Internal error from
@@ -192,8 +197,10 @@ def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> An
     if method.endswith("Stream"):
 
         async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            async for _ in requests:  # the caller's first message in (as for a unary call), then the refusal
-                break
+            # The caller's first message in, as for a unary call, if it writes one at once; a caller that
+            # waits for our answer first (a RelayStream waits to be accepted) gets it after the wait.
+            with contextlib.suppress(asyncio.TimeoutError, StopAsyncIteration):
+                await asyncio.wait_for(anext(aiter(requests)), FIRST_MESSAGE_WAIT_S)
             await abort(context)
             yield  # pragma: no cover - abort raises; this makes the function an async generator
 
