@@ -36,6 +36,25 @@ def test_generated_tasks_are_deterministic_balanced_and_read_as_image_folders(ta
     assert np.asarray(other).tobytes() != np.asarray(image(task, 3, "train", 0)[0]).tobytes()
 
 
+def test_the_cli_offers_every_generated_task() -> None:
+    """`layerswarm datasets` keeps its own list (its module stays torch- and numpy-free): it must not drift."""
+    from layerswarm.cli.datasets import TASKS as OFFERED
+
+    assert sorted(OFFERED) == sorted(TASKS)
+
+
+def test_faint_textures_are_the_textures_classes_at_lower_contrast() -> None:
+    """The harder variant keeps the eight classes, its pattern at a fraction of `textures`' contrast
+    (with the tilt and the wider periods, what keeps it off the ceiling)."""
+    assert TASKS["faint-textures"].classes == TASKS["textures"].classes
+
+    def spread(task: str) -> float:  # spatial std per colour channel: the pattern's contrast plus noise
+        pixels = [np.asarray(image(task, 0, "train", i)[0], dtype=np.float64) for i in range(64)]
+        return float(np.mean([p.std(axis=(0, 1)).mean() for p in pixels]))
+
+    assert spread("faint-textures") < 0.65 * spread("textures")  # 20.5 against 36.3
+
+
 def test_relation_labels_follow_the_geometry_and_a_mirror_swaps_left_and_right() -> None:
     """Why flips are off by default: the circle of a 'left' image is left of the square; mirrored
     (x -> 31 - x) it is right of it, which is another class."""

@@ -6,7 +6,12 @@ import argparse
 
 from .base import Subparsers, add_command, folder, non_negative_int, positive_int
 
-TASKS = ("relations", "textures", "counting")  # models.synthetic.TASKS; kept torch- and numpy-free here
+TASKS = (
+    "relations",
+    "textures",
+    "faint-textures",
+    "counting",
+)  # models.synthetic.TASKS; kept torch- and numpy-free here
 
 
 def register(sub: Subparsers) -> None:
@@ -14,11 +19,13 @@ def register(sub: Subparsers) -> None:
         sub,
         "datasets",
         run,
-        help="write a generated 8-class image-folder dataset (relations, textures, counting)",
+        help="write a generated 8-class image-folder dataset (relations, textures, faint-textures, counting)",
         description="Write DIR/train/CLASS/*.png and DIR/val/CLASS/*.png (32 x 32) of a generated task the "
         "project was not tuned on, to train with `layerswarm train --data imagefolder:DIR`. relations: where "
         "a circle is relative to a square and which is larger (a mirror swaps left and right: no flips); "
-        "textures: stripes, diagonals, checks, dots, rings, blotches; counting: 1-8 blobs. Deterministic "
+        "textures: stripes, diagonals, checks, dots, rings, blotches; faint-textures: the same classes in two "
+        "close colours under heavy noise, turned by up to 15 degrees (far from the ceiling textures reaches); "
+        "counting: 1-8 blobs. Deterministic "
         "from --seed.",
     )
     p.add_argument("task", choices=TASKS, help="which task")

@@ -52,10 +52,11 @@ def inherited_reference(init: str | None) -> ReferenceResult | None:
 def against_inherited(trainer: Trainer, reference: ReferenceResult, init: str, classes: int) -> dict[str, Any]:
     """A fine-tune without its own reference (family members) against its base's: the same data and the
     base's training time, on the base's validation split (a member's own split is drawn from its seed)."""
-    record = compare(kept_accuracies(trainer), reference, classes)
+    vit = kept_accuracies(trainer)
+    record = compare(vit, reference, classes)
     record["reference_from"] = init
     record["majority_baseline"] = round(majority_baseline(trainer)[1], 4)
-    warning = far_behind_warning(kept_accuracies(trainer), reference)
+    warning = far_behind_warning(vit, reference)
     if warning:
         log.warning("%s", warning)
     return record
