@@ -17,7 +17,7 @@ from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.commands import inherited_augmentation
 from layerswarm.models.config import patch_size_for
 from layerswarm.models.data import load_dataset
-from layerswarm.models.reference import ReferenceResult, far_behind_warning, train_reference
+from layerswarm.models.reference import ReferenceResult, compare, far_behind_warning, train_reference
 from layerswarm.models.synthetic import RELATION_CLASSES, RELATIONS, TASKS, _relation_centres, image, write
 from layerswarm.models.train import TrainRecipe, _augment
 
@@ -96,6 +96,13 @@ def test_reference_cnn_learns_and_the_far_behind_warning_fires(tmp_path: Path) -
     assert far_behind_warning({"val_sequential": result.val_acc}, result) is None
     fake = ReferenceResult("cnn", 0.5, 1.0, 1, 0.1)
     assert far_behind_warning({"val_sequential": 0.46}, fake) is None  # 0.92 of the reference: not far behind
+
+
+def test_a_reference_that_learned_nothing_gives_no_ratio() -> None:
+    """A ratio to a zero accuracy said 1e9 in the manifest; now it says nothing."""
+    record = compare({"val_sequential": 0.4}, ReferenceResult("cnn", 0.0, 1.0, 1, 0.1), 8)
+    assert record["ratio_val_sequential"] is None and record["vit_val_sequential"] == 0.4
+    assert compare({"val_sequential": 0.4}, ReferenceResult("cnn", 0.5, 1.0, 1, 0.1), 8)["ratio_val_sequential"] == 0.8
 
 
 def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,7 +99,8 @@ def compare(vit_acc: dict[str, float], reference: ReferenceResult, num_classes: 
         "chance": round(1.0 / num_classes, 4),
         "reference": asdict(reference),
         **{f"vit_{k}": round(v, 4) for k, v in vit_acc.items()},
-        **{f"ratio_{k}": round(v / max(reference.val_acc, 1e-9), 3) for k, v in vit_acc.items()},
+        # None when the reference learned nothing measurable: a ratio to zero says nothing (it read 1e9)
+        **{f"ratio_{k}": round(v / reference.val_acc, 3) if reference.val_acc > 0 else None for k, v in vit_acc.items()},
     }
 
 
