@@ -95,12 +95,12 @@ def train_reference(
 
 def compare(vit_acc: dict[str, float], reference: ReferenceResult, num_classes: int) -> dict[str, object]:
     """The record written into the manifest: the ViT's accuracies against chance and the reference."""
+    ref = reference.val_acc  # at zero a ratio says nothing (it read 1e9): None
     return {
         "chance": round(1.0 / num_classes, 4),
         "reference": asdict(reference),
         **{f"vit_{k}": round(v, 4) for k, v in vit_acc.items()},
-        # None when the reference learned nothing measurable: a ratio to zero says nothing (it read 1e9)
-        **{f"ratio_{k}": round(v / reference.val_acc, 3) if reference.val_acc > 0 else None for k, v in vit_acc.items()},
+        **{f"ratio_{k}": round(v / ref, 3) if ref > 0 else None for k, v in vit_acc.items()},
     }
 
 
