@@ -9,6 +9,7 @@ policy asks them first. Honest nodes serve every block of a sibling member.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,8 +31,8 @@ from .swarm import address, coordinator, node_cmd, start_nodes, wait_until
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 
 
-def rogue_cmd(model_dir: Path, block: int, mode: str, *extra: str) -> list[str]:
-    args = node_cmd(model_dir, block, "--no-advertise")[4:]  # drop `python -m layerswarm node`
+def rogue_cmd(model_dir: Path, block: int, mode: str, *extra: str, port: int = 0) -> list[str]:
+    args = node_cmd(model_dir, block, "--no-advertise", port=port)[4:]  # drop `python -m layerswarm node`
     return [sys.executable, "-m", "layerswarm.harness.faults", *args, "--fault-mode", mode, *extra]
 
 
@@ -83,6 +84,42 @@ async def test_lying_node_is_quarantined_on_evidence(family_dirs: list[Path], ho
         assert 'layerswarm_verify_hops_total{kind="reexecuted"}' in scraped
     finally:
         await coord.stop()
+
+
+async def test_a_convicted_node_restarting_with_a_new_boot_id_stays_out(
+    family_dirs: list[Path], honest: list[Proc]
+) -> None:
+    """The boot id is the node's own claim: a liar that restarts (or just claims a new boot id) stays
+    quarantined for the conviction's cool-down instead of being back after its probation hops."""
+    rogue = spawn("rogue-zeros", rogue_cmd(family_dirs[0], 0, "zeros"))
+    coord = await started(family_dirs, [*honest, rogue])
+    try:
+        await coord.classify(torch.rand(1, 3, 16, 16), SEQ)  # on probation: caught on its first hop
+        record = coord.registry.nodes[address(rogue)]
+        assert record.convicted and record.identity is not None
+        convicted_boot, port, served = record.identity.boot_id, int(rogue.ready["port"]), record.served
+        stop_all([rogue])
+        # Back with a new boot id, honest for its probation hops and lying after: the attack.
+        rogue = spawn("rogue-again", rogue_cmd(family_dirs[0], 0, "zeros", "--fault-after", "2", port=port))
+        await wait_until(
+            lambda: record.identity is not None and record.identity.boot_id != convicted_boot,
+            what="the restarted rogue's Info",
+        )
+        for seed in range(4):  # several health rounds and requests later: never asked
+            hops = (
+                await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=seed))
+            ).path.hops
+            assert address(rogue) not in {h.node for h in hops} | {a.node for h in hops for a in h.attempts}
+        assert record.served == served
+        assert record.state.value == "quarantined" and "new boot id" in record.reason
+        view = {n["address"]: n for n in coord.registry.snapshot()}[address(rogue)]
+        assert view["convictions"] == 1 and view["barred_until"] > time.time()
+        scraped = generate_latest(coord.metrics.registry).decode()  # a refused comeback is no transition
+        assert 'layerswarm_node_transitions_total{to="quarantined"} 1.0' in scraped
+        assert "layerswarm_verify_convictions_total 1.0" in scraped
+    finally:
+        await coord.stop()
+        stop_all([rogue])
 
 
 @pytest.mark.parametrize("rogue", [("zeros",)], indirect=True)

@@ -89,7 +89,12 @@ def test_min_useful_depth_keeps_the_margin() -> None:
 def test_strict_mode_refuses_unlisted_models_and_convictions_outlast_the_cool_down() -> None:
     now = [0.0]
     known = {("mdl-a", 0): "sha"}
-    strict = Registry(FamilySpec("fam", 3, 5, 32, known, strict=True), quarantine_s=1.0, clock=lambda: now[0])
+    strict = Registry(
+        FamilySpec("fam", 3, 5, 32, known, strict=True),
+        quarantine_s=1.0,
+        conviction_cooldown_s=60.0,
+        clock=lambda: now[0],
+    )
     assert strict.admit("n1:1", identity("mdl-forged")).state is NodeState.IGNORED
     assert strict.admit("n2:1", identity("mdl-a")).state is NodeState.HEALTHY
     lax = Registry(FamilySpec("fam", 3, 5, 32, known, strict=False))
@@ -99,7 +104,11 @@ def test_strict_mode_refuses_unlisted_models_and_convictions_outlast_the_cool_do
     strict.health_ok("n2:1")
     assert strict.nodes["n2:1"].state is NodeState.QUARANTINED  # evidence: no release after the cool-down
     assert strict.nodes["n2:1"].to_json()["evidence"] == [{"check": "re-execution"}]
-    assert strict.admit("n2:1", identity("mdl-a", boot="boot-2")).state is NodeState.HEALTHY  # restarted
+    # A new boot id is the node's own claim: it stays out for the conviction's cool-down too (test_convictions.py).
+    assert strict.admit("n2:1", identity("mdl-a", boot="boot-2")).state is NodeState.QUARANTINED
+    now[0] = 60.0
+    strict.health_ok("n2:1")
+    assert strict.nodes["n2:1"].state is NodeState.HEALTHY  # restarted, after the cool-down: on probation
 
 
 async def test_verification_state_of_nodes_that_left_is_dropped(family_dirs: list[Path]) -> None:

@@ -96,7 +96,11 @@ class Coordinator:
         self.stem, self.head = load_parts(settings.model_dir, self.manifest)
         self.members = load_members(settings.model_dir, self.manifest, self.stem, self.head, settings.family_dirs)
         self.registry = Registry(
-            family_spec(settings), settings.eject_after, settings.quarantine_s, on_change=self._on_node_event
+            family_spec(settings),
+            settings.eject_after,
+            settings.quarantine_s,
+            on_change=self._on_node_event,
+            conviction_cooldown_s=settings.conviction_cooldown_s,
         )
         self.pool = ClientPool(transport=settings.transport, security=settings.security)
         self.min_blocks = default_min_blocks(settings, self.manifest)
@@ -135,7 +139,8 @@ class Coordinator:
 
     def _on_node_event(self, event: NodeEvent) -> None:
         log_node_event(event)
-        self.metrics.node_transitions.labels(event.new.value if event.new else "forgotten").inc()
+        if event.old is not event.new:  # not a convicted node refused again (it stays where it was)
+            self.metrics.node_transitions.labels(event.new.value if event.new else "forgotten").inc()
         if event.new is None and self.verifier is not None:  # it left: its per-node state goes too
             self.verifier.forget(event.address)
 

@@ -35,7 +35,7 @@ class HopFailed(Exception):
     def __init__(self, message: str, quarantine: bool = False, evidence: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.quarantine = quarantine
-        self.evidence = evidence  # set when verification caught a lie: kept until the node restarts
+        self.evidence = evidence  # set when verification caught a lie (a conviction)
 
 
 class HopResult(NamedTuple):

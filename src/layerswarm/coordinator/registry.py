@@ -22,6 +22,7 @@ from typing import Any
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.stats import ewma, quantile
 
+from .convictions import MAX_BAR_S, Convictions
 from .linkmap import LinkMap
 
 MDNS = "mdns"
@@ -68,7 +69,8 @@ class FamilySpec:
 
 @dataclass(frozen=True)
 class NodeEvent:
-    """A node's state changed (`new` None: forgotten). For the operator's log."""
+    """A node's state changed (`new` None: forgotten), or a convicted node came back with a new boot id
+    and stays quarantined (`old` is `new`). For the operator's log."""
 
     address: str
     old: NodeState | None
@@ -97,9 +99,10 @@ class NodeRecord:
     state_since: float = 0.0
     recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=64))  # bounded: for hedging
     # Verification's findings (what was checked, against what, how far off); a node quarantined on
-    # evidence stays out until it restarts (new boot id: then it is on probation again).
+    # evidence stays out for good, and a new incarnation of it only after a cool-down (convictions.py).
     evidence: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=5))
-    convicted: bool = False
+    convicted: bool = False  # this incarnation was caught lying
+    barred: bool = False  # this incarnation is kept out by an earlier one's conviction
 
     def latency_quantile(self, q: float, min_samples: int = 8) -> float | None:
         """The q-quantile of recent hop latencies (ms), or None while there are too few to judge."""
@@ -180,6 +183,9 @@ class Registry:
         on_change: Callable[[NodeEvent], None] | None = None,
         max_unproven: int = 128,
         max_unproven_per_host: int = 32,
+        conviction_cooldown_s: float = 600.0,
+        conviction_max_cooldown_s: float = MAX_BAR_S,
+        wall: Callable[[], float] = time.time,  # only to show when a bar ends (the clock may be monotonic)
     ) -> None:
         self.family = family
         self.eject_after = eject_after
@@ -190,6 +196,10 @@ class Registry:
         self.max_unproven_per_host = max_unproven_per_host
         self.nodes: dict[str, NodeRecord] = {}
         self.links = LinkMap()  # measured transfer costs (coordinator <-> node, node -> node)
+        self.convictions = Convictions(
+            conviction_cooldown_s, clock, conviction_max_cooldown_s
+        )  # by address: outlive records
+        self.wall = wall
 
     # --- membership --------------------------------------------------------------------------------------
 
@@ -262,16 +272,22 @@ class Registry:
         record = self.nodes.get(address)
         if record is None:  # not heard of (or evicted meanwhile): a record with no hint of its own
             record = self.nodes[address] = NodeRecord(address=address, source="admitted", state_since=self.clock())
-        if record.identity is not None and record.identity.boot_id != identity.boot_id:
+        new_boot = record.identity is not None and record.identity.boot_id != identity.boot_id
+        if new_boot:
             record.ewma_ms, record.consecutive_failures = None, 0  # a new incarnation starts fresh
             record.recent_ms.clear()
-            record.convicted = False
-            if record.state in (NodeState.EJECTED, NodeState.QUARANTINED):
-                self._set(record, NodeState.HEALTHY, "restarted (new boot id)")
+            record.convicted = record.barred = False
         record.identity = identity
         refusal = self._refusal(identity)
+        # The boot id is the node's own claim: a conviction at this address outlives it (convictions.py).
+        bar = self.convictions.bar(address, identity.boot_id)
         if refusal:
             self._set(record, NodeState.IGNORED, refusal)
+        elif bar is not None and not record.convicted:  # (a convicted incarnation keeps its evidence's reason)
+            record.proven, record.barred = True, True
+            self._set(record, NodeState.QUARANTINED, bar, announce=new_boot)
+        elif new_boot and record.state in (NodeState.EJECTED, NodeState.QUARANTINED):
+            self._set(record, NodeState.HEALTHY, "restarted (new boot id)")  # an honest restart: back at once
         elif record.state in (NodeState.PENDING, NodeState.IGNORED):
             record.proven = True
             self._set(record, NodeState.HEALTHY, "ok")
@@ -332,6 +348,8 @@ class Registry:
             if evidence is not None:
                 record.evidence.append(evidence)
                 record.convicted = True
+                if record.identity is not None:
+                    self.convictions.convict(address, record.identity.boot_id)
             self._set(record, NodeState.QUARANTINED, reason)
 
     def health_ok(self, address: str) -> None:
@@ -341,11 +359,13 @@ class Registry:
         record.consecutive_failures = 0
         if record.state is NodeState.EJECTED:
             self._set(record, NodeState.HEALTHY, "recovered")
-        elif (
-            record.state is NodeState.QUARANTINED
-            and not record.convicted
-            and self.clock() - record.state_since >= self.quarantine_s
-        ):
+        elif record.state is not NodeState.QUARANTINED or record.convicted:
+            return  # routable already, or this incarnation was caught lying: it never comes back
+        elif record.barred:
+            if self.convictions.bar(address, record.identity.boot_id) is None:
+                record.barred = False
+                self._set(record, NodeState.HEALTHY, "conviction cool-down over: a new incarnation, on probation")
+        elif self.clock() - record.state_since >= self.quarantine_s:
             self._set(record, NodeState.HEALTHY, "quarantine over")
 
     def health_failed(self, address: str, reason: str) -> None:
@@ -358,12 +378,13 @@ class Registry:
         if record.state is NodeState.HEALTHY and record.consecutive_failures >= self.eject_after:
             self._set(record, NodeState.EJECTED, reason)
 
-    def _set(self, record: NodeRecord, state: NodeState, reason: str) -> None:
+    def _set(self, record: NodeRecord, state: NodeState, reason: str, announce: bool = False) -> None:
+        """`announce`: report it even when the state stays (a convicted node back with a new boot id)."""
         old = record.state
         if old is not state:
             record.state_since = self.clock()
         record.state, record.reason = state, reason
-        if old is not state:
+        if old is not state or announce:
             self._emit(NodeEvent(record.address, old, state, reason))
 
     def _emit(self, event: NodeEvent) -> None:
@@ -384,4 +405,5 @@ class Registry:
 
     def snapshot(self) -> list[dict[str, Any]]:
         ordered = sorted(self.nodes.values(), key=lambda r: (r.block, r.address))
-        return [{**r.to_json(), "links": self.links.from_node(r.address)} for r in ordered]
+        views = [{**r.to_json(), **self.convictions.view(r.address, self.wall)} for r in ordered]
+        return [{**v, "links": self.links.from_node(v["address"])} for v in views]

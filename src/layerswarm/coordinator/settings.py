@@ -53,6 +53,14 @@ class CoordinatorSettings(ProcessSettings):
     health_timeout_s: float = Field(default=0.5, gt=0)
     eject_after: int = Field(default=2, ge=1)  # failed health checks in a row that eject a node
     quarantine_s: float = Field(default=30.0, ge=0)
+    # A node caught lying stays out for good; a new incarnation of it (a new boot id: the node's own claim)
+    # only after this cool-down, doubled for each further conviction of its address (capped at a day).
+    conviction_cooldown_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a node's address stays barred after it is caught lying, whatever boot id it then "
+        "reports (doubled for each further conviction, at most a day)",
+    )
     hedge_quantile: float | None = Field(  # None (0 from the CLI): no hedged requests
         default=0.95,
         gt=0,
