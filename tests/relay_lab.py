@@ -1,0 +1,79 @@
+"""Shared by the relay tests: an in-process relay swarm of FaultyNodes (faults injected per node), and
+the constants the real-process tests use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.faults import FaultSpec, FaultyNode
+from layerswarm.node.settings import NodeSettings
+from layerswarm.wire.security import SecuritySettings
+
+from .conftest import make_model_dir
+from .swarm import wait_until
+
+TOKEN = "relay-test-token"
+DEPTH = 4
+SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0, exit_rule="none")
+
+
+def without_relay_stream(node: FaultyNode) -> None:
+    """Make `node` answer RelayStream as a node from before it did (UNIMPLEMENTED)."""
+    make = node.make_service
+
+    def make_service() -> Any:
+        service = make()
+
+        async def relay_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+            yield  # pragma: no cover - abort raises
+
+        service.RelayStream = relay_stream  # type: ignore[method-assign]
+        return service
+
+    node.make_service = make_service  # type: ignore[method-assign]
+
+
+async def in_process_relay_swarm(
+    tmp_path: Path,
+    faults: list[FaultSpec],
+    node_values: dict[str, Any] | None = None,
+    old_nodes: tuple[int, ...] = (),
+    **settings: object,
+) -> tuple[list[FaultyNode], Coordinator]:
+    model = make_model_dir(tmp_path / "m", depth=len(faults))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    security = SecuritySettings(token=TOKEN)
+    served = [
+        FaultyNode(
+            NodeSettings(
+                model_dir=model, block=b, advertise=False, security=security, **{"grace_s": 0.1, **(node_values or {})}
+            ),
+            spec,
+        )
+        for b, spec in enumerate(faults)
+    ]
+    for b in old_nodes:
+        without_relay_stream(served[b])
+    for node in served:
+        await node.start()
+    values: dict[str, object] = {"health_interval_s": 60, "hedge_quantile": None, "wire_dtype": "fp32", **settings}
+    peers = tuple(f"127.0.0.1:{n.port}" for n in served)
+    coord = Coordinator(
+        CoordinatorSettings(model_dir=model, peers=peers, mdns=False, topology="relay", token_file=token_file, **values)  # type: ignore[arg-type]
+    )
+    await coord.start()
+    await wait_until(lambda: coord.registry.reachable_depth() == len(faults), what="all blocks reachable")
+    return served, coord
+
+
+def images() -> torch.Tensor:
+    return torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,329 @@
+"""Relay chains against lying or misbehaving nodes: impossible times, rewritten trace entries, lying
+acknowledgements, chains ended early, calls that talk on or stall. Each is blamed on the node that did it."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from prometheus_client import generate_latest
+
+from layerswarm.coordinator.clients import NodeClient
+from layerswarm.coordinator.core import Coordinator
+from layerswarm.harness.faults import FaultSpec, FaultyNode
+from layerswarm.node.settings import NodeSettings
+from layerswarm.wire import codec
+from layerswarm.wire.auth import derive_key
+from layerswarm.wire.relay_plan import digest, plan_mac
+from layerswarm.wire.security import SecuritySettings
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .conftest import make_model_dir
+from .relay_lab import SEQ, TOKEN, images, in_process_relay_swarm
+from .swarm import wait_until
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rtt_ms", float("nan")), ("rtt_ms", -1.0), ("rtt_ms", 1e9), ("send_ms", float("inf")), ("compute_ms", -5.0)],
+)
+def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> None:
+    """A lying node's figures never reach the link map: NaN, negative or absurd times void the chain."""
+    from types import SimpleNamespace
+
+    from layerswarm.coordinator.relay import _trace_problem
+    from layerswarm.wire.relay_plan import digest
+
+    sent = pb.RelayRequest(forward=pb.ForwardRequest(activations=pb.Tensor(data=b"activations")))
+    segment = [
+        (None, SimpleNamespace(address="a:1", block=0, identity=None)),
+        (None, SimpleNamespace(address="b:2", block=1, identity=None)),
+    ]
+    first = pb.HopTrace(node="a:1", block=0, position=0, compute_ms=1.0, send_ms=2.0, rtt_ms=0.5)
+    first.input_sha256, first.output_sha256 = digest(b"activations"), "out-a"
+    second = pb.HopTrace(node="b:2", block=1, position=1, compute_ms=1.0, input_sha256="out-a", output_sha256="out-b")
+    assert _trace_problem([first, second], segment, 0, sent) is None  # type: ignore[arg-type]
+    setattr(first, field, value)
+    assert _trace_problem([first, second], segment, 0, sent) == (0, "trace step 0 has impossible times")  # type: ignore[arg-type]
+
+
+async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_out_its_grace(tmp_path: Path) -> None:
+    """Relay streams live as long as their sender: a node draining on SIGTERM must not wait its whole
+    grace period for them. It finishes the chains in flight, closes each stream, and the coordinator's
+    next request goes on without it."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 3, node_values={"grace_s": 30.0}, verify_rate=None, min_blocks=1
+    )
+    try:
+        result = await coord.classify(images(), SEQ)  # opens coordinator -> 0 -> 1 -> 2 streams
+        assert [h.outcome for h in result.path.hops] == ["relayed"] * 3
+        await asyncio.wait_for(served[1].stop(), 10.0)  # far under its 30 s grace
+        after = await coord.classify(images(), SEQ)
+        assert [h.block for h in after.path.hops if h.block is not None] == [0, 2]  # block 1 skipped
+    finally:
+        await coord.stop()
+        for node in (served[0], served[2]):
+            await node.stop()
+
+
+def _rewriting_later_entries(node: FaultyNode) -> None:
+    """Make `node` a lying relay: on each chain's way back it rewrites the next node's trace entry (its
+    forwarding time, which steers the coordinator's link map), keeping the digest chain intact."""
+    relay = node.relayer.relay
+
+    async def rewriting(request: pb.RelayRequest, handle: Any) -> Any:
+        async for event in relay(request, handle):
+            if not event.ack and len(event.trace) > 1:
+                event.trace[1].send_ms = 5000.0
+            yield event
+
+    node.relayer.relay = rewriting  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("keys", [True, False])
+async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_by_its_signature(
+    tmp_path: Path, keys: bool
+) -> None:
+    """Each node signs its own entry with a per-boot key its token proof vouches for, so a node the
+    entries travel back through cannot rewrite them: the chain is discarded and the request still
+    answers, by star from the activation the coordinator held. Nodes without keys (`keys=False`, as
+    from before keys existed) cannot be protected that way: the rewritten time gets through."""
+    served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
+    if not keys:  # nodes that report no key in Info, to a coordinator that meets them afresh
+        await coord.stop()
+        for node in served:
+            node.relayer.signer.public = b""
+        coord = Coordinator(coord.settings)
+        await coord.start()
+        await wait_until(lambda: coord.registry.reachable_depth() == 3, what="all blocks reachable")
+    _rewriting_later_entries(served[0])
+    try:
+        result = await coord.classify(images(), SEQ)
+        second, third = (f"127.0.0.1:{n.port}" for n in served[1:])
+        if keys:
+            (handback,) = result.path.handbacks
+            assert "is not signed by its node" in handback["reason"] and "trace step 1" in handback["reason"]
+            # Either of the two nodes at the break may be the liar: both are left out of this request
+            # (no other node serves their blocks here), and the last block runs star.
+            assert [(h.block, h.outcome) for h in result.path.hops if h.block is not None] == [(2, "ok")]
+            assert coord.registry.links.per_mb(second, third) is None  # the forged time never got in
+        else:
+            assert [h.outcome for h in result.path.hops] == ["relayed"] * 3 and not result.path.handbacks
+            assert coord.registry.links.per_mb(second, third) is not None
+        scraped = generate_latest(coord.metrics.registry).decode()  # what an operator's alert reads
+        outcome = "discarded" if keys else "completed"
+        assert f'layerswarm_relay_chains_total{{outcome="{outcome}"}} 1.0' in scraped
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def _lying_in_its_acknowledgement(node: FaultyNode, compute_ms: float) -> None:
+    """Make `node` claim `compute_ms` in every acknowledgement it sends. The node before it measures its
+    link as the time until that acknowledgement less this compute, and signs the result as its own."""
+    relay = node.relayer.relay
+
+    async def lying(request: pb.RelayRequest, handle: Any) -> Any:
+        async for event in relay(request, handle):
+            if event.ack:
+                event.trace[0].compute_ms = compute_ms
+            yield event
+
+    node.relayer.relay = lying  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("claimed", [float("nan"), 1e7, 1e6])
+async def test_a_node_lying_in_its_acknowledgement_is_blamed_not_the_node_before_it(
+    tmp_path: Path, claimed: float
+) -> None:
+    """The next node's acknowledgement claims a compute time longer than the whole wait for it (NaN,
+    past the trace's bounds, or within them): the node before it hands back naming that node, rather
+    than signing an impossible forwarding time of its own (which would void the chain and blame it
+    and the node before it) or a link faster than light (which would steer the planner)."""
+    served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
+    _lying_in_its_acknowledgement(served[1], claimed)
+    first, liar = (f"127.0.0.1:{n.port}" for n in served[:2])
+    try:
+        result = await coord.classify(images(), SEQ)
+        (handback,) = result.path.handbacks
+        assert "step 1" in handback["reason"] and "acknowledgement" in handback["reason"], handback
+        assert coord.registry.nodes[liar].failed >= 1
+        assert coord.registry.nodes[first].failed == 0  # the honest node before it is not blamed
+        assert result.path.hops[0].outcome == "relayed"  # its own hop still counts
+        assert coord.registry.links.per_mb(first, liar) is None  # nothing measured against the lie
+        assert all(math.isfinite(s.ewma_send_ms) for s in served[0].relayer.peers.link_stats())  # type: ignore[union-attr]
+        assert not served[0].relayer.peers.link_stats()  # type: ignore[union-attr]
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def _ending_the_chain_at_itself(node: FaultyNode) -> None:
+    """Make `node` answer a chain as if it were its last step: its hop, its own (properly signed) entry,
+    no hand-back, and nothing forwarded, so the last node never gets the result the coordinator collects."""
+
+    async def truncating(request: pb.RelayRequest, handle: Any) -> Any:
+        reply = await handle(request.forward)
+        rid, step = request.forward.request_id, request.chain[request.index]
+        own = pb.HopTrace(
+            node=step.address, block=step.block, position=step.position, compute_ms=reply.compute_ms,
+            input_sha256=digest(request.forward.activations.data), output_sha256=digest(reply.activations.data),
+        )  # fmt: skip
+        node.relayer.signer.sign(own, rid, request.plan_mac)
+        yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
+        yield pb.RelayEvent(request_id=rid, trace=[own])
+
+    node.relayer.relay = truncating  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(("liar", "reason"), [(1, "step 1"), (0, "without a hand-back")])
+async def test_a_node_ending_a_chain_early_is_blamed_at_once_not_the_last_node(
+    tmp_path: Path, liar: int, reason: str
+) -> None:
+    """A node that claims the chain completed at itself (no hand-back, the rest of the trace missing) is
+    blamed at once: by the node before it, which hands back naming it, or, the first node, by the
+    coordinator. Before, the coordinator waited on Collect at the last node, which never got the chain,
+    for the request's whole deadline, then blamed that last node, and the request failed."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1, request_timeout_s=6.0
+    )
+    _ending_the_chain_at_itself(served[liar])
+    addresses = [f"127.0.0.1:{n.port}" for n in served]
+    try:
+        started = time.monotonic()
+        result = await coord.classify(images(), SEQ)
+        assert time.monotonic() - started < 3.0  # not the request's whole deadline
+        assert any(reason in h["reason"] for h in result.path.handbacks), result.path.handbacks
+        assert coord.registry.nodes[addresses[liar]].failed >= 1
+        assert all(coord.registry.nodes[a].failed == 0 for a in addresses if a != addresses[liar])
+        ran = [h.block for h in result.path.hops if h.block is not None]
+        assert sorted(ran) == [b for b in range(4) if b != liar]  # only the liar's block left out
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def test_a_next_nodes_events_are_checked_before_they_are_believed() -> None:
+    """What a node checks in its next node's events (node/relay.py), before it signs anything from them
+    or passes them back: an acknowledgement's compute within the wait for it, and a final event that
+    holds the next step's entry and the rest, all of them unless it hands back."""
+    from layerswarm.node.relay import ack_problem, final_problem
+
+    assert ack_problem(pb.HopTrace(compute_ms=4.0), waited_ms=5.0) is None
+    for compute_ms in (float("nan"), float("inf"), -1.0, 7.0):
+        assert "implausible acknowledgement" in (ack_problem(pb.HopTrace(compute_ms=compute_ms), 5.0) or "")
+    chain = [pb.RelayStep(address=f"n:{k}", position=k, block=k) for k in range(4)]
+    entries = [pb.HopTrace(node=s.address, block=s.block, position=s.position) for s in chain]
+    assert final_problem(pb.RelayEvent(trace=entries[1:]), chain, 1) is None
+    assert final_problem(pb.RelayEvent(trace=entries[1:2], handback_reason="step 2: dead"), chain, 1) is None
+    for bad in (
+        pb.RelayEvent(trace=entries[1:3]),  # short, without a hand-back
+        pb.RelayEvent(trace=[], handback_reason="x"),  # a hand-back without the next node's own entry
+        pb.RelayEvent(trace=entries[1:], ack=True),  # a second acknowledgement
+        pb.RelayEvent(trace=[*entries[1:], entries[3]]),  # longer than the chain
+        pb.RelayEvent(trace=entries[2:], handback_reason="x"),  # not starting at the next step
+    ):
+        assert "malformed final event" in (final_problem(bad, chain, 1) or ""), bad
+
+
+def _talking_on_after_its_final_event(node: FaultyNode, extra: int) -> None:
+    """Make `node` keep its Relay calls open after a chain's final event, sending `extra` more events
+    (acknowledgements and finals, 10 ms apart): what a hostile first node can send a coordinator that
+    starts chains with a Relay call per chain (--transport unary, or a node answering RelayStream
+    UNIMPLEMENTED, which any node may)."""
+    make = node.make_service
+
+    def make_service() -> Any:
+        service = make()
+        relay = service.Relay
+
+        async def talkative(request: pb.RelayRequest, context: grpc.aio.ServicerContext) -> Any:
+            async for event in relay(request, context):
+                yield event
+            for k in range(extra):
+                yield pb.RelayEvent(request_id=request.forward.request_id, ack=k % 2 == 0, handback_reason="more")
+                await asyncio.sleep(0.01)
+
+        service.Relay = talkative  # type: ignore[method-assign]
+        return service
+
+    node.make_service = make_service  # type: ignore[method-assign]
+
+
+async def test_a_relay_call_is_read_up_to_its_final_event_only(tmp_path: Path) -> None:
+    """The coordinator reads a Relay call's acknowledgement and final event, then ends the call: a node
+    that keeps sending after its final event gets neither the coordinator's memory (before: every event
+    kept, up to the request's deadline) nor its time (before: the chain waited for the call to end)."""
+    model = make_model_dir(tmp_path / "m", depth=2)
+    security = SecuritySettings(token=TOKEN)
+    served = [
+        FaultyNode(NodeSettings(model_dir=model, block=b, advertise=False, security=security, grace_s=0.1), FaultSpec())
+        for b in range(2)
+    ]
+    _talking_on_after_its_final_event(served[0], extra=400)
+    for node in served:
+        await node.start()
+    first, second = (f"127.0.0.1:{n.port}" for n in served)
+    client = NodeClient(first, 64 * 1024 * 1024, transport="unary", security=security)
+    chain = [pb.RelayStep(address=first, position=0, block=0), pb.RelayStep(address=second, position=1, block=1)]
+    forward = pb.ForwardRequest(request_id="r", activations=codec.encode(torch.zeros(1, 5, 32)), position=0)
+    request = pb.RelayRequest(
+        forward=forward, chain=chain, plan_mac=plan_mac(derive_key(TOKEN), "r", 1, chain), issued_ms=1,
+        hop_timeout_s=2.0, deadline_s=10.0, collect=False,
+    )  # fmt: skip
+    try:
+        await client.info(2.0)
+        started = time.monotonic()
+        events = await client.relay(request, 10.0)
+        assert time.monotonic() - started < 2.0  # not the 4 s the node keeps talking
+        assert [e.ack for e in events] == [True, False] and not events[-1].handback_reason
+        assert [t.block for t in events[-1].trace] == [0, 1]
+    finally:
+        await client.close()
+        for node in served:
+            await node.stop()
+
+
+def _acknowledging_then_stalling(node: FaultyNode) -> None:
+    """Make `node` compute and acknowledge its hop, then never send its final event (nor forward)."""
+
+    async def stalling(request: pb.RelayRequest, handle: Any) -> Any:
+        reply = await handle(request.forward)
+        rid, step = request.forward.request_id, request.chain[request.index]
+        own = pb.HopTrace(node=step.address, block=step.block, position=step.position, compute_ms=reply.compute_ms)
+        yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
+        await asyncio.sleep(3600)
+
+    node.relayer.relay = stalling  # type: ignore[method-assign]
+
+
+async def test_a_node_withholding_its_final_event_is_the_one_handed_back(tmp_path: Path) -> None:
+    """A node that acknowledges, then stalls: the node before it stops waiting a margin before the
+    deadline its caller gave, so its hand-back, naming the staller, arrives while the caller still waits.
+    Before, every wait along the chain ended together: the coordinator timed out first and blamed the
+    chain's first node (ejected after two requests) while the staller stayed healthy."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1, request_timeout_s=3.0
+    )
+    _acknowledging_then_stalling(served[1])
+    first, staller = (f"127.0.0.1:{n.port}" for n in served[:2])
+    try:
+        for _ in range(2):
+            result = await coord.classify(images(), SEQ)
+            assert any("step 1" in h["reason"] and "DEADLINE_EXCEEDED" in h["reason"] for h in result.path.handbacks)
+            assert result.path.hops[0].block == 0 and result.path.hops[0].outcome == "relayed"
+        assert coord.registry.nodes[staller].failed == 2
+        assert coord.registry.nodes[first].failed == 0 and coord.registry.nodes[first].state.value == "healthy"
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
