@@ -44,6 +44,12 @@ def register(sub: Subparsers) -> None:
     f.add("--verify-probation", "verify_probation", type=int)
     f.add("--verify-on", "verify_on", choices=CHOICES["verify_on"])
     f.add("--conviction-cooldown", "conviction_cooldown_s", type=float)
+    f.add(
+        "--no-verify-deferred",
+        "verify_deferred",
+        "re-execute each checked hop before the next hop starts (the blocking checks of before)",
+        action="store_false",
+    )
     p.add_argument("--no-verify", action="store_true", help="never re-execute or range-check replies")
     f.add("--hop-timeout", "hop_timeout_s", type=float)
     f.add("--request-timeout", "request_timeout_s", type=float)

@@ -71,6 +71,9 @@ def make_verifier(settings: CoordinatorSettings) -> Verifier | None:
     return Verifier(
         dirs,
         VerifySettings(
-            rate=settings.verify_rate, probation_hops=settings.verify_probation, reexecute_on=settings.verify_on
+            rate=settings.verify_rate,
+            probation_hops=settings.verify_probation,
+            reexecute_on=settings.verify_on,
+            deferred=settings.verify_deferred,
         ),
     )

@@ -355,7 +355,7 @@ class Coordinator:
                 "order": [s.block for s in plan.steps],
                 "nodes": [s.candidates[0].address for s in plan.steps],
             }
-        for hop in path.hops:
+        for hop in (*path.hops, *path.discarded):
             self.metrics.hops.labels(hop.outcome).inc()
         self.metrics.observe_chains(path)
         return Route(index, path, await head(path.activations), member.model_id)

@@ -20,12 +20,13 @@ import torch
 from layerswarm.wire import codec
 
 from .clients import ClientPool
+from .deferred import MAX_REWINDS, PendingCheck, PendingChecks, Rewind, Walk, confirmed, exit_state, restore_exit_state
 from .hop_call import HopCaller, HopFailed, HopResult
 from .peer_check import same_weights
 from .planner import Plan, substitutes
 from .ranges import hard_range_problem
 from .registry import NodeRecord, Registry
-from .verify import Lie, Verifier
+from .verify import Lie, Screened, Verifier
 from .wire_choice import WireChoice
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ class Hop:
     node: str | None = None
     model_id: str | None = None
     latency_ms: float = 0.0
-    outcome: str = "ok"  # ok | hedged (a second node answered first) | substituted | skipped | relayed
+    # ok | hedged (a second node answered first) | substituted | skipped | relayed | discarded (its input
+    # derived from a reply that failed a deferred check: PathResult.discarded, rerun in `hops`)
+    outcome: str = "ok"
     hedged_to: str | None = None  # the node a slow hop was also sent to
     repeat: bool = False  # a block index that already ran, run again on purpose (too few indices reachable)
     attempts: list[Attempt] = field(default_factory=list)
@@ -77,6 +80,7 @@ class PathResult:
     handbacks: list[dict[str, Any]] = field(default_factory=list)
     chains: int = 0  # relay chains started (each ends complete or in one hand-back)
     network: dict[str, Any] | None = None  # network-aware plan: predicted vs actual time
+    discarded: list[Hop] = field(default_factory=list)  # hops thrown away by rewinds (deferred.py)
 
     @property
     def depth(self) -> int:
@@ -121,7 +125,8 @@ class ExecOptions:
 
 
 DEADLINE_REACHED = "request deadline reached"
-_Won = tuple[NodeRecord, HopResult, float]  # the node that answered, its reply, latency in ms
+# the node that answered, its reply, latency in ms, and its check still to confirm (deferred)
+_Won = tuple[NodeRecord, HopResult, float, Screened | None]
 
 
 def _hedge_delay(record: NodeRecord, opts: ExecOptions) -> float | None:
@@ -152,6 +157,8 @@ class _RequestState:
     failed: set[str] = field(default_factory=set)  # nodes that failed: not tried again for this request
     planned_later: set[int] = field(default_factory=set)  # block indices still ahead in the plan
     path_length: int = 0  # blocks in the planned path (sent to nodes: informational)
+    deferred: bool = False  # confirm checks while the path goes on (deferred.py); False: each blocks its hop
+    checks: PendingChecks = field(default_factory=PendingChecks)
 
 
 class PathExecutor:
@@ -159,36 +166,84 @@ class PathExecutor:
         self.registry = registry
         self.hops = HopCaller(registry, pool)
         self.verifier = verifier  # None: replies are only checked for form (codec), not for truth
-        self._stragglers: set[asyncio.Future[_Won | None]] = set()  # hedge losers left to finish
+        self._stragglers: set[asyncio.Future[Any]] = set()  # hedge losers (and their checks) left to finish
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
-        hops: list[Hop] = []
         length = opts.path_length if opts.path_length is not None else len(plan.steps)
-        state = _RequestState(opts, rng, used=set(opts.used_blocks), path_length=length)
-        for step_index, step in enumerate(plan.steps):
-            position = opts.first_position + sum(1 for h in hops if h.block is not None)
-            hop = Hop(position=position, planned_block=step.block, repeat=step.repeat)
-            hops.append(hop)
-            if step.block in state.used and not step.repeat:  # a substitute already ran this block index
-                hop.outcome = "skipped"
-                continue
-            if position >= opts.min_blocks and not _next_hop_fits(step.candidates, opts):
-                hops.pop()
-                return PathResult(x, hops, plan.unreachable, anytime=True)
-            state.planned_later = {s.block for s in plan.steps[step_index + 1 :]}
-            out = await self._run_hop(x, hop, step.candidates, state)
-            if out is not None:
-                x = out
-                if await self._exits(x, opts, position + 1, step_index + 1 < len(plan.steps)):
-                    return PathResult(x, hops, plan.unreachable, exited_early=True)
-        path = PathResult(x, hops, plan.unreachable)
+        deferred = self.verifier is not None and self.verifier.settings.deferred
+        state = _RequestState(opts, rng, used=set(opts.used_blocks), path_length=length, deferred=deferred)
+        walk = Walk(x)
+        try:
+            while True:  # until every check of the path that answers has passed
+                try:
+                    path = await self._walk(walk, plan, state)
+                    culprit = await state.checks.first_bad(state.checks.snapshot())
+                except Rewind as rewind:
+                    culprit = rewind.check
+                if culprit is None:
+                    break
+                self._rewind(walk, culprit, state)
+        finally:
+            state.checks.cancel_all()
+        path.discarded = walk.discarded
         if path.depth < opts.min_blocks:
             raise DepthError(
                 f"only {path.depth} blocks could run (minimum {opts.min_blocks}); "
                 f"unreachable blocks {plan.unreachable}, "
-                f"skipped {[h.planned_block for h in hops if h.block is None]}"
+                f"skipped {[h.planned_block for h in path.hops if h.block is None]}"
             )
         return path
+
+    async def _walk(self, walk: Walk, plan: Plan, state: _RequestState) -> PathResult:
+        """The plan from `walk.step` on: hops, early exit, the caller's budget. Raises Rewind."""
+        opts = state.opts
+        while walk.step < len(plan.steps):
+            step_index, step = walk.step, plan.steps[walk.step]
+            walk.step += 1
+            position = opts.first_position + sum(1 for h in walk.hops if h.block is not None)
+            hop = walk.redo or Hop(position=position, planned_block=step.block, repeat=step.repeat)
+            walk.redo = None
+            walk.hops.append(hop)
+            if step.block in state.used and not step.repeat:  # a substitute already ran this block index
+                hop.outcome = "skipped"
+                continue
+            if position >= opts.min_blocks and not _next_hop_fits(step.candidates, opts):
+                if hop.attempts:  # a hop rerun after a rewind: its failed attempts stay in the trace
+                    hop.outcome = "skipped"
+                else:
+                    walk.hops.pop()
+                return PathResult(walk.x, walk.hops, plan.unreachable, anytime=True)
+            state.planned_later = {s.block for s in plan.steps[step_index + 1 :]}
+            used, saved_exit = frozenset(state.used), exit_state(opts.early_exit)
+            won = await self._run_hop(walk.x, hop, step.candidates, state)
+            if won is not None:
+                out, record, screened = won
+                if screened is not None:
+                    task = self._confirm(screened)
+                    check = PendingCheck(step_index, len(walk.hops) - 1, hop, walk.x, record, used, saved_exit, task)
+                    state.checks.add(check)
+                walk.x = out
+                if await self._exits(walk.x, opts, position + 1, step_index + 1 < len(plan.steps)):
+                    return PathResult(walk.x, walk.hops, plan.unreachable, exited_early=True)
+        return PathResult(walk.x, walk.hops, plan.unreachable)
+
+    def _rewind(self, walk: Walk, culprit: PendingCheck, state: _RequestState) -> None:
+        """`culprit`'s check failed: convict its node (a failed attempt of its hop, as a blocking check
+        does), discard the hops after it and go back to its input, its step and what had run before it."""
+        assert culprit.lie is not None and self.verifier is not None
+        for check in (culprit, *state.checks.drop_from(culprit)):
+            assert check.lie is not None
+            self._failed(check.record, check.hop, state, HopFailed(str(check.lie), True, check.lie.evidence))
+        walk.back_to(culprit)
+        state.used = set(culprit.used)
+        restore_exit_state(state.opts.early_exit, culprit.exit_state)
+        self.verifier.counters.rewinds += 1
+        state.checks.rewinds += 1
+        if state.checks.rewinds >= MAX_REWINDS:
+            state.deferred = False
+        log.warning(
+            "%s: rewound to step %d: %s failed its check", state.opts.request_id, culprit.step, culprit.record.address
+        )
 
     @staticmethod
     async def _exits(x: torch.Tensor, opts: ExecOptions, depth: int, more_planned: bool) -> bool:
@@ -199,16 +254,18 @@ class PathExecutor:
 
     async def _run_hop(
         self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: _RequestState
-    ) -> torch.Tensor | None:
+    ) -> tuple[torch.Tensor, NodeRecord, Screened | None] | None:
+        """The hop's output, the node that gave it and its check still to confirm; None: skipped."""
         alternatives = self._alternatives(hop, candidates, state)
+        before = state.checks.snapshot()
         for record in alternatives:
             if time.monotonic() >= state.opts.deadline:
                 hop.attempts.append(Attempt(record.address, None, record.block, DEADLINE_REACHED))
                 break
-            won = await self._hedged(x, hop, record, alternatives, state)
+            won = await self._hedged(x, hop, record, alternatives, state, before)
             if won is None:
                 continue
-            winner, result, latency_ms = won
+            winner, result, latency_ms, screened = won
             self.registry.record_success(winner.address, latency_ms)
             hop.block, hop.node, hop.latency_ms = winner.block, winner.address, latency_ms
             hop.model_id = winner.identity.model_id if winner.identity else None
@@ -218,17 +275,23 @@ class PathExecutor:
                 hop.wire = codec.dtype_name(result.wire)
             if result.tokens is not None:  # text: what the winner's hop computed and moved
                 hop.tokens, hop.wire_bytes = result.tokens, result.wire_bytes
-            return result.out
+            return result.out, winner, screened
         hop.outcome = "skipped"
         return None
 
     async def _hedged(
-        self, x: torch.Tensor, hop: Hop, record: NodeRecord, alternatives: Iterator[NodeRecord], state: _RequestState
+        self,
+        x: torch.Tensor,
+        hop: Hop,
+        record: NodeRecord,
+        alternatives: Iterator[NodeRecord],
+        state: _RequestState,
+        before: tuple[PendingCheck, ...],
     ) -> _Won | None:
         """Call `record`; once it is slower than its hedge delay (a high quantile of its own recent
         latencies), send the same activations to the next alternative as well: the first answer wins
         and the other call is cancelled. Shuffle-robust families make many nodes eligible."""
-        primary = asyncio.ensure_future(self._attempt(record, x, hop, state))
+        primary = asyncio.ensure_future(self._attempt(record, x, hop, state, before))
         delay = _hedge_delay(record, state.opts)
         if delay is None:
             return await primary
@@ -237,36 +300,55 @@ class PathExecutor:
         if backup_record is None:
             return await primary
         hop.hedged_to = backup_record.address
-        pending = {primary, asyncio.ensure_future(self._attempt(backup_record, x, hop, state))}
+        pending = {primary, asyncio.ensure_future(self._attempt(backup_record, x, hop, state, before))}
         try:
             while pending:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in finished:
                     if task.result() is not None:
+                        pending |= finished - {task}  # answered at the same time: a loser all the same
                         return task.result()
             return None
         finally:
             for task in pending:
                 self._let_finish(task)
 
-    def _let_finish(self, loser: asyncio.Future[_Won | None]) -> None:
+    def _let_finish(self, loser: asyncio.Future[Any], checked: NodeRecord | None = None) -> None:
         """A hedge's losing call runs to its end (bounded by the hop timeout) instead of being cancelled:
         cancelling a grpc.aio call while its read is in flight leaks native memory (grpc/grpc#43360),
-        and the loser's real latency is what keeps its hedge delay honest."""
+        and the loser's real latency is what keeps its hedge delay honest. `checked`: `loser` is the
+        deferred check of that node's reply."""
         self._stragglers.add(loser)
-        loser.add_done_callback(self._straggler_done)
+        if checked is None:
+            loser.add_done_callback(self._straggler_done)
+        else:
+            loser.add_done_callback(lambda check: self._checked(check, checked))
 
     def _straggler_done(self, loser: asyncio.Future[_Won | None]) -> None:
         self._stragglers.discard(loser)
         if loser.cancelled():
+            return
+        if isinstance(loser.exception(), Rewind):  # it failed after an earlier lie: nobody to blame
             return
         if (exc := loser.exception()) is not None:  # _attempt turns call failures into None: this is a bug
             log.error("a hedge's losing call raised", exc_info=exc)
             return
         won = loser.result()
         if won is not None:
-            record, _result, latency_ms = won
+            record, _result, latency_ms, screened = won
             self.registry.record_success(record.address, latency_ms)
+            if screened is not None:  # its reply was not used: a lie convicts it, and rewinds nothing
+                self._let_finish(self._confirm(screened), screened.record)
+
+    def _checked(self, check: asyncio.Future[Lie | None], record: NodeRecord) -> None:
+        """A hedge loser's deferred check ended."""
+        self._stragglers.discard(check)
+        if check.cancelled():
+            return
+        if (exc := check.exception()) is not None:
+            log.error("a hedge loser's check raised", exc_info=exc)
+        elif (lie := check.result()) is not None:
+            self.registry.quarantine(record.address, str(lie), lie.evidence)
 
     async def close(self) -> None:
         """Cancel hedge losers still running (the coordinator is stopping)."""
@@ -274,21 +356,38 @@ class PathExecutor:
             task.cancel()
         await asyncio.gather(*self._stragglers, return_exceptions=True)
 
-    async def _attempt(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> _Won | None:
-        """One call; a failure goes into the trace and the registry, and gives None."""
+    async def _attempt(
+        self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState, before: tuple[PendingCheck, ...]
+    ) -> _Won | None:
+        """One call; a failure goes into the trace and the registry, and gives None. `before`: the
+        checks still pending when the hop started: a failure waits for them, and raises Rewind instead
+        of blaming this node when one of them lied (this node's input derives from that lie)."""
         started = time.monotonic()
         try:
-            result = await self._call(record, x, hop, state)
+            result, screened = await self._call(record, x, hop, state, before)
         except HopFailed as exc:
-            state.failed.add(record.address)
-            ident = record.identity
-            hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
-            if exc.quarantine:
-                self.registry.quarantine(record.address, str(exc), exc.evidence)
-            else:
-                self.registry.record_failure(record.address, str(exc))
+            await self._upstream(before, record, hop, str(exc))
+            self._failed(record, hop, state, exc)
             return None
-        return record, result, (time.monotonic() - started) * 1e3
+        return record, result, (time.monotonic() - started) * 1e3, screened
+
+    def _failed(self, record: NodeRecord, hop: Hop, state: _RequestState, exc: HopFailed) -> None:
+        state.failed.add(record.address)
+        ident = record.identity
+        hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
+        if exc.quarantine:
+            self.registry.quarantine(record.address, str(exc), exc.evidence)
+        else:
+            self.registry.record_failure(record.address, str(exc))
+
+    async def _upstream(self, before: tuple[PendingCheck, ...], record: NodeRecord, hop: Hop, error: str) -> None:
+        """Before `record` is blamed for `error`: raise Rewind when a check it depends on failed."""
+        culprit = await PendingChecks.first_bad(before)
+        if culprit is not None:
+            ident = record.identity
+            error += f"; not blamed: its input derives from {culprit.record.address}, whose reply failed its check"
+            hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, error))
+            raise Rewind(culprit)
 
     def _alternatives(self, hop: Hop, candidates: list[NodeRecord], state: _RequestState) -> Iterator[NodeRecord]:
         """Planned candidates first; then (robust families) nodes of spare block indices. Nodes that
@@ -304,22 +403,31 @@ class PathExecutor:
                 if record.routable and record.address not in tried:
                     yield record
 
-    async def _call(self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState) -> HopResult:
+    async def _call(
+        self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState, before: tuple[PendingCheck, ...]
+    ) -> tuple[HopResult, Screened | None]:
         result = await self.hops.forward(record, x, hop.position, state.opts, state.path_length)
-        await self._verify(record, x, result, hop.position, state)
-        return result
+        if before and (hard := hard_range_problem(result.out, hop.position, result.wire)) is not None:
+            await self._upstream(before, record, hop, f"reply out of range: {hard['discrepancy']}")
+        return result, await self._verify(record, x, result, hop.position, state)
+
+    def _confirm(self, screened: Screened) -> asyncio.Future[Lie | None]:
+        assert self.verifier is not None
+        return asyncio.ensure_future(confirmed(self.verifier, screened))
 
     async def _verify(
         self, record: NodeRecord, x: torch.Tensor, result: HopResult, position: int, state: _RequestState
-    ) -> None:
-        """Blame the node whose reply is wrong, before its output reaches the next (honest) hop."""
+    ) -> Screened | None:
+        """Blame the node whose reply is wrong, before its output reaches the next (honest) hop; with
+        deferred checks only the range filters are done here, and the re-execution still to confirm is
+        returned."""
         opts = state.opts
         if self.verifier is None:
             hard = hard_range_problem(result.out, position, result.wire)
             if hard is not None:
                 log.warning("quarantining %s: %s", record.address, hard)
                 raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
-            return
+            return None
 
         async def ask(peer: NodeRecord) -> torch.Tensor | None:
             """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
@@ -335,7 +443,7 @@ class PathExecutor:
             ]
 
         try:
-            await self.verifier.check(
+            screened = self.verifier.screen(
                 record,
                 x,
                 result.out,
@@ -347,5 +455,11 @@ class PathExecutor:
                 replicas=replicas,
                 ask=ask,
             )
+            if screened is None or state.deferred:
+                if screened is not None:
+                    self.verifier.counters.deferred += 1
+                return screened
+            await self.verifier.confirm(screened)
+            return None
         except Lie as exc:
             raise HopFailed(str(exc), quarantine=True, evidence=exc.evidence) from exc

@@ -117,6 +117,13 @@ class RouteExit:
         self.head = head
         self.checks = 0
 
+    def save(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The rule's state (a patience streak), restored when the path is rewound (deferred.py)."""
+        return self.tracker.previous, self.tracker.streak
+
+    def restore(self, state: tuple[torch.Tensor | None, torch.Tensor | None]) -> None:
+        self.tracker.previous, self.tracker.streak = state
+
     async def __call__(self, x: torch.Tensor) -> bool:
         self.checks += 1
         logits = await self.head(x)

@@ -27,6 +27,7 @@ def trace_of(path: PathResult, result: Classification | None = None) -> dict[str
         "unreachable_blocks": path.unreachable,
         "substituted": sum(h.outcome == "substituted" for h in path.hops),
         "skipped": sum(h.outcome == "skipped" for h in path.hops),
+        **({"discarded": [h.to_json() for h in path.discarded]} if path.discarded else {}),
         **path.topology_trace(),
         **(_adaptive_trace(result) if result is not None else {}),
     }

@@ -50,7 +50,8 @@ class _VerifyCollector(Collector):
         hops = CounterMetricFamily(
             "layerswarm_verify_hops",
             "Hops the verifier saw, by what it did: seen (every hop), reexecuted (on the coordinator), "
-            "reexecuted_on_peers (on replicas), flagged_by_range (outside the evaluated activation range)",
+            "reexecuted_on_peers (on replicas), flagged_by_range (outside the evaluated activation range), "
+            "deferred (re-executed while the path went on)",
             labels=["kind"],
         )
         for kind, value in (
@@ -58,11 +59,17 @@ class _VerifyCollector(Collector):
             ("reexecuted", c.reexecuted),
             ("reexecuted_on_peers", c.peer_reexecuted),
             ("flagged_by_range", c.flagged),
+            ("deferred", c.deferred),
         ):
             hops.add_metric([kind], value)
         yield hops
         yield CounterMetricFamily(
             "layerswarm_verify_convictions", "Nodes caught returning wrong activations (quarantined)", c.convicted
+        )
+        yield CounterMetricFamily(
+            "layerswarm_verify_rewinds",
+            "Paths rewound to a hop whose deferred check failed (its later hops rerun)",
+            c.rewinds,
         )
         yield CounterMetricFamily(
             "layerswarm_verify_unresolved",

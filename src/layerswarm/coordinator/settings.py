@@ -90,6 +90,11 @@ class CoordinatorSettings(ProcessSettings):
         "with the same weights hash, majority of two; the coordinator breaks ties), auto (the coordinator "
         "when it holds the model, else peers)",
     )
+    verify_deferred: bool = Field(
+        default=True,
+        description="re-execute checked hops while the path goes on (a failed check rewinds it; answers "
+        "still wait for every check): the re-execution leaves the critical path",
+    )
     exit_rule: str = Field(
         default="calibrated",
         description="default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval "

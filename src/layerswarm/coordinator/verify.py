@@ -1,6 +1,7 @@
 """Output verification: catch nodes whose activations are well-formed but wrong, with evidence.
 
-Every reply passes two layers before it is used:
+Every reply passes two layers (layer 1 before it is used; layer 2 before the answer it leads to is
+returned: deferred.py runs it while the path goes on, `check` runs both at once):
 
 1. A range filter (every hop, no compute): the reply's largest |x| and per-image RMS against the
    activation statistics recorded at evaluation for that position (the `activation_stats` policy of
@@ -62,6 +63,9 @@ class VerifySettings:
     # models), "peers" (replicas with the same weights hash; the coordinator breaks ties and stands in
     # when no replica is up), "auto" (the coordinator when it holds the model, else peers)
     reexecute_on: str = "auto"
+    # re-execute concurrently with the rest of the path (deferred.py): the answer still waits for every
+    # check, a failed one rewinds the path to that hop. False: each check blocks its hop, as before.
+    deferred: bool = True
 
 
 class Lie(Exception):
@@ -81,6 +85,23 @@ class _Seen:
 
 
 @dataclass
+class Screened:
+    """A hop that screening chose for re-execution: what its confirmation needs (Verifier.confirm)."""
+
+    record: NodeRecord
+    seen: _Seen
+    x: torch.Tensor
+    out: torch.Tensor
+    position: int
+    wire: torch.dtype
+    soft: dict[str, Any] | None  # the range filter's finding, when it forced the check
+    token_mask: torch.Tensor | None
+    sent: torch.Tensor | None
+    replicas: Callable[[], list[NodeRecord]] | None
+    ask: Ask | None
+
+
+@dataclass
 class VerifyStats:
     hops: int = 0
     reexecuted: int = 0
@@ -90,6 +111,8 @@ class VerifyStats:
     peer_calls: int = 0
     unresolved: int = 0  # one replica against another, no second opinion: nobody convicted
     convicted: int = 0  # nodes caught lying, ever (detections keeps the last 100)
+    deferred: int = 0  # re-executions run while the path went on (counted by the executor)
+    rewinds: int = 0  # paths rewound to a hop whose deferred check failed
     detections: list[dict[str, Any]] = field(default_factory=list)
     disagreements: list[dict[str, Any]] = field(default_factory=list)
 
@@ -123,7 +146,14 @@ class Verifier:
         on_probation = seen is None or seen.boot_id != boot or seen.passed < self.settings.probation_hops
         return on_probation or self._rng.random() < self.settings.rate
 
-    async def check(
+    async def check(self, *args: Any, **kwargs: Any) -> None:
+        """Raise Lie when the reply is wrong; return when it passes: `screen`, then (when it chose the
+        hop for re-execution) `confirm`, blocking. Same arguments as `screen`."""
+        screened = self.screen(*args, **kwargs)
+        if screened is not None:
+            await self.confirm(screened)
+
+    def screen(
         self,
         record: NodeRecord,
         x: torch.Tensor,
@@ -135,8 +165,9 @@ class Verifier:
         replicas: Callable[[], list[NodeRecord]] | None = None,
         ask: Ask | None = None,
         sent: torch.Tensor | None = None,
-    ) -> None:
-        """Raise Lie when `out` (the node's reply to `x` at `position`) is wrong; return when it passes.
+    ) -> Screened | None:
+        """Layer 1, no compute: raise Lie on a hard range violation; return the hop when it is to be
+        re-executed (probation, flagged, forced, sampled), else None. `out`: the reply to `x` at `position`.
         `force`: re-execute whatever the sampling rate says (the hop was sampled already).
         token_mask: a text hop's mask (models/text/tokens.py): the reference computes the same tokens.
         sent: what the node decoded when it was not codec.as_sent(x, wire) (a split text hop).
@@ -144,7 +175,7 @@ class Verifier:
         and how to send them this hop (peer_check.py)."""
         ident = record.identity
         if ident is None:
-            return
+            return None
         seen = self._seen_for(record)
         seen.hops += 1
         self.counters.hops += 1
@@ -156,21 +187,29 @@ class Verifier:
         if soft is not None:
             self.counters.flagged += 1
         if soft is None and not on_probation and not force and self._rng.random() >= self.settings.rate:
-            return
-        peers = replicas() if replicas is not None and ask is not None and self._peers_first(ident.model_id) else []
-        x_sent = codec.as_sent(x, wire) if sent is None else sent  # exactly what the node received
+            return None
+        return Screened(record, seen, x, out, position, wire, soft, token_mask, sent, replicas, ask)
+
+    async def confirm(self, hop: Screened) -> None:
+        """Layer 2: re-execute a screened hop; raise Lie with the evidence, or count a pass (probation)."""
+        record, seen, position, wire, token_mask = hop.record, hop.seen, hop.position, hop.wire, hop.token_mask
+        assert record.identity is not None
+        model_id, ask = record.identity.model_id, hop.ask
+        peers = hop.replicas() if hop.replicas is not None and ask is not None and self._peers_first(model_id) else []
+        x_sent = codec.as_sent(hop.x, wire) if hop.sent is None else hop.sent  # exactly what the node received
         if peers and ask is not None:
-            verdict = await self._on_peers(record, out, position, wire, peers, ask, x_sent, token_mask)
+            verdict = await self._on_peers(record, hop.out, position, wire, peers, ask, x_sent, token_mask)
             if verdict is not None:
                 if verdict.liar == record.address and verdict.evidence is not None:
                     raise self._convict(record, seen, {**verdict.evidence, "position": position})
                 if verdict.passed:
                     seen.passed += 1
                 return
-        evidence = await self._reexecute(ident.model_id, ident.block, x_sent, out, position, wire, token_mask)
+        block = record.identity.block
+        evidence = await self._reexecute(model_id, block, x_sent, hop.out, position, wire, token_mask)
         if evidence is not None:
-            if soft is not None:
-                evidence["range_filter"] = soft["discrepancy"]
+            if hop.soft is not None:
+                evidence["range_filter"] = hop.soft["discrepancy"]
             raise self._convict(record, seen, evidence)
         seen.passed += 1
 
@@ -188,6 +227,9 @@ class Verifier:
             "peer_calls": c.peer_calls,
             "unresolved_disagreements": c.unresolved,
             "convicted": c.convicted,
+            "deferred": self.settings.deferred,
+            "hops_confirmed_deferred": c.deferred,
+            "rewinds": c.rewinds,
             "detections": c.detections,
             "disagreements": c.disagreements,
         }
