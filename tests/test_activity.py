@@ -7,7 +7,7 @@ import torch
 from layerswarm.coordinator.activity import RECENT_REQUESTS, WINDOW_S, Activity
 from layerswarm.coordinator.core import Classification
 from layerswarm.coordinator.ensemble import EnsembleResult, Route
-from layerswarm.coordinator.executor import Hop, PathResult
+from layerswarm.coordinator.path import Hop, PathResult
 from layerswarm.coordinator.planner import Policy
 
 

@@ -128,7 +128,7 @@ async def test_the_request_deadline_cuts_a_slow_hop(family_dirs: list[Path], ima
     past the request deadline, and the hop says why."""
     async with nodes((family_dirs[0], 0, 1000.0)) as served:
         async with coordinator(family_dirs[0], served, 1, request_timeout_s=0.3, hop_timeout_s=2.0) as coord:
-            from layerswarm.coordinator.executor import DepthError
+            from layerswarm.coordinator.path import DepthError
 
             with pytest.raises(DepthError):
                 await coord.classify(images, SEQ)

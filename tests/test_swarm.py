@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.executor import DepthError
+from layerswarm.coordinator.path import DepthError
 from layerswarm.coordinator.planner import Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest

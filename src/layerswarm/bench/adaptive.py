@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.executor import DepthError
+from layerswarm.coordinator.path import DepthError
 from layerswarm.coordinator.planner import Policy
 from layerswarm.models.calibrate import CalibrationPlan, calibrate_ensemble, prefix_logits, sweep
 from layerswarm.models.checkpoint import load_model, read_manifest

@@ -23,12 +23,13 @@ from .assembly import default_min_blocks, family_spec, log_node_event, make_veri
 from .clients import ClientPool
 from .discovery import DnsDiscovery, MdnsDiscovery
 from .ensemble import EnsembleResult, Route, run_ensemble
-from .executor import ExecOptions, PathExecutor, PathResult
+from .executor import PathExecutor
 from .exits import RouteExit, load_defaults, request_policy
 from .health import REMEMBERED, HealthMonitor
 from .members import Member, load_members
 from .metrics import CoordinatorMetrics
 from .netorder import NetPlan, plan_from_registry
+from .path import ExecOptions, PathResult
 from .peer_memory import load_peers, save_peers
 from .periodic import Periodic
 from .planner import Plan, Policy, plan_path, with_repeats

@@ -29,7 +29,7 @@ from .registry import NodeRecord
 from .verify import Lie, Screened, Verifier
 
 if TYPE_CHECKING:
-    from .executor import Hop
+    from .path import Hop
 
 # Each rewind convicts a distinct node, so rewinds are bounded by the nodes; past this many in one
 # request its remaining hops are checked blocking (which never rewinds) rather than trust that bound.

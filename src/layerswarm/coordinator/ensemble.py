@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .executor import DepthError, PathResult
+from .path import DepthError, PathResult
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from .registry import NodeRecord, Registry
 from .text_hops import active_count, hop_mask, text_reply, text_request
 
 if TYPE_CHECKING:
-    from .executor import ExecOptions
+    from .path import ExecOptions
 
 log = logging.getLogger(__name__)
 

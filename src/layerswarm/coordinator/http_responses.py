@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from .core import Classification
-from .executor import PathResult
 from .http_models import BatchResponse, ClassifyResponse, ItemResult, Label
+from .path import PathResult
 
 
 def top_labels(probs: torch.Tensor, class_names: tuple[str, ...], top_k: int) -> list[Label]:

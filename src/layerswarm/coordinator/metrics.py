@@ -13,7 +13,7 @@ from .registry import NodeState, Registry
 
 if TYPE_CHECKING:
     from .ensemble import EnsembleResult
-    from .executor import PathResult
+    from .path import PathResult
     from .verify import Verifier
 
 BLOCK_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)

@@ -34,8 +34,9 @@ from layerswarm.wire.trace_sign import hop_signed_by
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
-from .executor import DepthError, ExecOptions, Hop, PathExecutor, PathResult
+from .executor import PathExecutor
 from .linkmap import COORDINATOR, LinkMap
+from .path import DepthError, ExecOptions, Hop, PathResult
 from .planner import Plan, Step
 from .ranges import hard_range_problem
 from .registry import NodeRecord, Registry

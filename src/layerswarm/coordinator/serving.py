@@ -13,7 +13,7 @@ import torch
 
 from .activity import Activity
 from .core import Classification, ClassifyOptions, Coordinator
-from .executor import DepthError
+from .path import DepthError
 from .request_checks import InvalidRequest
 
 
