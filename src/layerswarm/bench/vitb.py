@@ -38,8 +38,10 @@ def coordinator(
     spot_checks: bool = True,
     topology: str = "star",
     token_file: Path | None = None,
+    deferred_checks: bool = True,
 ) -> Coordinator:
-    """An in-process coordinator with the defaults (spot checks included) unless told otherwise."""
+    """An in-process coordinator with the defaults (spot checks included, confirmed while the path goes
+    on) unless told otherwise."""
     return Coordinator(
         CoordinatorSettings(
             model_dir=model_dir,
@@ -54,6 +56,7 @@ def coordinator(
             health_interval_s=30,
             max_batch=64,
             verify_rate=CoordinatorSettings.model_fields["verify_rate"].default if spot_checks else None,
+            verify_deferred=deferred_checks,
         )
     )
 
@@ -83,19 +86,25 @@ async def swarm_vs_monolith(
 
     results: dict[str, Any] = {"blocks": len(model.blocks), "reps": reps, "device": device}
     coords = {cfg: coordinator(model_dir, addresses(procs), *cfg) for cfg in configs}
-    # The default configuration once more without spot checks: their share of the latency.
-    unchecked = coordinator(model_dir, addresses(procs), "fp16", "stream", spot_checks=False)
-    for coord in [*coords.values(), unchecked]:
+    # The default configuration once more without spot checks (their share of the latency), and with
+    # each check blocking its hop as before deferred checks (what confirming them off the path saves).
+    extra = {
+        "swarm_fp16_stream_no_spot_checks": coordinator(model_dir, addresses(procs), "fp16", "stream", False),
+        "swarm_fp16_stream_blocking_checks": coordinator(
+            model_dir, addresses(procs), "fp16", "stream", deferred_checks=False
+        ),
+    }
+    for coord in [*coords.values(), *extra.values()]:
         await coord.start()
     samples: dict[str, list[float]] = {"monolith_1_thread": [], "monolith_2_threads": [], "blocks_1_thread": []}
-    samples.update({f"swarm_{w}_{t}": [] for w, t in configs} | {"swarm_fp16_stream_no_spot_checks": []})
+    samples.update({f"swarm_{w}_{t}": [] for w, t in configs} | {name: [] for name in extra})
     try:
         for rep in range(reps + 2):  # two warm-up rounds: channels, streams, allocator
             # Every configuration once per round, in a rotating order: drift on a shared machine hits all alike.
             round_robin: list[tuple[str, Any]] = [("monolith_1_thread", 1), ("monolith_2_threads", 2)]
             round_robin += [("blocks_1_thread", 1)]
             round_robin += [(f"swarm_{w}_{t}", coords[(w, t)]) for w, t in configs]
-            round_robin += [("swarm_fp16_stream_no_spot_checks", unchecked)]
+            round_robin += list(extra.items())
             shift = rep % len(round_robin)
             for name, what in round_robin[shift:] + round_robin[:shift]:
                 if isinstance(what, int):
@@ -109,7 +118,7 @@ async def swarm_vs_monolith(
                     samples[name].append(elapsed)
         results["nodes_compute_ms"] = await nodes_compute_ms(procs)
     finally:
-        for coord in [*coords.values(), unchecked]:
+        for coord in [*coords.values(), *extra.values()]:
             await coord.stop()
     base = median_ms(samples["monolith_1_thread"])
     for name, values in samples.items():
