@@ -32,6 +32,11 @@ def _throughput(r: dict[str, Any]) -> list[str]:
     cpu = f"nodes {t['swarm_nodes_cpu_s']} + coordinator {t['swarm_coordinator_cpu_s']} CPU-s"
     cpu += f"; {t['swarm_cores_busy']} cores busy"
     rows = [_row(f"swarm, {t['concurrent']} concurrent batch-1 requests", t["swarm_images_per_s"], t["ratio"], cpu)]
+    if "vitb_throughput_blocking_checks" in r:  # its own rounds, against the monolith interleaved with them
+        b = r["vitb_throughput_blocking_checks"]
+        b_cpu = f"nodes {b['swarm_nodes_cpu_s']} + coordinator {b['swarm_coordinator_cpu_s']} CPU-s"
+        b_cpu += f"; {b['swarm_cores_busy']} cores busy"
+        rows.append(_row("swarm, the same, spot checks blocking", b["swarm_images_per_s"], b["ratio"], b_cpu))
     if "vitb_throughput_relay" in r:  # its own rounds, against the monolith interleaved with them
         relay = r["vitb_throughput_relay"]
         relay_cpu = f"nodes {relay['swarm_nodes_cpu_s']} + coordinator {relay['swarm_coordinator_cpu_s']} CPU-s"

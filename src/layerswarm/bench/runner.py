@@ -84,6 +84,10 @@ def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
             report["vitb_swarm_vs_monolith"] = asyncio.run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
             report["hop_vs_floor"] = asyncio.run(hop.hop_vs_floor(model_dir, procs[0], reps))
             report["vitb_throughput"] = asyncio.run(vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6))
+            if not quick:  # the same with each spot check blocking its hop: what deferring them costs or saves
+                report["vitb_throughput_blocking_checks"] = asyncio.run(
+                    vitb.concurrent_throughput(model_dir, procs, 16, 6, deferred_checks=False)
+                )
             report["vitb_idle_vs_busy"] = asyncio.run(vitb.idle_vs_busy_compute(model_dir, procs, 2 if quick else 6))
             report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
         # Relay chains need a swarm token: a second set of nodes with one keeps the runs above as they were.

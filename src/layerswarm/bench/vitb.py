@@ -183,15 +183,25 @@ async def concurrent_throughput(
     rounds: int,
     topology: str = "star",
     token_file: Path | None = None,
+    deferred_checks: bool = True,
 ) -> dict[str, Any]:
     """Images per second: `concurrent` batch-1 requests at once through the swarm (fp16 streams, the
     default; nodes micro-batch what queues up) against the monolith on both cores at batch
     `concurrent`, interleaved round by round. Relay chains (`topology`, nodes with the swarm token in
     `token_file`) move 13 activations a request instead of star's 24, and none through the coordinator
-    but its two legs."""
+    but its two legs. `deferred_checks` False: each spot check blocks its hop (as before they were
+    confirmed while the path goes on)."""
     model, _ = load_model(model_dir)
     images = torch.rand(concurrent, 3, model.cfg.image_size, model.cfg.image_size)
-    coord = coordinator(model_dir, addresses(procs), "fp16", "stream", topology=topology, token_file=token_file)
+    coord = coordinator(
+        model_dir,
+        addresses(procs),
+        "fp16",
+        "stream",
+        topology=topology,
+        token_file=token_file,
+        deferred_checks=deferred_checks,
+    )
     await coord.start()
     swarm_s: list[float] = []
     monolith_s: list[float] = []
@@ -223,6 +233,7 @@ async def concurrent_throughput(
     monolith_rate = concurrent / (median_ms(monolith_s) / 1e3)
     return {
         "topology": topology,
+        "deferred_checks": deferred_checks,
         "concurrent": concurrent,
         "rounds": rounds,
         "swarm_images_per_s": round(swarm_rate, 3),
