@@ -107,7 +107,7 @@ def render(summary: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {r['task']} | {r['train_images']:,} | {r['vit_val_sequential']:.3f} / {r['vit_val_arbitrary']:.3f} | "
-            f"{r['reference_val']:.3f} ({r['reference_steps']:,} steps) | **{r['ratio_sequential']:.2f}** | "
+            f"{r['reference_val']:.3f} ({r['reference_steps']:,} steps) | {_ratio(r['ratio_sequential'])} | "
             f"{r['training_seconds']:.0f} s, {r['epochs']} epochs | {stopped} | "
             f"{r['test_sequential']:.3f} / {r['test_arbitrary']:.3f} |"
         )
@@ -128,6 +128,10 @@ def render(summary: dict[str, Any]) -> str:
                 f"({f['chance']:.3f}) |"
             )
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"**{value:.2f}**"  # None: the reference learned nothing to compare
 
 
 def run_row(model_dir: Path) -> dict[str, Any]:
