@@ -167,8 +167,16 @@ def _require_role(handler: Any, allowed: set[str]) -> Any:
     ):
         if (inner_stream := getattr(handler, kind)) is not None:
 
-            async def replies(request: Any, context: grpc.aio.ServicerContext, inner: Any = inner_stream) -> Any:
-                await check(context)
+            async def replies(
+                request: Any,
+                context: grpc.aio.ServicerContext,
+                inner: Any = inner_stream,
+                many: bool = kind == "stream_stream",
+            ) -> Any:
+                if not _client_name_in(context, allowed):
+                    if many:  # a stream of requests: let the caller's first one in before refusing
+                        await _first_message_in(request)
+                    await _refuse_role(context)
                 async for reply in inner(request, context):
                     yield reply
 
@@ -185,6 +193,14 @@ def _require_role(handler: Any, allowed: set[str]) -> Any:
 FIRST_MESSAGE_WAIT_S = 0.5  # how long a refused stream waits for the caller's first message
 
 
+async def _first_message_in(requests: Any) -> None:
+    """Reads the caller's first message (if it writes one within FIRST_MESSAGE_WAIT_S) before a
+    refusal: ending a call while its caller is still writing makes grpc.aio's client report its own
+    INTERNAL ("Internal error from Core") instead of our status."""
+    with contextlib.suppress(asyncio.TimeoutError, StopAsyncIteration):
+        await asyncio.wait_for(anext(aiter(requests)), FIRST_MESSAGE_WAIT_S)
+
+
 def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> Any:
     """A refusal with UNAUTHENTICATED, after the caller's (first) message is read: a call ended while
     its caller is still writing makes grpc.aio's client report its own INTERNAL ("Internal error from
@@ -199,8 +215,7 @@ def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> An
         async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
             # The caller's first message in, as for a unary call, if it writes one at once; a caller that
             # waits for our answer first (a RelayStream waits to be accepted) gets it after the wait.
-            with contextlib.suppress(asyncio.TimeoutError, StopAsyncIteration):
-                await asyncio.wait_for(anext(aiter(requests)), FIRST_MESSAGE_WAIT_S)
+            await _first_message_in(requests)
             await abort(context)
             yield  # pragma: no cover - abort raises; this makes the function an async generator
 
