@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from layerswarm.cli.base import UsageError, load_settings, one_line
 from layerswarm.cli.up import check_node_count
 from layerswarm.coordinator.auth import OPEN_PATHS
 from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.models.commands import check_out_writable
 from layerswarm.models.zoo import family_root
 from layerswarm.node.settings import NodeSettings
 
@@ -168,6 +170,36 @@ def test_train_out_that_is_a_file_is_refused_naming_the_flag(
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert f"argument --out: {out} is a file, not a folder{why}" in err and "Traceback" not in err, err
+
+
+def test_train_and_family_refuse_to_replace_a_model_unless_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second command with the same --out replaced a trained model without a word; an unfinished
+    run's state was started over. Both are refused before any data is read, naming the way out."""
+    model = tmp_path / "model"
+    shutil.copytree(family_root("shapes") / "layershuffle-0", model)
+    before = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
+    assert main(["train", "--data", "shapes", "--out", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {model} already holds a trained model" in err and "--overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()} == before
+
+    unfinished = tmp_path / "unfinished"
+    (unfinished / ".train_state").mkdir(parents=True)
+    assert main(["train", "--data", "shapes", "--out", str(unfinished)]) == 2
+    err = capsys.readouterr().err
+    assert "unfinished run's state: --resume to continue it, or --overwrite" in err, err
+    check_out_writable(unfinished, resume=True)  # what --resume is for
+    check_out_writable(model, overwrite=True)
+
+    # family: refused before member 0 trains when member 1 already holds a model
+    family = tmp_path / "family"
+    shutil.copytree(model, family / "member-1")
+    assert main(["family", "--base", str(model), "--out", str(family)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {family / 'member-1'} already holds a trained model" in err, err
+    assert not (family / "member-0").exists()
 
 
 def _class_folders(root: Path) -> None:

@@ -24,6 +24,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--members", type=positive_int, default=4, help="how many members")
     p.add_argument("--out", required=True, type=folder, help="folder for the members (OUT/<prefix>-<i>)")
     p.add_argument("--prefix", default="member", help="member directory prefix")
+    p.add_argument("--overwrite", action="store_true", help="replace members already in OUT (refused without it)")
     p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach")
     p.add_argument("--epochs", type=positive_int, default=5, help="fine-tuning passes per member")
     p.add_argument("--lr", type=positive_float, default=5e-4, help="Adam learning rate")

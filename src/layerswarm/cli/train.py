@@ -155,6 +155,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--threads", type=non_negative_int, default=R.threads, help="torch CPU threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/.train_state if present")
     p.add_argument(
+        "--overwrite", action="store_true", help="replace the model or unfinished run in OUT (refused without it)"
+    )
+    p.add_argument(
         "--token-depth",
         choices=("mi", "reconstruction"),
         help="text, with --init: train with per-token depth from the --init model's table (`layerswarm depth`): "

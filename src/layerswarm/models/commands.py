@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .checkpoint import read_manifest, save_model
+from .checkpoint import MANIFEST, read_manifest, save_model
 from .config import patch_size_for
 from .data import Dataset, load_dataset
 from .evaluate import EvalPlan, check_targets, evaluate_models
@@ -31,6 +31,7 @@ from .recipe import recipe_from_args
 from .size import AUTO, choose_size
 from .train import Trainer, build_model, check_same_classes, evaluate_loss, init_image_size
 from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
+from .train_state import TRAIN_STATE
 from .vit import ViT
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def pick_train_device(name: str) -> torch.device:
 def train_main(args: argparse.Namespace) -> int:
     from .text.data import is_text_spec
 
-    check_out_writable(args.out)
+    check_out_writable(args.out, args.resume, args.overwrite)
     if is_text_spec(args.data):
         from .text.commands import text_train_main
 
@@ -74,7 +75,7 @@ def train_main(args: argparse.Namespace) -> int:
     arch["stem"] = args.stem
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
     recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip, stem=model.cfg.stem)
-    trainer = Trainer(model, data, recipe, device, args.out / ".train_state", workers=args.workers)
+    trainer = Trainer(model, data, recipe, device, args.out / TRAIN_STATE, workers=args.workers)
     if args.resume:
         trainer.load_state()
     fit_started = time.perf_counter()
@@ -120,14 +121,24 @@ def train_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_out_writable(out: Path) -> None:
+def check_out_writable(out: Path, resume: bool = False, overwrite: bool = False) -> None:
     """Refuse an --out that cannot be written before any data is decoded or trained on: it failed when the
     first epoch's train state was saved, an epoch (minutes, on a large folder) later. access(2) also says
-    so for root on a read-only mount."""
+    so for root on a read-only mount. Refuse, too, an --out that holds a trained model or an interrupted
+    run's state unless asked: a second command with the same --out replaced a model (minutes or hours of
+    training, perhaps a family's base) without a word."""
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "" if existing == out else f" ({existing} is not writable)"
         raise ValueError(f"--out {out}: cannot write the model directory there{where}")
+    if overwrite:
+        return
+    if (out / MANIFEST).exists() and not resume:
+        raise ValueError(f"--out {out} already holds a trained model: another folder, or --overwrite to replace it")
+    if (out / TRAIN_STATE).exists() and not resume:
+        raise ValueError(
+            f"--out {out} holds an unfinished run's state: --resume to continue it, or --overwrite to start over"
+        )
 
 
 def _report_run(trainer: Trainer, num_classes: int) -> None:
@@ -198,9 +209,11 @@ def family_main(args: argparse.Namespace) -> int:
     if not data:
         raise ValueError("--data is needed (the base manifest names no dataset)")
     data_seed = str(base.dataset.get("data_seed", 0))
+    outs = [args.out / f"{args.prefix}-{i}" for i in range(args.members)]
+    for out in outs:  # before any member trains: not a refusal from member 3 after members 0-2 ran
+        check_out_writable(out, overwrite=args.overwrite)
     cmds = []
-    for i in range(args.members):
-        out = args.out / f"{args.prefix}-{i}"
+    for i, out in enumerate(outs):
         cmds.append(
             [
                 sys.executable,
@@ -234,6 +247,7 @@ def family_main(args: argparse.Namespace) -> int:
                 # The base's manifest holds the comparison with the reference CNN; a member's own would
                 # train one for as long as the base and the member together (a member is both).
                 "--no-reference",
+                *(["--overwrite"] if args.overwrite else []),
                 *inherited_augmentation(base.recipe),
             ]
         )

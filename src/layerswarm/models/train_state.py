@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("layerswarm.models.train")
 
+TRAIN_STATE = ".train_state"  # OUT/.train_state: a run's resumable state, saved after every epoch
 STATE_FILE = "state.safetensors"
 
 

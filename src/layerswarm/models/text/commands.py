@@ -27,6 +27,7 @@ from ..policy import MIN_BLOCKS, write_entry
 from ..recipe import recipe_from_args
 from ..train import Trainer
 from ..train_report import describe_epoch
+from ..train_state import TRAIN_STATE
 from .data import TextDataset, encode_corpus, load_corpus
 from .model import TextEncoder
 from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
@@ -75,7 +76,7 @@ def text_train_main(args: argparse.Namespace) -> int:
     if getattr(args, "token_depth", None):
         model.token_depth_table = _init_depth_table(args, model.cfg.vocab_size)
     recipe = recipe_from_args(args, augment=False)  # image flips and shifts would scramble word order
-    trainer = Trainer(model, data, recipe, pick_train_device(args.device), args.out / ".train_state")
+    trainer = Trainer(model, data, recipe, pick_train_device(args.device), args.out / TRAIN_STATE)
     if args.resume:
         trainer.load_state()
     trainer.fit(on_epoch=lambda record: tqdm.write(describe_epoch(record, recipe.epochs), file=sys.stderr))
