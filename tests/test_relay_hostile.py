@@ -40,17 +40,15 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     from layerswarm.coordinator.relay import _trace_problem
     from layerswarm.wire.relay_plan import digest
 
-    sent = pb.RelayRequest(forward=pb.ForwardRequest(activations=pb.Tensor(data=b"activations")))
-    segment = [
-        (None, SimpleNamespace(address="a:1", block=0, identity=None)),
-        (None, SimpleNamespace(address="b:2", block=1, identity=None)),
-    ]
+    chain = [pb.RelayStep(address="a:1", position=0, block=0), pb.RelayStep(address="b:2", position=1, block=1)]
+    sent = pb.RelayRequest(forward=pb.ForwardRequest(activations=pb.Tensor(data=b"activations")), chain=chain)
+    segment = [(None, SimpleNamespace(address=s.address, block=s.block, identity=None)) for s in chain]
     first = pb.HopTrace(node="a:1", block=0, position=0, compute_ms=1.0, send_ms=2.0, rtt_ms=0.5)
     first.input_sha256, first.output_sha256 = digest(b"activations"), "out-a"
     second = pb.HopTrace(node="b:2", block=1, position=1, compute_ms=1.0, input_sha256="out-a", output_sha256="out-b")
-    assert _trace_problem([first, second], segment, 0, sent) is None  # type: ignore[arg-type]
+    assert _trace_problem([first, second], segment, sent) is None  # type: ignore[arg-type]
     setattr(first, field, value)
-    assert _trace_problem([first, second], segment, 0, sent) == (0, "trace step 0 has impossible times")  # type: ignore[arg-type]
+    assert _trace_problem([first, second], segment, sent) == (0, "trace step 0 (a:1): it has impossible times", None)  # type: ignore[arg-type]
 
 
 async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_out_its_grace(tmp_path: Path) -> None:
@@ -72,28 +70,36 @@ async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_ou
             await node.stop()
 
 
-def _rewriting_later_entries(node: FaultyNode) -> None:
-    """Make `node` a lying relay: on each chain's way back it rewrites the next node's trace entry (its
-    forwarding time, which steers the coordinator's link map), keeping the digest chain intact."""
+def _rewriting_a_later_entry(node: FaultyNode, entry: int) -> None:
+    """Make `node` a lying relay: on each chain's way back it rewrites the trace entry `entry` places
+    after its own (that node's forwarding time, which steers the coordinator's link map), keeping the
+    digest chain intact."""
     relay = node.relayer.relay
 
     async def rewriting(request: pb.RelayRequest, handle: Any) -> Any:
         async for event in relay(request, handle):
-            if not event.ack and len(event.trace) > 1:
-                event.trace[1].send_ms = 5000.0
+            if not event.ack and len(event.trace) > entry:
+                event.trace[entry].send_ms = 5000.0
             yield event
 
     node.relayer.relay = rewriting  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("keys", [True, False])
-async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_by_its_signature(
-    tmp_path: Path, keys: bool
+def _failed(coord: Coordinator, served: list[FaultyNode]) -> list[int]:
+    return [coord.registry.nodes[f"127.0.0.1:{n.port}"].failed for n in served]
+
+
+@pytest.mark.parametrize(("keys", "entry"), [(True, 1), (True, 2), (False, 1)])
+async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_and_alone_blamed(
+    tmp_path: Path, keys: bool, entry: int
 ) -> None:
-    """Each node signs its own entry with a per-boot key its token proof vouches for, so a node the
-    entries travel back through cannot rewrite them: the chain is discarded and the request still
-    answers, by star from the activation the coordinator held. Nodes without keys (`keys=False`, as
-    from before keys existed) cannot be protected that way: the rewritten time gets through."""
+    """Each node signs its own entry with a per-boot key its token proof vouches for, and the digest of
+    the entries after it as it passed them back: a node the entries travel back through cannot rewrite
+    them, and the coordinator can tell who did. The chain is discarded, only the rewriting node is
+    blamed (before, the two nodes at the rewritten entry were: honest, and the liar went free when
+    the entry was not its neighbour's), and the request still answers, by star from the activation the
+    coordinator held. Nodes without keys (`keys=False`, as from before keys existed) cannot be
+    protected that way: the rewritten time gets through."""
     served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
     if not keys:  # nodes that report no key in Info, to a coordinator that meets them afresh
         await coord.stop()
@@ -102,23 +108,55 @@ async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_by_its_sign
         coord = Coordinator(coord.settings)
         await coord.start()
         await wait_until(lambda: coord.registry.reachable_depth() == 3, what="all blocks reachable")
-    _rewriting_later_entries(served[0])
+    _rewriting_a_later_entry(served[0], entry)
     try:
         result = await coord.classify(images(), SEQ)
-        second, third = (f"127.0.0.1:{n.port}" for n in served[1:])
+        nodes = [f"127.0.0.1:{n.port}" for n in served]
         if keys:
             (handback,) = result.path.handbacks
-            assert "is not signed by its node" in handback["reason"] and "trace step 1" in handback["reason"]
-            # Either of the two nodes at the break may be the liar: both are left out of this request
-            # (no other node serves their blocks here), and the last block runs star.
-            assert [(h.block, h.outcome) for h in result.path.hops if h.block is not None] == [(2, "ok")]
-            assert coord.registry.links.per_mb(second, third) is None  # the forged time never got in
+            assert "trace step 0" in handback["reason"], handback  # where the node that rewrote signed
+            assert "the entries after it are not the ones its node passed back" in handback["reason"]
+            assert _failed(coord, served) == [1, 0, 0]  # the rewriting node, and it alone
+            # It is left out of this request (no other node serves block 0 here); the honest ones chain on.
+            hops = [(h.block, h.outcome) for h in result.path.hops if h.block is not None]
+            assert hops == [(1, "relayed"), (2, "relayed")]
+            forged = coord.registry.links.per_mb(nodes[entry - 1], nodes[entry])
+            assert forged is None or forged < 1000  # 5 s for a few kB never got in (honest: ms per MB)
         else:
             assert [h.outcome for h in result.path.hops] == ["relayed"] * 3 and not result.path.handbacks
-            assert coord.registry.links.per_mb(second, third) is not None
+            assert coord.registry.links.per_mb(nodes[1], nodes[2]) is not None
         scraped = generate_latest(coord.metrics.registry).decode()  # what an operator's alert reads
         outcome = "discarded" if keys else "completed"
         assert f'layerswarm_relay_chains_total{{outcome="{outcome}"}} 1.0' in scraped
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_node_signing_garbage_is_handed_back_by_its_predecessor_which_is_not_blamed(tmp_path: Path) -> None:
+    """A node that signs its own entry with garbage: the node before it checks that entry (with the key
+    the MACed chain names) before passing it back, and hands back its own output instead, naming the
+    liar. Before, the coordinator found the bad entry and blamed both nodes at it: a liar took an
+    honest predecessor down with it on every chain."""
+    served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
+    relay = served[1].relayer.relay
+
+    async def garbage(request: pb.RelayRequest, handle: Any) -> Any:
+        async for event in relay(request, handle):
+            if not event.ack:
+                event.trace[0].signature = bytes(64)
+            yield event
+
+    served[1].relayer.relay = garbage  # type: ignore[method-assign]
+    try:
+        result = await coord.classify(images(), SEQ)
+        (handback,) = result.path.handbacks
+        assert handback["kind"] == "handed_back" and f"step 1 (127.0.0.1:{served[1].port}" in handback["reason"]
+        assert "its trace entry cannot be believed: it is not signed by its node" in handback["reason"]
+        assert _failed(coord, served) == [0, 1, 0]
+        hops = [(h.block, h.outcome) for h in result.path.hops if h.block is not None]
+        assert hops[0] == (0, "relayed") and 1 not in [b for b, _ in hops] and hops[-1][0] == 2
     finally:
         await coord.stop()
         for node in served:

@@ -3,11 +3,16 @@ or another node's key fails the check; malformed keys and signatures are refused
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from layerswarm.bench.trace_cost import sample_hop
-from layerswarm.wire.trace_sign import TraceSigner, hop_message, hop_signed_by
+from layerswarm.wire.relay_plan import digest, plan_mac
+from layerswarm.wire.trace_check import entry_problem
+from layerswarm.wire.trace_sign import TraceSigner, hop_message, hop_signed_by, rest_digest
 from layerswarm.wire.v1 import block_pb2 as pb
 
 RID, MAC = "req-1-c1", "a" * 64
@@ -64,3 +69,83 @@ def test_the_message_cannot_be_shifted_between_fields() -> None:
     """Length-prefixed: moving characters from one field to the next changes the message."""
     hop = pb.HopTrace(node="10.0.0.2:50051")
     assert hop_message(hop, "req-1", "c" + MAC) != hop_message(hop, "req-1c", MAC)
+
+
+def _signed_chain(signers: list[TraceSigner]) -> tuple[list[pb.RelayStep], list[pb.HopTrace]]:
+    """A chain of len(signers) steps and its trace as honest nodes write it: each entry's input is the
+    previous output, each signs over the entries after it, last node first (the way back)."""
+    steps = [
+        pb.RelayStep(address=f"10.0.0.{k}:5005{k}", position=k, block=k, trace_key=s.public)
+        for k, s in enumerate(signers)
+    ]
+    trace = [
+        pb.HopTrace(node=st.address, block=st.block, position=st.position, compute_ms=1.0, send_ms=0.5) for st in steps
+    ]
+    for k, entry in enumerate(trace):
+        entry.input_sha256 = digest(b"in") if k == 0 else trace[k - 1].output_sha256
+        entry.output_sha256 = digest(f"out-{k}".encode())
+    for k in reversed(range(len(trace))):
+        trace[k].rest_sha256 = rest_digest(trace[k + 1 :], RID, MAC)
+        signers[k].sign(trace[k], RID, MAC)
+    return steps, trace
+
+
+def _problems(steps: list[pb.RelayStep], trace: list[pb.HopTrace]) -> list[str | None]:
+    return [
+        entry_problem(t, steps[k], trace[k + 1 :], digest(b"in") if k == 0 else trace[k - 1].output_sha256, RID, MAC)
+        for k, t in enumerate(trace)
+    ]
+
+
+def test_an_honest_trace_checks_entry_by_entry() -> None:
+    steps, trace = _signed_chain([TraceSigner() for _ in range(3)])
+    assert _problems(steps, trace) == [None, None, None]
+
+
+def test_each_lie_in_a_trace_is_found_at_the_entry_of_the_node_to_blame() -> None:
+    """wire/trace_check.py: the first bad entry is on the node that passed it on (or wrote it)."""
+    signers = [TraceSigner() for _ in range(3)]
+    steps, trace = _signed_chain(signers)
+    trace[1].signature = bytes(64)  # node 1 signs garbage and node 0 passes it on unchecked, vouching for it
+    trace[0].rest_sha256 = rest_digest(trace[1:], RID, MAC)
+    signers[0].sign(trace[0], RID, MAC)
+    assert _problems(steps, trace) == [None, "it is not signed by its node", None]  # on node 0, who passed it
+
+    steps, trace = _signed_chain([TraceSigner() for _ in range(3)])
+    trace[2].send_ms = 5000.0  # node 0 rewrites node 2's entry on the way back
+    assert _problems(steps, trace) == [
+        "the entries after it are not the ones its node passed back",
+        "the entries after it are not the ones its node passed back",
+        "it is not signed by its node",
+    ]
+
+    steps, trace = _signed_chain([TraceSigner() for _ in range(3)])
+    trace[1].input_sha256 = digest(b"something else")  # node 1 claims another input than node 0's output
+    assert _problems(steps, trace)[1] == "its input digest is not the digest of what its node was sent"
+
+    steps, trace = _signed_chain([TraceSigner() for _ in range(2)])
+    trace[1].block = 7
+    assert _problems(steps, trace)[1] == "it is not the planned step"
+
+
+def test_a_step_without_a_key_is_checked_for_all_but_its_signature() -> None:
+    """Nodes from before trace keys: their entries come unsigned and vouch for nothing."""
+    steps, trace = _signed_chain([TraceSigner() for _ in range(2)])
+    steps[1].trace_key = b""
+    trace[1].signature, trace[1].rest_sha256 = b"", ""
+    assert _problems(steps, trace)[1] is None
+    trace[1].compute_ms = float("nan")
+    assert _problems(steps, trace)[1] == "it has impossible times"
+
+
+def test_the_plan_mac_covers_each_steps_trace_key() -> None:
+    """A node before a step checks that step's entry with the key the chain names: no node on the way
+    may swap it. Without keys the MAC is what it was before keys were in chains."""
+    key = b"k" * 32
+    step = pb.RelayStep(address="10.0.0.2:50051", position=0, block=0)
+    keyed = pb.RelayStep(address="10.0.0.2:50051", position=0, block=0, trace_key=TraceSigner().public)
+    assert plan_mac(key, RID, 1, [step]) != plan_mac(key, RID, 1, [keyed])
+    swapped = pb.RelayStep(address="10.0.0.2:50051", position=0, block=0, trace_key=TraceSigner().public)
+    assert plan_mac(key, RID, 1, [keyed]) != plan_mac(key, RID, 1, [swapped])
+    before = hmac.new(key, f"relay|{RID}|1|10.0.0.2:50051,0,0".encode(), hashlib.sha256).hexdigest()
+    assert plan_mac(key, RID, 1, [step]) == before

@@ -25,6 +25,7 @@ def sample_hop() -> pb.HopTrace:
         input_sha256="11" * 32,
         output_sha256="22" * 32,
         rtt_ms=0.3,
+        rest_sha256="33" * 32,
     )
 
 

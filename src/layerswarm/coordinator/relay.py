@@ -11,8 +11,10 @@ again.
 Trust: a hop the verifier wants to check (probation, sampled) runs star, where the coordinator sees
 its input and output; chains are cut around it. For relayed hops the coordinator checks the digest
 chain (each hop's input digest is the previous hop's output digest, the first is what we sent, the
-last is what we collected) and the result's range; a break in it throws the chain's result away, marks
-both nodes at the break as failed and goes on star from the last activation the coordinator held.
+last is what we collected), each entry's signature and the entries its node vouched for, and the
+result's range (wire/trace_check.py); a break throws the chain's result away, marks the node to blame
+as failed (both nodes at the break where older nodes give no keys) and goes on star from the last
+activation the coordinator held.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from layerswarm.wire import codec
 from layerswarm.wire.relay_plan import digest, plan_mac
-from layerswarm.wire.trace_sign import hop_signed_by
+from layerswarm.wire.trace_check import entry_problem
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
@@ -43,7 +45,6 @@ from .registry import NodeRecord, Registry
 from .verify import Verifier
 
 log = logging.getLogger(__name__)
-MAX_TRACE_MS = 3.6e6  # a reported time past an hour is a lie or a bug
 
 
 @dataclass
@@ -165,7 +166,7 @@ class RelayRunner:
         opts = run.opts
         first_position = run.depth
         chain = [
-            pb.RelayStep(address=r.address, position=first_position + k, block=r.block)
+            pb.RelayStep(address=r.address, position=first_position + k, block=r.block, trace_key=_trace_key(r))
             for k, (_, r) in enumerate(segment)
         ]
         run.chains += 1
@@ -236,7 +237,7 @@ class RelayRunner:
         final = events[-1] if events else None
         trace = list(final.trace) if final is not None else []
         handed_back = final is not None and bool(final.handback_reason)
-        broken = _trace_problem(trace, segment, run.depth, request, handed_back)
+        broken = _trace_problem(trace, segment, request, handed_back)
         result: pb.Tensor | None = None
         if broken is None and final is not None and final.handback_reason:
             result = final.activations
@@ -249,7 +250,10 @@ class RelayRunner:
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
         if broken is None and result is not None and digest(result.data) != trace[-1].output_sha256:
-            broken = Broken(len(trace) - 1, "the result's digest differs from the last hop's output digest")
+            # The last node signed its output digest and served another result: that node alone, when signed
+            last, keyed = len(trace) - 1, all(step.trace_key for step in request.chain)
+            reason = "the result's digest differs from the last hop's output digest"
+            broken = Broken(last, reason, last if keyed else None)
         x = self._decode(result, run) if broken is None and result is not None else None
         if x is None:
             return self._discard(run, segment, broken or Broken(len(trace) - 1, "malformed result"))
@@ -293,11 +297,12 @@ class RelayRunner:
         )
 
     def _discard(self, run: _Run, segment: list[tuple[Step, NodeRecord]], broken: Broken) -> ChainResult:
-        """The chain's result cannot be trusted: none of its hops count; the nodes at the break fail
-        (either of the two may be the liar)."""
+        """The chain's result cannot be trusted: none of its hops count; the node to blame fails, or
+        where the trace cannot say which (nodes without trace keys), both nodes at the break."""
         log.warning("relay chain %s discarded: %s", [r.address for _, r in segment], broken.reason)
         at = min(max(broken.step, 0), len(segment) - 1)
-        for _, record in segment[max(0, at - 1) : at + 1]:
+        blamed = [segment[broken.only]] if broken.only is not None else segment[max(0, at - 1) : at + 1]
+        for _, record in blamed:
             self.registry.record_failure(record.address, f"relay chain discarded: {broken.reason}")
             run.avoid.add(record.address)
         reason = f"chain discarded: {broken.reason}"
@@ -314,20 +319,22 @@ def observe_relay_link(links: LinkMap, sender: pb.HopTrace, receiver: pb.HopTrac
 
 
 class Broken(NamedTuple):
-    """Where a chain's trace or result stopped being believable: between steps `step - 1` and `step`."""
+    """Where a chain's trace or result stopped being believable: between steps `step - 1` and `step`;
+    `only`: the one step whose node is to blame, where the trace proves it (wire/trace_check.py)."""
 
     step: int
     reason: str
+    only: int | None = None
+
+
+def _trace_key(record: NodeRecord) -> bytes:
+    return record.identity.trace_key if record.identity is not None else b""
 
 
 def _trace_problem(
-    trace: list[pb.HopTrace],
-    segment: list[tuple[Step, NodeRecord]],
-    first_position: int,
-    sent: pb.RelayRequest,
-    handed_back: bool = False,
+    trace: list[pb.HopTrace], segment: list[tuple[Step, NodeRecord]], sent: pb.RelayRequest, handed_back: bool = False
 ) -> Broken | None:
-    """Why the trace is not one of this chain (steps, positions, signatures, the digest chain), or None."""
+    """Why the trace is not one of this chain (steps, positions, times, digests, signatures), or None."""
     if not trace or len(trace) > len(segment):
         return Broken(len(trace), f"trace of {len(trace)} hops for a chain of {len(segment)}")
     if len(trace) < len(segment) and not handed_back:
@@ -335,19 +342,14 @@ def _trace_problem(
         # event it passes back (node/relay.py: final_problem), so a short one reaching us is the first
         # node's doing.
         return Broken(0, f"trace of {len(trace)} hops for a chain of {len(segment)}, without a hand-back")
-    if trace[0].input_sha256 != digest(sent.forward.activations.data):
-        return Broken(0, "the first hop's input digest differs from what was sent")
-    for k, (t, (_, record)) in enumerate(zip(trace, segment, strict=False)):
-        if t.node != record.address or t.block != record.block or t.position != first_position + k:
-            return Broken(k, f"trace step {k} is not the planned one")
-        # A node with a key (wire/trace_sign.py) signed its own entry: no other node on the way back can
-        # have rewritten it. Nodes from before keys existed report none; theirs are taken as they come.
-        key = record.identity.trace_key if record.identity is not None else b""
-        if key and not hop_signed_by(key, t, sent.forward.request_id, sent.plan_mac):
-            return Broken(k, f"trace step {k} ({t.node}) is not signed by its node")
-        # send_ms may dip below 0 when the next node overstates its compute: clamped where it is used
-        if not (0 <= t.compute_ms < MAX_TRACE_MS and abs(t.send_ms) < MAX_TRACE_MS and 0 <= t.rtt_ms < MAX_TRACE_MS):
-            return Broken(k, f"trace step {k} has impossible times")  # never let them into latency estimates
-        if k and t.input_sha256 != trace[k - 1].output_sha256:
-            return Broken(k, f"digest break between steps {k - 1} and {k} ({trace[k - 1].node} -> {t.node})")
+    # With every node's trace key known, every node checked the entry after its own before passing it
+    # back (wire/trace_check.py): the first bad entry is on the node that passed it to us or its
+    # predecessor, never on two. Without keys (older nodes), either node at the break may be the liar.
+    keyed = all(step.trace_key for step in sent.chain)
+    rid, mac = sent.forward.request_id, sent.plan_mac
+    for k, t in enumerate(trace):
+        came_in = digest(sent.forward.activations.data) if k == 0 else trace[k - 1].output_sha256
+        problem = entry_problem(t, sent.chain[k], trace[k + 1 :], came_in, rid, mac)
+        if problem is not None:
+            return Broken(k, f"trace step {k} ({t.node}): {problem}", max(k - 1, 0) if keyed else None)
     return None

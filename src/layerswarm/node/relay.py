@@ -26,7 +26,8 @@ import grpc
 from layerswarm.wire.auth import derive_key
 from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest
 from layerswarm.wire.security import SecuritySettings
-from layerswarm.wire.trace_sign import TraceSigner
+from layerswarm.wire.trace_check import entry_problem
+from layerswarm.wire.trace_sign import TraceSigner, rest_digest
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .peers import PeerClient, PeerPool, PeerRefused
@@ -143,6 +144,7 @@ class Relayer:
         rid = request.forward.request_id
         if request.index == len(request.chain) - 1:
             own.output_sha256 = digest(reply.activations.data)
+            own.rest_sha256 = rest_digest((), rid, request.plan_mac)
             self.signer.sign(own, rid, request.plan_mac)  # the final event copies it: sign it first
             if request.collect:
                 self.outbox.put(rid, reply)  # before the acknowledgement: the coordinator is waiting on it
@@ -157,21 +159,31 @@ class Relayer:
         # behind 302 KB on this host's uplink, so the previous node's send_ms (its link estimate)
         # would count our transfer too. The output's digest is in the final event, not the ack.
         yield pb.RelayEvent(request_id=rid, ack=True, trace=[own])
-        onward = asyncio.ensure_future(self._forward(request, reply, own, left_s))
+        output_sha256 = asyncio.ensure_future(asyncio.to_thread(digest, reply.activations.data))
+        onward = asyncio.ensure_future(self._forward(request, reply, own, left_s, output_sha256))
         try:
-            own.output_sha256 = await asyncio.to_thread(digest, reply.activations.data)
+            own.output_sha256 = await output_sha256
             final = await onward
         finally:
             if not onward.done():
                 onward.cancel()
-        final.trace[0].output_sha256 = own.output_sha256  # a fast hand-back may have copied `own` before
-        self.signer.sign(final.trace[0], rid, request.plan_mac)
+        entry = final.trace[0]
+        entry.output_sha256 = own.output_sha256  # a fast hand-back may have copied `own` before
+        entry.rest_sha256 = rest_digest(final.trace[1:], rid, request.plan_mac)  # what we vouch for, checked
+        self.signer.sign(entry, rid, request.plan_mac)
         yield final
 
     async def _forward(
-        self, request: pb.RelayRequest, reply: pb.ForwardResponse, own: pb.HopTrace, left_s: float
+        self,
+        request: pb.RelayRequest,
+        reply: pb.ForwardResponse,
+        own: pb.HopTrace,
+        left_s: float,
+        output_sha256: asyncio.Future[str],
     ) -> pb.RelayEvent:
-        """Send our output on; whatever goes wrong, hand our output back with the reason."""
+        """Send our output on; whatever goes wrong, hand our output back with the reason. The rest of
+        the chain's trace is passed on only once the next node's entry checks out (wire/trace_check.py):
+        what we pass on, we answer for."""
         assert self.peers is not None
         nxt = request.chain[request.index + 1]
         rid = request.forward.request_id
@@ -240,6 +252,11 @@ class Relayer:
         if final is grpc.aio.EOF:
             return hand_back("the next node closed the chain without a result")
         problem = final_problem(final, request.chain, request.index + 1)
+        if problem is None:
+            entry_wrong = entry_problem(
+                final.trace[0], nxt, final.trace[1:], await output_sha256, rid, request.plan_mac
+            )
+            problem = None if entry_wrong is None else f"its trace entry cannot be believed: {entry_wrong}"
         if problem is not None:
             return hand_back(problem)
         return pb.RelayEvent(

@@ -1,10 +1,10 @@
 """The MAC over a relay chain: what lets a node forward at all (docs/relay.md).
 
 A node forwards only along a chain the coordinator MACed with the swarm key, K (wire/auth.py): the
-MAC covers the request id, the issue time and every step (address, position, block), so nothing on
-the way can add a hop, point a hop elsewhere or stretch the chain. Chains are bounded in length by
-the node (`MAX_RELAY_HOPS`) and every forwarded message by its message size limit, so a node can never
-be used as an open proxy, even by a caller that holds a valid call signature.
+MAC covers the request id, the issue time and every step (address, position, block, trace key), so
+nothing on the way can add a hop, point a hop elsewhere, stretch the chain or swap a key. Chains are
+bounded in length by the node (`MAX_RELAY_HOPS`) and every forwarded message by its message size
+limit, so a node can never be used as an open proxy, even by a caller that holds a valid call signature.
 """
 
 from __future__ import annotations
@@ -23,8 +23,14 @@ class PlanError(Exception):
 
 
 def chain_text(request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep]) -> str:
-    steps = ";".join(f"{s.address},{s.position},{s.block}" for s in chain)
+    # A step's trace key is MACed too: the node before it checks its entry with it, so a node that
+    # could swap a later step's key would have honest nodes refuse honest entries.
+    steps = ";".join(f"{s.address},{s.position},{s.block}{_key_text(s.trace_key)}" for s in chain)
     return f"relay|{request_id}|{issued_ms}|{steps}"
+
+
+def _key_text(key: bytes) -> str:
+    return f",{key.hex()}" if key else ""  # none: the text chains had before keys were in them
 
 
 def plan_mac(key: bytes, request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep]) -> str:

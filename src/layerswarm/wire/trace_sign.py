@@ -6,13 +6,18 @@ and forwarding times feed the coordinator's latency and link estimates) and keep
 consistent. So each node makes an Ed25519 key per boot, reports its public half in `Info.trace_key`
 (bound to the node's token proof: `auth.info_identity`), and signs its own entry over the chain's
 request id and MAC: the entry cannot be altered, moved to another chain or written by anyone else.
-The coordinator checks every entry against the key of the node it names (coordinator/relay.py).
+The entry includes the digest of the entries after it as the node passed them back (`rest_digest`),
+so a node answers for what it passed on. The coordinator checks every entry against the key of the
+node it names, and each node the entry after its own (wire/trace_check.py).
 
 What this does not stop: a node lying in its own entry (caught as before, by verification and the
 digest chain), or a node older than this check (no key: its entries are taken unsigned).
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -62,6 +67,19 @@ def hop_message(hop: pb.HopTrace, request_id: str, plan_mac: str) -> bytes:
         hop.input_sha256,
         hop.output_sha256,
         hop.rtt_ms.hex(),
+        hop.rest_sha256,
     )
-    encoded = [f.encode() for f in fields]
-    return VERSION + b"".join(len(e).to_bytes(4, "big") + e for e in encoded)  # length-prefixed: unambiguous
+    return VERSION + _prefixed(f.encode() for f in fields)
+
+
+def rest_digest(entries: Sequence[pb.HopTrace], request_id: str, plan_mac: str) -> str:
+    """What a node's `rest_sha256` is: sha256 over the entries after its own, each with its signature,
+    exactly as it passes them back. Signed into its own entry, it makes the node answerable for them:
+    the first entry of a trace whose rest does not match what arrived was signed before someone altered
+    what follows it (coordinator/relay.py: `first_bad_entry`)."""
+    parts = (hop_message(e, request_id, plan_mac) + e.signature for e in entries)
+    return hashlib.sha256(_prefixed(parts)).hexdigest()
+
+
+def _prefixed(parts: Iterable[bytes]) -> bytes:
+    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)  # length-prefixed: unambiguous

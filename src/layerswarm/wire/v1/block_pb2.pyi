@@ -131,14 +131,16 @@ class LinkStat(_message.Message):
     def __init__(self, peer: _Optional[str] = ..., ewma_send_ms: _Optional[float] = ..., ewma_mbps: _Optional[float] = ..., samples: _Optional[int] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class RelayStep(_message.Message):
-    __slots__ = ("address", "position", "block")
+    __slots__ = ("address", "position", "block", "trace_key")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
+    TRACE_KEY_FIELD_NUMBER: _ClassVar[int]
     address: str
     position: int
     block: int
-    def __init__(self, address: _Optional[str] = ..., position: _Optional[int] = ..., block: _Optional[int] = ...) -> None: ...
+    trace_key: bytes
+    def __init__(self, address: _Optional[str] = ..., position: _Optional[int] = ..., block: _Optional[int] = ..., trace_key: _Optional[bytes] = ...) -> None: ...
 
 class RelayRequest(_message.Message):
     __slots__ = ("forward", "chain", "index", "plan_mac", "issued_ms", "hop_timeout_s", "deadline_s", "collect")
@@ -161,7 +163,7 @@ class RelayRequest(_message.Message):
     def __init__(self, forward: _Optional[_Union[ForwardRequest, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[RelayStep, _Mapping]]] = ..., index: _Optional[int] = ..., plan_mac: _Optional[str] = ..., issued_ms: _Optional[int] = ..., hop_timeout_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., collect: _Optional[bool] = ...) -> None: ...
 
 class HopTrace(_message.Message):
-    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256", "rtt_ms", "signature")
+    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256", "rtt_ms", "signature", "rest_sha256")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +174,7 @@ class HopTrace(_message.Message):
     OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    REST_SHA256_FIELD_NUMBER: _ClassVar[int]
     node: str
     block: int
     position: int
@@ -182,7 +185,8 @@ class HopTrace(_message.Message):
     output_sha256: str
     rtt_ms: float
     signature: bytes
-    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    rest_sha256: str
+    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., signature: _Optional[bytes] = ..., rest_sha256: _Optional[str] = ...) -> None: ...
 
 class RelayEvent(_message.Message):
     __slots__ = ("request_id", "ack", "trace", "activations", "handback_reason", "refused")
