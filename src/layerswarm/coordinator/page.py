@@ -30,12 +30,14 @@ MAX_EVENT_STREAMS = 32  # open pages at once; more get 429 (each costs a snapsho
 ROUTES_SHOWN = 16
 
 
-def node_view(record: NodeRecord, now: float) -> dict[str, Any]:
-    """A registry record as the page shows it: plus how long it has been in its state and the link's
-    quality (the share of hops sent to it that came back well; health checks are not counted)."""
+def node_view(record: NodeRecord, now: float, convicted: dict[str, Any]) -> dict[str, Any]:
+    """A registry record as the page shows it: plus how long it has been in its state, the link's
+    quality (the share of hops sent to it that came back well; health checks are not counted) and its
+    address's convictions (`convicted`: `Convictions.view`, as in /v1/nodes)."""
     tried = record.served + record.failed
     return {
         **record.to_json(),
+        **convicted,
         "state_for_s": round(max(0.0, now - record.state_since), 1),
         "link_quality": round(record.served / tried, 4) if tried else None,
     }
@@ -59,7 +61,7 @@ def swarm_snapshot(coordinator: Coordinator, activity: Activity) -> dict[str, An
             "reason": reason,
             "in_flight": coordinator.in_flight,
         },
-        "nodes": [node_view(r, now) for r in records],
+        "nodes": [node_view(r, now, registry.convictions.view(r.address, registry.wall)) for r in records],
         "stats": activity.stats(),
         "requests": activity.routes(ROUTES_SHOWN),
     }

@@ -63,6 +63,15 @@ function linkBar(quality) {
   return wrap;
 }
 
+// The reason for the node's state, and whether its address was caught lying: a conviction outlives
+// the node's restarts (a new boot id), so an operator sees why a node that looks fine stays out.
+function whyText(n) {
+  if (!n.convictions) return n.reason;
+  const until = n.barred_until ? `, barred until ${new Date(n.barred_until * 1000).toLocaleTimeString()}` : "";
+  const caught = `convicted ${n.convictions}×${until}`;
+  return n.reason ? `${n.reason} (${caught})` : caught;
+}
+
 function renderNodes(snap) {
   const body = $("nodes").tBodies[0];
   body.replaceChildren();
@@ -77,8 +86,8 @@ function renderNodes(snap) {
     const stateCell = el("td");
     stateCell.append(state);
     stateCell.title = `for ${n.state_for_s} s`;
-    const why = el("td", "why", n.reason);
-    why.title = n.reason;  // the full reason; the cell shows one line
+    const why = el("td", "why", whyText(n));
+    why.title = whyText(n);  // the full reason; the cell shows one line
     const link = el("td");
     link.append(linkBar(n.link_quality));
     tr.append(
