@@ -9,9 +9,8 @@ import hmac
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from layerswarm.bench.trace_cost import sample_hop
+from layerswarm.bench.trace_cost import chain_check, sample_hop, signed_chain, trace_signature_cost
 from layerswarm.wire.relay_plan import digest, plan_mac
-from layerswarm.wire.trace_check import entry_problem
 from layerswarm.wire.trace_sign import TraceSigner, hop_message, hop_signed_by, rest_digest
 from layerswarm.wire.v1 import block_pb2 as pb
 
@@ -72,29 +71,11 @@ def test_the_message_cannot_be_shifted_between_fields() -> None:
 
 
 def _signed_chain(signers: list[TraceSigner]) -> tuple[list[pb.RelayStep], list[pb.HopTrace]]:
-    """A chain of len(signers) steps and its trace as honest nodes write it: each entry's input is the
-    previous output, each signs over the entries after it, last node first (the way back)."""
-    steps = [
-        pb.RelayStep(address=f"10.0.0.{k}:5005{k}", position=k, block=k, trace_key=s.public)
-        for k, s in enumerate(signers)
-    ]
-    trace = [
-        pb.HopTrace(node=st.address, block=st.block, position=st.position, compute_ms=1.0, send_ms=0.5) for st in steps
-    ]
-    for k, entry in enumerate(trace):
-        entry.input_sha256 = digest(b"in") if k == 0 else trace[k - 1].output_sha256
-        entry.output_sha256 = digest(f"out-{k}".encode())
-    for k in reversed(range(len(trace))):
-        trace[k].rest_sha256 = rest_digest(trace[k + 1 :], RID, MAC)
-        signers[k].sign(trace[k], RID, MAC)
-    return steps, trace
+    return signed_chain(signers, RID, MAC)
 
 
 def _problems(steps: list[pb.RelayStep], trace: list[pb.HopTrace]) -> list[str | None]:
-    return [
-        entry_problem(t, steps[k], trace[k + 1 :], digest(b"in") if k == 0 else trace[k - 1].output_sha256, RID, MAC)
-        for k, t in enumerate(trace)
-    ]
+    return chain_check(steps, trace, RID, MAC)
 
 
 def test_an_honest_trace_checks_entry_by_entry() -> None:
@@ -149,3 +130,10 @@ def test_the_plan_mac_covers_each_steps_trace_key() -> None:
     assert plan_mac(key, RID, 1, [keyed]) != plan_mac(key, RID, 1, [swapped])
     before = hmac.new(key, f"relay|{RID}|1|10.0.0.2:50051,0,0".encode(), hashlib.sha256).hexdigest()
     assert plan_mac(key, RID, 1, [step]) == before
+
+
+def test_the_cost_bench_runs_on_an_honest_chain() -> None:
+    """bench/trace_cost.py raises if an honest chain ever failed its checks (so its timings are of checks
+    that pass, as on a real chain's way back)."""
+    figures = trace_signature_cost(reps=3, chain_nodes=4)
+    assert figures["chain_nodes"] == 4 and figures["coordinator_chain_check_us"] > figures["check_us"] > 0
