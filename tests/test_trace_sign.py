@@ -11,7 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from layerswarm.bench.trace_cost import chain_check, sample_hop, signed_chain, trace_signature_cost
 from layerswarm.wire.relay_plan import digest, plan_mac
-from layerswarm.wire.trace_sign import TraceSigner, hop_message, hop_signed_by, rest_digest
+from layerswarm.wire.trace_sign import TraceSigner, hop_message, hop_signed_by, rest_digest, rest_digests
 from layerswarm.wire.v1 import block_pb2 as pb
 
 RID, MAC = "req-1-c1", "a" * 64
@@ -137,3 +137,10 @@ def test_the_cost_bench_runs_on_an_honest_chain() -> None:
     that pass, as on a real chain's way back)."""
     figures = trace_signature_cost(reps=3, chain_nodes=4)
     assert figures["chain_nodes"] == 4 and figures["coordinator_chain_check_us"] > figures["check_us"] > 0
+
+
+def test_every_suffix_digest_at_once_is_each_rest_digest() -> None:
+    """The coordinator's one-pass digests (rest_digests) must be exactly what each node signs (rest_digest)."""
+    _, trace = _signed_chain([TraceSigner() for _ in range(4)])
+    assert rest_digests(trace, RID, MAC) == [rest_digest(trace[k:], RID, MAC) for k in range(len(trace) + 1)]
+    assert len(set(rest_digests(trace, RID, MAC))) == len(trace) + 1  # every suffix differs, the empty one too

@@ -16,7 +16,7 @@ from typing import Any
 
 from layerswarm.wire.relay_plan import digest
 from layerswarm.wire.trace_check import entry_problem
-from layerswarm.wire.trace_sign import TraceSigner, hop_signed_by, rest_digest
+from layerswarm.wire.trace_sign import TraceSigner, hop_signed_by, rest_digest, rest_digests
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .fixtures import median_ms
@@ -66,7 +66,8 @@ def chain_check(
 ) -> list[str | None]:
     """Every entry's problem as the coordinator sees the trace (None: believable)."""
     came_in = [digest(b"in"), *(t.output_sha256 for t in trace[:-1])]
-    return [entry_problem(t, steps[k], trace[k + 1 :], came_in[k], request_id, plan_mac) for k, t in enumerate(trace)]
+    rests = rest_digests(trace, request_id, plan_mac)
+    return [entry_problem(t, steps[k], rests[k + 1], came_in[k], request_id, plan_mac) for k, t in enumerate(trace)]
 
 
 def trace_signature_cost(reps: int = 200, chain_nodes: int = 12) -> dict[str, Any]:
@@ -86,7 +87,10 @@ def trace_signature_cost(reps: int = 200, chain_nodes: int = 12) -> dict[str, An
         if not hop_signed_by(signer.public, hop, rid, mac):
             raise RuntimeError("a freshly signed trace entry did not check")
         checked = time.perf_counter()
-        if entry_problem(trace[1], steps[1], trace[2:], trace[0].output_sha256, rid, mac) is not None:
+        if (
+            entry_problem(trace[1], steps[1], rest_digest(trace[2:], rid, mac), trace[0].output_sha256, rid, mac)
+            is not None
+        ):
             raise RuntimeError("an honest trace entry did not check")
         trace[0].rest_sha256 = rest_digest(trace[1:], rid, mac)
         signers[0].sign(trace[0], rid, mac)

@@ -33,6 +33,7 @@ import torch
 from layerswarm.wire import codec
 from layerswarm.wire.relay_plan import digest, plan_mac
 from layerswarm.wire.trace_check import entry_problem
+from layerswarm.wire.trace_sign import rest_digests
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
@@ -343,13 +344,15 @@ def _trace_problem(
         # node's doing.
         return Broken(0, f"trace of {len(trace)} hops for a chain of {len(segment)}, without a hand-back")
     # With every node's trace key known, every node checked the entry after its own before passing it
-    # back (wire/trace_check.py): the first bad entry is on the node that passed it to us or its
-    # predecessor, never on two. Without keys (older nodes), either node at the break may be the liar.
+    # back (wire/trace_check.py): so the first bad entry k was passed on unchecked by node k-1 (node 0
+    # for entry 0), which is blamed alone. Without keys (older nodes), either node at the break may be
+    # the liar.
     keyed = all(step.trace_key for step in sent.chain)
     rid, mac = sent.forward.request_id, sent.plan_mac
+    rests = rest_digests(trace, rid, mac)  # rests[k + 1]: what entry k's node vouched for
     for k, t in enumerate(trace):
         came_in = digest(sent.forward.activations.data) if k == 0 else trace[k - 1].output_sha256
-        problem = entry_problem(t, sent.chain[k], trace[k + 1 :], came_in, rid, mac)
+        problem = entry_problem(t, sent.chain[k], rests[k + 1], came_in, rid, mac)
         if problem is not None:
             return Broken(k, f"trace step {k} ({t.node}): {problem}", max(k - 1, 0) if keyed else None)
     return None

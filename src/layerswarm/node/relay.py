@@ -254,7 +254,12 @@ class Relayer:
         problem = final_problem(final, request.chain, request.index + 1)
         if problem is None:
             entry_wrong = entry_problem(
-                final.trace[0], nxt, final.trace[1:], await output_sha256, rid, request.plan_mac
+                final.trace[0],
+                nxt,
+                rest_digest(final.trace[1:], rid, request.plan_mac),
+                await output_sha256,
+                rid,
+                request.plan_mac,
             )
             problem = None if entry_wrong is None else f"its trace entry cannot be believed: {entry_wrong}"
         if problem is not None:

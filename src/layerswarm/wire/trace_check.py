@@ -12,9 +12,7 @@ honest nodes blamed for it, or sign garbage and take its honest predecessor down
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from .trace_sign import hop_signed_by, rest_digest
+from .trace_sign import hop_signed_by
 from .v1 import block_pb2 as pb
 
 MAX_TRACE_MS = 3.6e6  # a reported time past an hour is a lie or a bug
@@ -23,14 +21,15 @@ MAX_TRACE_MS = 3.6e6  # a reported time past an hour is a lie or a bug
 def entry_problem(
     entry: pb.HopTrace,
     step: pb.RelayStep,
-    rest: Sequence[pb.HopTrace],
+    rest_sha256: str,
     input_sha256: str,
     request_id: str,
     plan_mac: str,
 ) -> str | None:
-    """Why `entry` cannot be the trace of `step`, or None. `rest`: the entries that came back after it;
-    `input_sha256`: the digest of what its node was sent (the previous output). Signature and rest are
-    checked only where the step names the node's trace key (nodes from before keys report none)."""
+    """Why `entry` cannot be the trace of `step`, or None. `rest_sha256`: the digest of the entries that
+    came back after it (trace_sign.rest_digest); `input_sha256`: the digest of what its node was sent
+    (the previous output). Signature and rest are checked only where the step names the node's trace
+    key (nodes from before keys report none)."""
     if (entry.node, entry.block, entry.position) != (step.address, step.block, step.position):
         return "it is not the planned step"
     times = (entry.compute_ms, entry.rtt_ms)
@@ -42,6 +41,6 @@ def entry_problem(
         return None
     if not hop_signed_by(step.trace_key, entry, request_id, plan_mac):
         return "it is not signed by its node"
-    if entry.rest_sha256 != rest_digest(rest, request_id, plan_mac):
+    if entry.rest_sha256 != rest_sha256:
         return "the entries after it are not the ones its node passed back"
     return None

@@ -76,9 +76,19 @@ def rest_digest(entries: Sequence[pb.HopTrace], request_id: str, plan_mac: str) 
     """What a node's `rest_sha256` is: sha256 over the entries after its own, each with its signature,
     exactly as it passes them back. Signed into its own entry, it makes the node answerable for them:
     the first entry of a trace whose rest does not match what arrived was signed before someone altered
-    what follows it (coordinator/relay.py: `first_bad_entry`)."""
-    parts = (hop_message(e, request_id, plan_mac) + e.signature for e in entries)
-    return hashlib.sha256(_prefixed(parts)).hexdigest()
+    what follows it (coordinator/relay.py: `_trace_problem`)."""
+    return hashlib.sha256(b"".join(_entry_bytes(e, request_id, plan_mac) for e in entries)).hexdigest()
+
+
+def rest_digests(entries: Sequence[pb.HopTrace], request_id: str, plan_mac: str) -> list[str]:
+    """`rest_digest(entries[k:])` for every k in 0..len(entries), each entry serialised once (the
+    coordinator checks every entry's rest: re-serialising each suffix would be O(n^2) messages)."""
+    parts = [_entry_bytes(e, request_id, plan_mac) for e in entries]
+    return [hashlib.sha256(b"".join(parts[k:])).hexdigest() for k in range(len(parts) + 1)]
+
+
+def _entry_bytes(entry: pb.HopTrace, request_id: str, plan_mac: str) -> bytes:
+    return _prefixed((hop_message(entry, request_id, plan_mac) + entry.signature,))
 
 
 def _prefixed(parts: Iterable[bytes]) -> bytes:
