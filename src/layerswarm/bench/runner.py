@@ -7,14 +7,16 @@ matters is a ratio against a baseline measured in the same run, interleaved wher
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import platform
 import secrets
 import tempfile
 import time
+from collections.abc import Coroutine
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import torch
@@ -28,6 +30,20 @@ from . import activations, adaptive, edgelan, hop, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .report import render
+
+T = TypeVar("T")
+
+
+@functools.cache
+def _loop() -> asyncio.Runner:
+    """One event loop for the whole run. grpc.aio binds every loop that ever used it to its poller and
+    keeps waking them all; a loop closed by an earlier asyncio.run then gets grpc's late events and logs
+    "Event loop is closed" (grpc/grpc#25364)."""
+    return asyncio.Runner()
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return _loop().run(coro)
 
 
 def adaptive_members() -> list[tuple[Path, Path | None]]:
@@ -44,14 +60,14 @@ def adaptive_members() -> list[tuple[Path, Path | None]]:
 
 
 def run_adaptive(quick: bool) -> dict[str, Any]:
-    return asyncio.run(adaptive.run(adaptive_members(), 60 if quick else 300))
+    return _run(adaptive.run(adaptive_members(), 60 if quick else 300))
 
 
 def run_wire_formats(quick: bool, reps: int) -> list[dict[str, Any]]:
     """Accuracy, bytes and latency of every wire format through a swarm of the shipped family."""
     members = robust_members(family_root())[:2]
     with nodes(shipped.layout(members)) as procs:
-        return asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
+        return _run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
 
 
 def run_activation_forms(quick: bool) -> list[dict[str, Any]]:
@@ -81,25 +97,25 @@ def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
         model_dir = vitb_model_dir(Path(tmp))
         with nodes([(model_dir, b) for b in range(12)]) as procs:
             configs = [("fp32", "unary"), ("fp32", "stream"), ("fp16", "unary"), ("fp16", "stream")]
-            report["vitb_swarm_vs_monolith"] = asyncio.run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
-            report["hop_vs_floor"] = asyncio.run(hop.hop_vs_floor(model_dir, procs[0], reps))
-            report["vitb_throughput"] = asyncio.run(vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6))
+            report["vitb_swarm_vs_monolith"] = _run(vitb.swarm_vs_monolith(model_dir, procs, reps, configs))
+            report["hop_vs_floor"] = _run(hop.hop_vs_floor(model_dir, procs[0], reps))
+            report["vitb_throughput"] = _run(vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6))
             if not quick:  # the same with each spot check blocking its hop: what deferring them costs or saves
-                report["vitb_throughput_blocking_checks"] = asyncio.run(
+                report["vitb_throughput_blocking_checks"] = _run(
                     vitb.concurrent_throughput(model_dir, procs, 16, 6, deferred_checks=False)
                 )
-            report["vitb_idle_vs_busy"] = asyncio.run(vitb.idle_vs_busy_compute(model_dir, procs, 2 if quick else 6))
+            report["vitb_idle_vs_busy"] = _run(vitb.idle_vs_busy_compute(model_dir, procs, 2 if quick else 6))
             report["coordinator_cost_vitb"] = vitb.coordinator_cpu_share(model_dir, procs, 3 if quick else 10, 224)
         # Relay chains need a swarm token: a second set of nodes with one keeps the runs above as they were.
         token = Path(tmp) / "swarm.token"
         token.write_text(secrets.token_hex(16) + "\n")
         with nodes([(model_dir, b) for b in range(12)], "--token-file", str(token)) as procs:
-            report["vitb_throughput_relay"] = asyncio.run(
+            report["vitb_throughput_relay"] = _run(
                 vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6, topology="relay", token_file=token)
             )
         if torch.cuda.is_available():  # the same ratio on the GPU, where there is one; never required
             with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:
-                report["vitb_swarm_vs_monolith_cuda"] = asyncio.run(
+                report["vitb_swarm_vs_monolith_cuda"] = _run(
                     vitb.swarm_vs_monolith(model_dir, procs, reps, [("fp16", "stream")], device="cuda")
                 )
     return report
@@ -121,7 +137,7 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
             model_dir = vitb_model_dir(Path(tmp))
             with nodes([(model_dir, 0)]) as procs:
-                report["hop_vs_floor"] = asyncio.run(hop.hop_vs_floor(model_dir, procs[0], reps * 2))
+                report["hop_vs_floor"] = _run(hop.hop_vs_floor(model_dir, procs[0], reps * 2))
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     if only == "wire":
@@ -137,11 +153,11 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         return report
     members = robust_members(family_root())[:2]
     with nodes(shipped.layout(members)) as procs:
-        report["wire_formats"] = asyncio.run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
+        report["wire_formats"] = _run(shipped.wire_formats(members, procs, 500 if quick else 2000, reps * 4))
         report["coordinator_cost_shipped"] = vitb.coordinator_cpu_share(members[0], procs, 50 if quick else 200, 32)
     report["activation_forms"] = run_activation_forms(quick)
     report["wire_accuracy_in_process"] = run_int8_accuracy(quick)
-    report["concurrency"] = asyncio.run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
+    report["concurrency"] = _run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
     report["adaptive"] = run_adaptive(quick)
     report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
     report["edge_lan"] = edgelan.run(quick)  # star vs relay on a shaped LAN (namespaces; needs root)
@@ -180,7 +196,11 @@ def _cores() -> int:
 
 def main(quick: bool, json_path: Path | None, markdown_path: Path | None, only: str | None = None) -> int:
     keep_large_buffers()  # as the node and coordinator processes do: this process is a coordinator
-    report = run(quick, only)
+    try:
+        report = run(quick, only)
+    finally:
+        _loop().close()
+        _loop.cache_clear()
     text = render(report)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,6 @@ def percentage_points(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.commands import eval_main
+    from layerswarm.models.eval_command import eval_main
 
     return eval_main(args)

@@ -129,7 +129,7 @@ def load_text_data(spec: str, model_dir: str | Path) -> TextDataset:
 
 
 def text_eval_main(args: argparse.Namespace, spec: str) -> int:
-    from ..commands import render_table
+    from ..eval_command import render_table
 
     data = load_text_data(spec, args.model_dirs[0])
     plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed)
