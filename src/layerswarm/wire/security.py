@@ -156,10 +156,6 @@ def _require_role(handler: Any, allowed: set[str]) -> Any:
     """The handler, behind a check of the client certificate's name (BlockNode has unary calls and
     server-streaming ones, with one request or a stream of them)."""
 
-    async def check(context: grpc.aio.ServicerContext) -> None:
-        if not _client_name_in(context, allowed):
-            await _refuse_role(context)
-
     codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     for kind, make in (
         ("stream_stream", grpc.stream_stream_rpc_method_handler),
@@ -184,7 +180,8 @@ def _require_role(handler: Any, allowed: set[str]) -> Any:
     inner = handler.unary_unary
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await check(context)
+        if not _client_name_in(context, allowed):
+            await _refuse_role(context)
         return await inner(request, context)
 
     return grpc.unary_unary_rpc_method_handler(unary, **codec)
