@@ -27,7 +27,7 @@ from layerswarm.wire.auth import derive_key
 from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.trace_check import entry_problem
-from layerswarm.wire.trace_sign import TraceSigner, rest_digest
+from layerswarm.wire.trace_sign import TraceSigner, rest_digest, rest_digests
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .peers import PeerClient, PeerPool, PeerRefused
@@ -167,9 +167,8 @@ class Relayer:
         finally:
             if not onward.done():
                 onward.cancel()
-        entry = final.trace[0]
+        entry = final.trace[0]  # its rest_sha256 (what we vouch for) set by _forward
         entry.output_sha256 = own.output_sha256  # a fast hand-back may have copied `own` before
-        entry.rest_sha256 = rest_digest(final.trace[1:], rid, request.plan_mac)  # what we vouch for, checked
         self.signer.sign(entry, rid, request.plan_mac)
         yield final
 
@@ -207,6 +206,7 @@ class Relayer:
 
         def hand_back(reason: str) -> pb.RelayEvent:
             log.info("relay %s: handing back after step %d: %s", rid, request.index, reason)
+            own.rest_sha256 = rest_digest((), rid, request.plan_mac)  # we pass nothing back but our own
             where = f"step {request.index + 1} ({nxt.address}, block {nxt.block})"
             return pb.RelayEvent(
                 request_id=rid, trace=[own], activations=reply.activations, handback_reason=f"{where}: {reason}"
@@ -252,18 +252,13 @@ class Relayer:
         if final is grpc.aio.EOF:
             return hand_back("the next node closed the chain without a result")
         problem = final_problem(final, request.chain, request.index + 1)
-        if problem is None:
-            entry_wrong = entry_problem(
-                final.trace[0],
-                nxt,
-                rest_digest(final.trace[1:], rid, request.plan_mac),
-                await output_sha256,
-                rid,
-                request.plan_mac,
-            )
-            problem = None if entry_wrong is None else f"its trace entry cannot be believed: {entry_wrong}"
         if problem is not None:
             return hand_back(problem)
+        rests = rest_digests(final.trace, rid, request.plan_mac)  # [0]: what we vouch for; [1]: what nxt did
+        entry_wrong = entry_problem(final.trace[0], nxt, rests[1], await output_sha256, rid, request.plan_mac)
+        if entry_wrong is not None:
+            return hand_back(f"its trace entry cannot be believed: {entry_wrong}")
+        own.rest_sha256 = rests[0]
         return pb.RelayEvent(
             request_id=rid,
             trace=[own, *final.trace],
