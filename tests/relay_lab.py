@@ -46,9 +46,11 @@ async def in_process_relay_swarm(
     faults: list[FaultSpec],
     node_values: dict[str, Any] | None = None,
     old_nodes: tuple[int, ...] = (),
+    blocks: list[int] | None = None,  # the block of each node (default: node i serves block i)
     **settings: object,
 ) -> tuple[list[FaultyNode], Coordinator]:
-    model = make_model_dir(tmp_path / "m", depth=len(faults))
+    blocks = list(range(len(faults))) if blocks is None else blocks
+    model = make_model_dir(tmp_path / "m", depth=max(blocks) + 1)
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     security = SecuritySettings(token=TOKEN)
@@ -59,7 +61,7 @@ async def in_process_relay_swarm(
             ),
             spec,
         )
-        for b, spec in enumerate(faults)
+        for b, spec in zip(blocks, faults, strict=True)
     ]
     for b in old_nodes:
         without_relay_stream(served[b])
@@ -71,7 +73,11 @@ async def in_process_relay_swarm(
         CoordinatorSettings(model_dir=model, peers=peers, mdns=False, topology="relay", token_file=token_file, **values)  # type: ignore[arg-type]
     )
     await coord.start()
-    await wait_until(lambda: coord.registry.reachable_depth() == len(faults), what="all blocks reachable")
+
+    def all_routable() -> bool:
+        return sum(r.routable for r in coord.registry.nodes.values()) == len(served)
+
+    await wait_until(all_routable, what="all nodes routable")
     return served, coord
 
 

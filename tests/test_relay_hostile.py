@@ -141,7 +141,12 @@ async def test_a_node_signing_garbage_is_handed_back_by_its_predecessor_which_is
     """A node that signs its own entry with garbage: the node before it checks that entry (with the key
     the MACed chain names) before passing it back, and hands back its own output instead, naming the
     liar. Before, the coordinator found the bad entry and blamed both nodes at it: a liar took an
-    honest predecessor down with it on every chain."""
+    honest predecessor down with it on every chain.
+
+    A hand-back is a claim the coordinator cannot check (the claimer could have made the bad entry up),
+    so the liar is only left out of each request, and it answers the coordinator's health probe: the
+    claims read as contradicted. After three in a row the node before it only ends chains, so the liar
+    starts the next chain, where the coordinator checks its entry itself and blames it alone."""
     served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
     relay = served[1].relayer.relay
 
@@ -153,13 +158,21 @@ async def test_a_node_signing_garbage_is_handed_back_by_its_predecessor_which_is
 
     served[1].relayer.relay = garbage  # type: ignore[method-assign]
     try:
+        for _ in range(3):
+            result = await coord.classify(images(), SEQ)
+            await coord.handbacks.wait()
+            (handback,) = result.path.handbacks
+            assert handback["kind"] == "handed_back" and f"step 1 (127.0.0.1:{served[1].port}" in handback["reason"]
+            assert "its trace entry cannot be believed: it is not signed by its node" in handback["reason"]
+            assert _failed(coord, served) == [0, 0, 0]
+            hops = [(h.block, h.outcome) for h in result.path.hops if h.block is not None]
+            assert hops[0] == (0, "relayed") and 1 not in [b for b, _ in hops] and hops[-1][0] == 2
+        assert not coord.registry.claims.may_forward(f"127.0.0.1:{served[0].port}")
         result = await coord.classify(images(), SEQ)
         (handback,) = result.path.handbacks
-        assert handback["kind"] == "handed_back" and f"step 1 (127.0.0.1:{served[1].port}" in handback["reason"]
-        assert "its trace entry cannot be believed: it is not signed by its node" in handback["reason"]
+        assert handback["kind"] == "discarded" and "trace step 0" in handback["reason"], handback
         assert _failed(coord, served) == [0, 1, 0]
-        hops = [(h.block, h.outcome) for h in result.path.hops if h.block is not None]
-        assert hops[0] == (0, "relayed") and 1 not in [b for b, _ in hops] and hops[-1][0] == 2
+        assert (result.path.hops[0].block, result.path.hops[0].outcome) == (0, "ok")  # node 0 ran star
     finally:
         await coord.stop()
         for node in served:
@@ -181,13 +194,15 @@ def _lying_in_its_acknowledgement(node: FaultyNode, compute_ms: float) -> None:
 
 
 @pytest.mark.parametrize("claimed", [float("nan"), 1e7, 1e6])
-async def test_a_node_lying_in_its_acknowledgement_is_blamed_not_the_node_before_it(
+async def test_a_node_lying_in_its_acknowledgement_is_named_not_the_node_before_it(
     tmp_path: Path, claimed: float
 ) -> None:
     """The next node's acknowledgement claims a compute time longer than the whole wait for it (NaN,
     past the trace's bounds, or within them): the node before it hands back naming that node, rather
     than signing an impossible forwarding time of its own (which would void the chain and blame it
-    and the node before it) or a link faster than light (which would steer the planner)."""
+    and the node before it) or a link faster than light (which would steer the planner). The hand-back
+    is a claim: the liar is left out of the request, not marked failed (it answers the coordinator's
+    probe; test_relay_handbacks.py)."""
     served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
     _lying_in_its_acknowledgement(served[1], claimed)
     first, liar = (f"127.0.0.1:{n.port}" for n in served[:2])
@@ -195,8 +210,10 @@ async def test_a_node_lying_in_its_acknowledgement_is_blamed_not_the_node_before
         result = await coord.classify(images(), SEQ)
         (handback,) = result.path.handbacks
         assert "step 1" in handback["reason"] and "acknowledgement" in handback["reason"], handback
-        assert coord.registry.nodes[liar].failed >= 1
+        await coord.handbacks.wait()
+        assert coord.registry.nodes[liar].failed == 0  # named, and answering the coordinator's probe
         assert coord.registry.nodes[first].failed == 0  # the honest node before it is not blamed
+        assert 1 not in [h.block for h in result.path.hops]  # the liar left out, and no one else for block 1
         assert result.path.hops[0].outcome == "relayed"  # its own hop still counts
         assert coord.registry.links.per_mb(first, liar) is None  # nothing measured against the lie
         assert all(math.isfinite(s.ewma_send_ms) for s in served[0].relayer.peers.link_stats())  # type: ignore[union-attr]
@@ -230,9 +247,10 @@ async def test_a_node_ending_a_chain_early_is_blamed_at_once_not_the_last_node(
     tmp_path: Path, liar: int, reason: str
 ) -> None:
     """A node that claims the chain completed at itself (no hand-back, the rest of the trace missing) is
-    blamed at once: by the node before it, which hands back naming it, or, the first node, by the
-    coordinator. Before, the coordinator waited on Collect at the last node, which never got the chain,
-    for the request's whole deadline, then blamed that last node, and the request failed."""
+    caught at once: by the node before it, which hands back naming it (a claim: the liar is left out of
+    the request and probed, and it answers), or, the first node, by the coordinator, which blames it.
+    Before, the coordinator waited on Collect at the last node, which never got the chain, for the
+    request's whole deadline, then blamed that last node, and the request failed."""
     served, coord = await in_process_relay_swarm(
         tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1, request_timeout_s=6.0
     )
@@ -243,7 +261,7 @@ async def test_a_node_ending_a_chain_early_is_blamed_at_once_not_the_last_node(
         result = await coord.classify(images(), SEQ)
         assert time.monotonic() - started < 3.0  # not the request's whole deadline
         assert any(reason in h["reason"] for h in result.path.handbacks), result.path.handbacks
-        assert coord.registry.nodes[addresses[liar]].failed >= 1
+        assert coord.registry.nodes[addresses[liar]].failed == (1 if liar == 0 else 0)
         assert all(coord.registry.nodes[a].failed == 0 for a in addresses if a != addresses[liar])
         ran = [h.block for h in result.path.hops if h.block is not None]
         assert sorted(ran) == [b for b in range(4) if b != liar]  # only the liar's block left out
@@ -351,7 +369,8 @@ async def test_a_node_withholding_its_final_event_is_the_one_handed_back(tmp_pat
     """A node that acknowledges, then stalls: the node before it stops waiting a margin before the
     deadline its caller gave, so its hand-back, naming the staller, arrives while the caller still waits.
     Before, every wait along the chain ended together: the coordinator timed out first and blamed the
-    chain's first node (ejected after two requests) while the staller stayed healthy."""
+    chain's first node (ejected after two requests) while the staller stayed healthy. The hand-back is
+    a claim: the staller answers the coordinator's health probe, so it is not marked failed either."""
     served, coord = await in_process_relay_swarm(
         tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1, request_timeout_s=3.0
     )
@@ -362,7 +381,9 @@ async def test_a_node_withholding_its_final_event_is_the_one_handed_back(tmp_pat
             result = await coord.classify(images(), SEQ)
             assert any("step 1" in h["reason"] and "DEADLINE_EXCEEDED" in h["reason"] for h in result.path.handbacks)
             assert result.path.hops[0].block == 0 and result.path.hops[0].outcome == "relayed"
-        assert coord.registry.nodes[staller].failed == 2
+            await coord.handbacks.wait()
+        assert coord.registry.nodes[staller].failed == 0
+        assert coord.registry.claims.get(first).contradicted == 2  # type: ignore[union-attr]
         assert coord.registry.nodes[first].failed == 0 and coord.registry.nodes[first].state.value == "healthy"
     finally:
         await coord.stop()

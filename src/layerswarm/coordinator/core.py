@@ -25,6 +25,7 @@ from .discovery import DnsDiscovery, MdnsDiscovery
 from .ensemble import EnsembleResult, Route, run_ensemble
 from .executor import PathExecutor
 from .exits import RouteExit, load_defaults, request_policy
+from .handbacks import HandbackReferee
 from .health import REMEMBERED, HealthMonitor
 from .members import Member, load_members
 from .metrics import CoordinatorMetrics
@@ -110,14 +111,16 @@ class Coordinator:
             self.verifier.quarantine_referee = self.registry.quarantine
         self.metrics = CoordinatorMetrics(self.registry, self.verifier)  # before any node event is counted
         self.executor = PathExecutor(self.registry, self.pool, self.verifier)
+        self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
+        probe_s = 2 * settings.health_timeout_s  # a probe: Info (when due), then a health check
+        self.handbacks = HandbackReferee(self.registry, self.monitor.probe, probe_s, self.metrics.observe_handback)
         token = settings.security.token
         self.relay = (
-            RelayRunner(self.registry, self.pool, self.executor, derive_key(token), self.verifier)
+            RelayRunner(self.registry, self.pool, self.executor, derive_key(token), self.verifier, self.handbacks)
             if settings.topology in ("relay", "auto") and token
             else None
         )
         self.topology = TopologyChooser() if settings.topology == "auto" and self.relay is not None else None
-        self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
         verify = self.monitor.verify_soon
         self.discovery = MdnsDiscovery(self.registry, settings.mdns_interfaces, verify) if settings.mdns else None
         self.dns = DnsDiscovery(self.registry, settings.peer_dns, verify=verify) if settings.peer_dns else None
@@ -237,6 +240,7 @@ class Coordinator:
             await self.discovery.stop()
         if self.dns is not None:
             await self.dns.stop()
+        await self.handbacks.close()
         await self.monitor.stop()
         await self.executor.close()
         await self.pool.close()

@@ -132,6 +132,14 @@ class CoordinatorMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.relay_handbacks = Counter(
+            "layerswarm_relay_handbacks",
+            "Relay hand-backs by how the coordinator's own health probe of the node they named turned out: "
+            "confirmed (it did not answer), contradicted (it answered: counted against the node that handed "
+            "back), unchecked (too many probes running, or the named node left)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.node_transitions = Counter(
             "layerswarm_node_transitions",
             "Node state changes by the state entered (quarantined: caught lying or malformed; ejected: "
@@ -149,6 +157,10 @@ class CoordinatorMetrics:
         self.relay_chains.labels("completed").inc(max(path.chains - len(ended_early), 0))
         for kind in ended_early:
             self.relay_chains.labels(kind).inc()
+
+    def observe_handback(self, outcome: str) -> None:
+        """How one hand-back's claim turned out (coordinator/handbacks.py)."""
+        self.relay_handbacks.labels(outcome).inc()
 
     def observe(self, result: EnsembleResult, exit_rule: str | None) -> None:
         """Adaptive-compute figures of one answered request."""

@@ -22,6 +22,7 @@ from typing import Any
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.stats import ewma, quantile
 
+from .claims import Claims
 from .convictions import MAX_BAR_S, Convictions
 from .linkmap import LinkMap
 
@@ -200,6 +201,7 @@ class Registry:
             conviction_cooldown_s, clock, conviction_max_cooldown_s
         )  # by address: outlive records
         self.wall = wall
+        self.claims = Claims(clock)  # relay hand-backs, by how the coordinator's probes judged them
 
     # --- membership --------------------------------------------------------------------------------------
 
@@ -406,4 +408,5 @@ class Registry:
     def snapshot(self) -> list[dict[str, Any]]:
         ordered = sorted(self.nodes.values(), key=lambda r: (r.block, r.address))
         views = [{**r.to_json(), **self.convictions.view(r.address, self.wall)} for r in ordered]
+        views = [{**v, **self.claims.view(v["address"], self.wall)} for v in views]
         return [{**v, "links": self.links.from_node(v["address"])} for v in views]

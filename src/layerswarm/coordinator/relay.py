@@ -6,7 +6,8 @@ which the coordinator collects from it directly (a Collect call opened when the 
 the trace (compute and send times, digests of every hop's input and output) comes back along the
 chain. When a node fails, the node before it hands back its own output with the reason, and the
 coordinator continues from there with star hops (substitutes, verification: executor.py), then chains
-again.
+again. A hand-back is a claim, not evidence: the node it names is only avoided for the request, and
+probed by the coordinator itself before any failure counts against it (handbacks.py).
 
 Trust: a hop the verifier wants to check (probation, sampled) runs star, where the coordinator sees
 its input and output; chains are cut around it. For relayed hops the coordinator checks the digest
@@ -38,6 +39,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
 from .executor import PathExecutor
+from .handbacks import HandbackReferee
 from .linkmap import COORDINATOR, LinkMap
 from .path import DepthError, ExecOptions, Hop, PathResult
 from .planner import Plan, Step
@@ -85,12 +87,14 @@ class RelayRunner:
         executor: PathExecutor,
         key: bytes,
         verifier: Verifier | None = None,
+        referee: HandbackReferee | None = None,  # None: hand-backs are only routed around, never checked
     ) -> None:
         self.registry = registry
         self.pool = pool
         self.executor = executor
         self.key = key
         self.verifier = verifier
+        self.referee = referee
 
     async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
         run = _Run(x, opts)
@@ -121,14 +125,17 @@ class RelayRunner:
 
     def _segment(self, steps: list[Step], start: int, run: _Run) -> list[tuple[Step, NodeRecord]]:
         """The longest run of steps from `start` whose chosen nodes may be relayed through: routable,
-        not failed in this request, not wanted by the verifier (those run star). Empty: step `start`
-        runs star because the verifier wants it; one element: too short to chain."""
+        not failed in this request, not wanted by the verifier (those run star), and ending at the first
+        node whose hand-backs keep being contradicted (claims.py: it may end a chain, never forward).
+        Empty: step `start` runs star because the verifier wants it; one element: too short to chain."""
         segment: list[tuple[Step, NodeRecord]] = []
         for index, step in enumerate(steps[start:], start):
             record = self._pick(step, run)
             if record is None or step.block in run.used or self._sampled(run, index, record):
                 break
             segment.append((step, record))
+            if not self.registry.claims.may_forward(record.address):
+                break
         return segment
 
     def _sampled(self, run: _Run, index: int, record: NodeRecord) -> bool:
@@ -263,13 +270,20 @@ class RelayRunner:
             observe_relay_link(self.registry.links, sender, receiver)
         handback = None
         if final is not None and final.handback_reason:
-            failed = segment[len(trace)][1] if len(trace) < len(segment) else None
-            if failed is not None:
-                self.registry.record_failure(failed.address, final.handback_reason)
-                run.avoid.add(failed.address)
+            if len(trace) < len(segment):
+                self._handed_back(run, claimer=segment[len(trace) - 1][1], named=segment[len(trace)][1])
             after_step = run.depth + len(trace) - 1
             handback = {"kind": "handed_back", "after_step": after_step, "reason": final.handback_reason}
         return ChainResult(x, hops, handback)
+
+    def _handed_back(self, run: _Run, claimer: NodeRecord, named: NodeRecord) -> None:
+        """`claimer` (the last node of the checked trace; with trace keys its signed entry vouches for
+        no entry after it, so no node before it can hand back in its name) says `named` failed. Only a
+        claim: `named` is left out of this request, so an honest hand-back costs nothing more, and the
+        coordinator's own probe decides whether it failed (handbacks.py)."""
+        run.avoid.add(named.address)
+        if self.referee is not None:
+            self.referee.claim(claimer.address, named.address)
 
     def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:
         try:

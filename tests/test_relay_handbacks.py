@@ -1,0 +1,235 @@
+"""A relay hand-back is a claim about the next node, not evidence: the coordinator routes around the
+named node for that request and probes it itself; the probe, never the claim, decides whether the
+named node failed, and how it turned out counts for the node that claimed it (docs/relay.md, "Blame")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from prometheus_client import generate_latest
+
+from layerswarm.coordinator.claims import Claims
+from layerswarm.coordinator.core import Classification, Coordinator
+from layerswarm.coordinator.handbacks import HandbackReferee
+from layerswarm.coordinator.registry import FamilySpec, NodeState, Registry
+from layerswarm.harness.faults import FaultSpec, FaultyNode
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .relay_lab import SEQ, images, in_process_relay_swarm
+
+REPLICATED = [0, 1, 1, 2]  # two nodes serve block 1: a request answers in full without either of them
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_contradicted_claims_in_a_row_make_a_node_end_chains_only_for_a_while() -> None:
+    clock = Clock()
+    claims = Claims(clock, strikes=3, bar_s=60.0)
+    assert claims.may_forward("a:1")
+    assert not claims.contradicted("a:1") and not claims.contradicted("a:1")
+    claims.confirmed("a:1")  # a claim that held up starts the count again
+    assert not claims.contradicted("a:1") and not claims.contradicted("a:1")
+    assert claims.contradicted("a:1")  # the third in a row
+    assert not claims.may_forward("a:1") and claims.may_forward("b:2")
+    view = claims.view("a:1", wall=lambda: 5000.0)
+    assert view == {
+        "handbacks_confirmed": 1,
+        "handbacks_contradicted": 5,
+        "handbacks_contradicted_in_a_row": 0,
+        "chain_end_only_until": 5060.0,
+    }
+    clock.now += 60.0
+    assert claims.may_forward("a:1") and claims.view("a:1", lambda: 0.0)["chain_end_only_until"] is None
+
+
+def test_claims_are_bounded_keeping_the_nodes_barred_longest() -> None:
+    clock = Clock()
+    claims = Claims(clock, strikes=1, bar_s=60.0, max_keys=3)
+    assert claims.contradicted("barred:1")
+    claims.confirmed("a:1")
+    claims.confirmed("b:2")
+    claims.confirmed("c:3")  # full: one never barred makes room
+    assert len(claims) == 3 and not claims.may_forward("barred:1") and claims.get("c:3") is not None
+
+
+def _referee(probe: Any, timeout_s: float = 1.0, max_probes: int = 8) -> tuple[Registry, HandbackReferee, list[str]]:
+    registry = Registry(FamilySpec("f", 3, 5, 32))
+    for address in ("a:1", "b:2", "c:3"):
+        registry.add_candidate(address, "static")
+    outcomes: list[str] = []
+    return registry, HandbackReferee(registry, probe, timeout_s, outcomes.append, max_probes), outcomes
+
+
+async def test_claims_against_a_node_being_probed_wait_for_that_probe() -> None:
+    calls: list[str] = []
+    release = asyncio.Event()
+
+    async def probe(address: str) -> bool:
+        calls.append(address)
+        await release.wait()
+        return True  # it answers: both claims are contradicted
+
+    registry, referee, outcomes = _referee(probe)
+    referee.claim("a:1", "b:2")
+    referee.claim("c:3", "b:2")
+    await asyncio.sleep(0)
+    assert referee.probing == {"b:2"}
+    release.set()
+    await referee.wait()
+    assert calls == ["b:2"] and outcomes == ["contradicted", "contradicted"]
+    assert all(registry.claims.get(a).contradicted == 1 for a in ("a:1", "c:3"))  # type: ignore[union-attr]
+    assert referee.probing == frozenset()
+
+
+async def test_a_probe_that_does_not_answer_in_time_counts_against_the_named_node() -> None:
+    async def hanging(address: str) -> bool:
+        await asyncio.sleep(3600)
+        return True
+
+    registry, referee, outcomes = _referee(hanging, timeout_s=0.05)
+    referee.claim("a:1", "b:2")
+    await referee.wait()
+    assert outcomes == ["confirmed"] and registry.claims.get("a:1").confirmed == 1  # type: ignore[union-attr]
+    assert registry.nodes["b:2"].consecutive_failures == 1
+    assert "no answer within" in registry.nodes["b:2"].reason
+
+
+async def test_a_probe_that_fails_is_logged_and_the_next_claim_probes_again(caplog: pytest.LogCaptureFixture) -> None:
+    calls = 0
+
+    async def broken(address: str) -> bool:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("a bug in the probe")
+
+    registry, referee, outcomes = _referee(broken)
+    with caplog.at_level(logging.ERROR, logger="layerswarm.coordinator.handbacks"):
+        referee.claim("a:1", "b:2")
+        await referee.wait()
+        await asyncio.sleep(0)  # the done callback runs after the task
+    assert any("hand-back probe b:2 failed" in r.message and r.exc_info for r in caplog.records)
+    assert outcomes == ["unchecked"] and registry.claims.get("a:1") is None
+    referee.claim("a:1", "b:2")
+    await referee.wait()
+    assert calls == 2
+
+
+async def test_claims_past_the_probe_limit_are_left_unchecked() -> None:
+    release = asyncio.Event()
+
+    async def probe(address: str) -> bool:
+        await release.wait()
+        return False
+
+    _, referee, outcomes = _referee(probe, max_probes=1)
+    referee.claim("a:1", "b:2")
+    referee.claim("a:1", "c:3")  # a second node while the first is probed: over the limit
+    referee.claim("a:1", "gone:9")  # not in the registry
+    assert outcomes == ["unchecked", "unchecked"]
+    release.set()
+    await referee.wait()
+    assert outcomes[-1] == "confirmed"
+    await referee.close()
+
+
+def _handing_back_falsely(node: FaultyNode) -> None:
+    """Make `node` hand back every chain it does not end, claiming its next node failed, without ever
+    contacting it. Its own entry is signed as an honest hand-back's (node/relay.py does that)."""
+
+    async def false_claim(request: pb.RelayRequest, reply: pb.ForwardResponse, own: pb.HopTrace, *_: Any) -> Any:
+        nxt = request.chain[request.index + 1]
+        reason = f"step {request.index + 1} ({nxt.address}, block {nxt.block}): UNAVAILABLE: made up"
+        rid = request.forward.request_id
+        return pb.RelayEvent(request_id=rid, trace=[own], activations=reply.activations, handback_reason=reason)
+
+    node.relayer._forward = false_claim  # type: ignore[method-assign]
+
+
+def _answers_in_full(result: Classification, reference: Classification) -> None:
+    assert result.path.depth == 3, result.path.hops
+    assert torch.allclose(result.probs, reference.probs, atol=1e-6)
+
+
+async def _classify(coord: Coordinator) -> Classification:
+    """One request, then the hand-back probes it started (they never hold the request up)."""
+    result = await coord.classify(images(), SEQ)
+    await coord.handbacks.wait()
+    return result
+
+
+async def test_a_node_falsely_blaming_its_successor_gets_it_neither_failed_nor_ejected(tmp_path: Path) -> None:
+    """Before, a node that handed back on every chain naming its honest successor had that successor's
+    failure recorded each time: ejected after two requests, on nothing but its word. Now the successor
+    is only avoided for the request (its replica serves), the coordinator's probe finds it answering, the
+    claims count as contradicted against the claimer, and after three in a row the claimer only ends
+    chains (here it is the first step: it runs star), so it cannot claim again."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 4, blocks=REPLICATED, verify_rate=None, min_blocks=1
+    )
+    addresses = [f"127.0.0.1:{n.port}" for n in served]
+    claimer, successors = addresses[0], addresses[1:3]
+    try:
+        reference = await _classify(coord)
+        assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 3
+        _handing_back_falsely(served[0])
+        results = [await _classify(coord) for _ in range(5)]
+        for result in results:
+            _answers_in_full(result, reference)
+        assert [len(r.path.handbacks) for r in results] == [1, 1, 1, 0, 0]
+        assert [r.path.hops[0].outcome for r in results[3:]] == ["ok", "ok"]  # its hop went star
+        for successor in successors:
+            record = coord.registry.nodes[successor]
+            assert (record.failed, record.consecutive_failures, record.state) == (0, 0, NodeState.HEALTHY)
+        (view,) = [v for v in coord.registry.snapshot() if v["address"] == claimer]
+        assert view["handbacks_contradicted"] == 3 and view["handbacks_confirmed"] == 0
+        assert view["chain_end_only_until"] is not None
+        scraped = generate_latest(coord.metrics.registry).decode()
+        assert 'layerswarm_relay_handbacks_total{outcome="contradicted"} 3.0' in scraped
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_dead_successor_is_confirmed_by_the_probe_and_ejected(tmp_path: Path) -> None:
+    """The successor really is dead: the hand-back routes around it at once, the coordinator's own
+    health probe fails and counts against it (as a health round's would), so it is ejected after
+    `eject_after` (2) probes, on the coordinator's own observation; the claims count as confirmed."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 4, blocks=REPLICATED, verify_rate=None, min_blocks=1
+    )
+    addresses = [f"127.0.0.1:{n.port}" for n in served]
+    running = list(served)
+    try:
+        reference = await _classify(coord)
+        dead = reference.path.hops[1].node
+        await running.pop(addresses.index(dead)).stop()
+        for expected_failures in (1, 2):
+            result = await _classify(coord)
+            _answers_in_full(result, reference)
+            (handback,) = result.path.handbacks
+            assert dead in handback["reason"] and result.path.hops[1].node != dead
+            assert coord.registry.nodes[dead].consecutive_failures == expected_failures
+        record = coord.registry.nodes[dead]
+        assert record.state is NodeState.EJECTED and record.reason.startswith("health check: UNAVAILABLE")
+        assert coord.registry.claims.get(addresses[0]).confirmed == 2  # type: ignore[union-attr]
+        after = await _classify(coord)  # the dead node is out of the plan: no hand-back left
+        _answers_in_full(after, reference)
+        assert not after.path.handbacks and [h.outcome for h in after.path.hops] == ["relayed"] * 3
+        scraped = generate_latest(coord.metrics.registry).decode()
+        assert 'layerswarm_relay_handbacks_total{outcome="confirmed"} 2.0' in scraped
+    finally:
+        await coord.stop()
+        for node in running:
+            await node.stop()
