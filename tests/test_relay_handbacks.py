@@ -18,6 +18,7 @@ from layerswarm.coordinator.core import Classification, Coordinator
 from layerswarm.coordinator.handbacks import HandbackReferee
 from layerswarm.coordinator.registry import FamilySpec, NodeState, Registry
 from layerswarm.harness.faults import FaultSpec, FaultyNode
+from layerswarm.wire.trace_sign import rest_digest
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .relay_lab import SEQ, images, in_process_relay_swarm
@@ -151,6 +152,7 @@ def _handing_back_falsely(node: FaultyNode) -> None:
         nxt = request.chain[request.index + 1]
         reason = f"step {request.index + 1} ({nxt.address}, block {nxt.block}): UNAVAILABLE: made up"
         rid = request.forward.request_id
+        own.rest_sha256 = rest_digest((), rid, request.plan_mac)  # as node/relay.py's own hand-back
         return pb.RelayEvent(request_id=rid, trace=[own], activations=reply.activations, handback_reason=reason)
 
     node.relayer._forward = false_claim  # type: ignore[method-assign]
