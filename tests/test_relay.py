@@ -279,6 +279,37 @@ async def test_a_node_slower_than_the_hop_timeout_is_handed_back(tmp_path: Path)
             await node.stop()
 
 
+@pytest.mark.parametrize("old_first_node", [False, True])
+async def test_a_first_node_slower_than_the_hop_timeout_costs_a_hop_not_the_deadline(
+    tmp_path: Path, old_first_node: bool
+) -> None:
+    """The coordinator holds a chain's first node to the rule every node holds the next one to: its
+    acknowledgement (sent once its block has run) within the hop timeout. Before, it waited for the
+    whole request deadline, so a first node that stalled cost every request through it that deadline.
+    What the coordinator saw itself is evidence: the first node's failure is recorded. Both ways of
+    starting a chain: the long-lived stream, and a Relay call (a node without RelayStream)."""
+    faults = [FaultSpec(delay_ms=3000), FaultSpec(), FaultSpec()]
+    served, coord = await in_process_relay_swarm(
+        tmp_path,
+        faults,
+        old_nodes=(0,) if old_first_node else (),
+        hop_timeout_s=0.5,
+        request_timeout_s=30.0,
+        verify_rate=None,
+        min_blocks=1,
+    )
+    try:
+        result = await coord.classify(images(), SEQ)
+        (started,) = [h for h in result.path.handbacks if h["kind"] == "not_started"]
+        assert "no acknowledgement within the hop timeout" in started["reason"], started
+        assert coord.registry.nodes[f"127.0.0.1:{served[0].port}"].failed == 1
+        assert [h.block for h in result.path.hops if h.block is not None] == [1, 2]  # block 0 skipped
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
 @pytest.mark.parametrize("streams", [True, False])
 async def test_chains_between_two_nodes_share_one_long_lived_stream(tmp_path: Path, streams: bool) -> None:
     """Node to node, every chain goes over one RelayStream (opened once); `--no-relay-streams` makes a

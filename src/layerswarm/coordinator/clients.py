@@ -53,20 +53,31 @@ async def _call(awaitable: Awaitable[T]) -> T:
         raise _unavailable("the call was cancelled under us: the channel to the node closed") from None
 
 
-async def _chain_events(call: Any) -> list[pb.RelayEvent]:
+async def _chain_events(call: Any, ack_timeout: float) -> list[pb.RelayEvent]:
     """A Relay call's acknowledgement and final event, then the call ended: a chain has no more, so
-    what a node sends after them (or acknowledgements past the first) is neither kept nor waited for."""
+    what a node sends after them (or acknowledgements past the first) is neither kept nor waited for.
+    The first event must come within `ack_timeout` (see NodeClient.relay)."""
     events: list[pb.RelayEvent] = []
     try:
-        async for event in call:
+        try:
+            event = await asyncio.wait_for(call.read(), ack_timeout)
+        except asyncio.TimeoutError:
+            raise _no_acknowledgement(ack_timeout) from None
+        while event is not grpc.aio.EOF:
             if not event.ack:
                 events.append(event)
                 break
             if not events:
                 events.append(event)
+            event = await call.read()
     finally:
         call.cancel()  # a no-op once the call has ended
     return events
+
+
+def _no_acknowledgement(ack_timeout: float) -> grpc.aio.AioRpcError:
+    details = f"no acknowledgement within the hop timeout ({ack_timeout:.3g} s)"
+    return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 class NodeClient:
@@ -162,30 +173,43 @@ class NodeClient:
             raise NodeNotProven("no valid proof of our swarm token in its Info reply (impostor, or another swarm)")
         return reply
 
-    async def relay(self, request: pb.RelayRequest, timeout: float) -> list[pb.RelayEvent]:
+    async def relay(
+        self, request: pb.RelayRequest, timeout: float, ack_timeout: float | None = None
+    ) -> list[pb.RelayEvent]:
         """Start a relay chain at this node; its events (acknowledgement, then the final one). Raises
-        grpc.aio.AioRpcError (DEADLINE_EXCEEDED past `timeout`)."""
+        grpc.aio.AioRpcError: DEADLINE_EXCEEDED past `timeout`, or when the node's acknowledgement (sent
+        once its own block has run) has not come within `ack_timeout`. The coordinator passes its hop
+        timeout, the rule every node applies to the next one: a first node that stalls costs a hop, not
+        the whole deadline."""
+        ack_timeout = timeout if ack_timeout is None else min(ack_timeout, timeout)
         try:
             if self._relay_streams:
                 try:
-                    return await _call(self._relay_on_stream(request, timeout))
+                    return await _call(self._relay_on_stream(request, timeout, ack_timeout))
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
                         raise
                     self._relay_streams = False  # nothing ran: the same request as a call
             call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
-            return await _call(_chain_events(call))
+            return await _call(_chain_events(call, ack_timeout))
         except grpc.aio.AioRpcError as exc:
             self._learn(exc)
             raise
 
-    async def _relay_on_stream(self, request: pb.RelayRequest, timeout: float) -> list[pb.RelayEvent]:
+    async def _relay_on_stream(
+        self, request: pb.RelayRequest, timeout: float, ack_timeout: float
+    ) -> list[pb.RelayEvent]:
         linked = await self._relay_link.send(request)
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         events: list[pb.RelayEvent] = []
         try:
-            while not events or events[-1].ack:  # the acknowledgement, then the final event
-                left = max(deadline - asyncio.get_running_loop().time(), 0.001)
+            try:
+                events.append(await asyncio.wait_for(linked.read(), ack_timeout))
+            except asyncio.TimeoutError:
+                raise _no_acknowledgement(ack_timeout) from None
+            while events[-1].ack:  # then the final event
+                left = max(deadline - loop.time(), 0.001)
                 events.append(await asyncio.wait_for(linked.read(), left))
         except asyncio.TimeoutError:
             raise grpc.aio.AioRpcError(

@@ -198,7 +198,7 @@ class RelayRunner:
         started = time.monotonic()
         collect = asyncio.ensure_future(self.pool.get(chain[-1].address).collect(rid, left))
         try:
-            events = await self.pool.get(chain[0].address).relay(request, left)
+            events = await self.pool.get(chain[0].address).relay(request, left, opts.hop_timeout_s)
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
