@@ -24,6 +24,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .relay_lab import SEQ, images, in_process_relay_swarm
 
 REPLICATED = [0, 1, 1, 2]  # two nodes serve block 1: a request answers in full without either of them
+RETRY = pb.ForwardRequest(request_id="r-probe")  # what a unit test's fake probe is handed
 
 
 class Clock:
@@ -76,14 +77,14 @@ async def test_claims_against_a_node_being_probed_wait_for_that_probe() -> None:
     calls: list[str] = []
     release = asyncio.Event()
 
-    async def probe(address: str) -> bool:
+    async def probe(address: str, request: pb.ForwardRequest) -> bool:
         calls.append(address)
         await release.wait()
         return True  # it answers: both claims are contradicted
 
     registry, referee, outcomes = _referee(probe)
-    referee.claim("a:1", "b:2")
-    referee.claim("c:3", "b:2")
+    referee.claim("a:1", "b:2", RETRY)
+    referee.claim("c:3", "b:2", RETRY)
     await asyncio.sleep(0)
     assert referee.probing == {"b:2"}
     release.set()
@@ -94,34 +95,33 @@ async def test_claims_against_a_node_being_probed_wait_for_that_probe() -> None:
 
 
 async def test_a_probe_that_does_not_answer_in_time_counts_against_the_named_node() -> None:
-    async def hanging(address: str) -> bool:
+    async def hanging(address: str, request: pb.ForwardRequest) -> bool:
         await asyncio.sleep(3600)
         return True
 
     registry, referee, outcomes = _referee(hanging, timeout_s=0.05)
-    referee.claim("a:1", "b:2")
+    referee.claim("a:1", "b:2", RETRY)
     await referee.wait()
     assert outcomes == ["confirmed"] and registry.claims.get("a:1").confirmed == 1  # type: ignore[union-attr]
-    assert registry.nodes["b:2"].consecutive_failures == 1
-    assert "no answer within" in registry.nodes["b:2"].reason
+    assert (registry.nodes["b:2"].failed, registry.nodes["b:2"].consecutive_failures) == (1, 1)
 
 
 async def test_a_probe_that_fails_is_logged_and_the_next_claim_probes_again(caplog: pytest.LogCaptureFixture) -> None:
     calls = 0
 
-    async def broken(address: str) -> bool:
+    async def broken(address: str, request: pb.ForwardRequest) -> bool:
         nonlocal calls
         calls += 1
         raise RuntimeError("a bug in the probe")
 
     registry, referee, outcomes = _referee(broken)
     with caplog.at_level(logging.ERROR, logger="layerswarm.coordinator.handbacks"):
-        referee.claim("a:1", "b:2")
+        referee.claim("a:1", "b:2", RETRY)
         await referee.wait()
         await asyncio.sleep(0)  # the done callback runs after the task
     assert any("hand-back probe b:2 failed" in r.message and r.exc_info for r in caplog.records)
     assert outcomes == ["unchecked"] and registry.claims.get("a:1") is None
-    referee.claim("a:1", "b:2")
+    referee.claim("a:1", "b:2", RETRY)
     await referee.wait()
     assert calls == 2
 
@@ -129,14 +129,14 @@ async def test_a_probe_that_fails_is_logged_and_the_next_claim_probes_again(capl
 async def test_claims_past_the_probe_limit_are_left_unchecked() -> None:
     release = asyncio.Event()
 
-    async def probe(address: str) -> bool:
+    async def probe(address: str, request: pb.ForwardRequest) -> bool:
         await release.wait()
         return False
 
     _, referee, outcomes = _referee(probe, max_probes=1)
-    referee.claim("a:1", "b:2")
-    referee.claim("a:1", "c:3")  # a second node while the first is probed: over the limit
-    referee.claim("a:1", "gone:9")  # not in the registry
+    referee.claim("a:1", "b:2", RETRY)
+    referee.claim("a:1", "c:3", RETRY)  # a second node while the first is probed: over the limit
+    referee.claim("a:1", "gone:9", RETRY)  # not in the registry
     assert outcomes == ["unchecked", "unchecked"]
     release.set()
     await referee.wait()
@@ -206,8 +206,9 @@ async def test_a_node_falsely_blaming_its_successor_gets_it_neither_failed_nor_e
 
 async def test_a_dead_successor_is_confirmed_by_the_probe_and_ejected(tmp_path: Path) -> None:
     """The successor really is dead: the hand-back routes around it at once, the coordinator's own
-    health probe fails and counts against it (as a health round's would), so it is ejected after
-    `eject_after` (2) probes, on the coordinator's own observation; the claims count as confirmed."""
+    forward of the handed-back activation to it fails and counts against it (as a star hop's would), so
+    it is ejected after `eject_after` (2) probes, on the coordinator's own observation; the claims count
+    as confirmed."""
     served, coord = await in_process_relay_swarm(
         tmp_path, [FaultSpec()] * 4, blocks=REPLICATED, verify_rate=None, min_blocks=1
     )
@@ -224,7 +225,7 @@ async def test_a_dead_successor_is_confirmed_by_the_probe_and_ejected(tmp_path: 
             assert dead in handback["reason"] and result.path.hops[1].node != dead
             assert coord.registry.nodes[dead].consecutive_failures == expected_failures
         record = coord.registry.nodes[dead]
-        assert record.state is NodeState.EJECTED and record.reason.startswith("health check: UNAVAILABLE")
+        assert record.state is NodeState.EJECTED and record.reason.startswith("forward after a hand-back: UNAVAILABLE")
         assert coord.registry.claims.get(addresses[0]).confirmed == 2  # type: ignore[union-attr]
         after = await _classify(coord)  # the dead node is out of the plan: no hand-back left
         _answers_in_full(after, reference)

@@ -2,15 +2,16 @@
 
 A hand-back names the next node of a chain as failed (docs/relay.md, "When a node fails"), and nothing
 in it proves that: a hostile node could name an honest successor on every chain and have it ejected.
-So a hand-back never counts against the node it names; the coordinator probes that node itself
-(handbacks.py) and the outcome counts for the node that made the claim: confirmed (the named node did
-not answer the coordinator either) or contradicted (it did).
+So a hand-back never counts against the node it names; the coordinator tries the claim itself (it
+forwards the handed-back activation to that node: handbacks.py) and the outcome counts for the node
+that made the claim: confirmed (the named node did not answer the coordinator in time either) or
+contradicted (it did).
 
 A node whose claims are contradicted `strikes` times in a row may only end chains for `bar_s`: the
 last step of a chain forwards to nobody, so it has nobody to hand back against, and its hop is still
 relayed. That bounds what a framing node gets: `strikes` avoided successors and probes per bar, then
 nothing, while the cost to an honest node wrongly barred (one behind a node that fails chains yet
-answers health checks) is a cut chain, never a failure or an ejection.
+serves star calls) is a cut chain, never a failure or an ejection.
 
 Kept apart from NodeRecord, like convictions: a record is dropped when its node is forgotten, and
 leaving for a moment must not wipe a streak. Bounded: at most `max_keys` addresses (when full, the one

@@ -25,7 +25,7 @@ from .discovery import DnsDiscovery, MdnsDiscovery
 from .ensemble import EnsembleResult, Route, run_ensemble
 from .executor import PathExecutor
 from .exits import RouteExit, load_defaults, request_policy
-from .handbacks import HandbackReferee
+from .handbacks import HandbackReferee, forward_probe
 from .health import REMEMBERED, HealthMonitor
 from .members import Member, load_members
 from .metrics import CoordinatorMetrics
@@ -112,8 +112,10 @@ class Coordinator:
         self.metrics = CoordinatorMetrics(self.registry, self.verifier)  # before any node event is counted
         self.executor = PathExecutor(self.registry, self.pool, self.verifier)
         self.monitor = HealthMonitor(self.registry, self.pool, settings.health_interval_s, settings.health_timeout_s)
-        probe_s = 2 * settings.health_timeout_s  # a probe: Info (when due), then a health check
-        self.handbacks = HandbackReferee(self.registry, self.monitor.probe, probe_s, self.metrics.observe_handback)
+        probe = forward_probe(self.registry, self.pool, settings.hop_timeout_s)
+        self.handbacks = HandbackReferee(
+            self.registry, probe, 2 * settings.hop_timeout_s, self.metrics.observe_handback
+        )
         token = settings.security.token
         self.relay = (
             RelayRunner(self.registry, self.pool, self.executor, derive_key(token), self.verifier, self.handbacks)

@@ -3,10 +3,14 @@
 A node that hands back says the next node of its chain failed. Nothing proves it: a timeout or a
 refusal leaves no trace the coordinator could check, and a hostile node could say it on every chain to
 get an honest node ejected. So the named node's failure is never recorded on that word. The request
-just goes around it; meanwhile the coordinator probes it with its own health check, in the background
-and bounded in time: a failed probe counts against the named node as any health check would (that is
-how a dead node is still ejected), a passed one clears it. How the probe went is then counted for the
-node that made the claim (claims.py), which is where repeated false claims have a consequence.
+just goes around it; meanwhile the coordinator tries the claim itself, in the background: it forwards
+the handed-back activation (the named node's input) to the named node by a star call, within the hop
+timeout. A failure or no answer in time is what the coordinator saw itself and counts against the named
+node as a failed star hop would (that is how a dead or too slow node is still ejected); an answer in
+time contradicts the claim. How it went is counted for the node that made the claim (claims.py), which
+is where repeated false claims have a consequence. What the probe cannot see: a node that serves star
+calls but fails chains (a relay-only staller); claims against it read as contradicted, and the claimer
+ending chains only (claims.py) stops the disputed forward from recurring either way.
 
 One probe per named node at a time: claims against a node already being probed wait for that probe's
 outcome. At most `max_probes` at once: past that a claim is counted `unchecked` and left.
@@ -18,13 +22,39 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import grpc
+
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .clients import ClientPool
 from .registry import Registry
 
 log = logging.getLogger(__name__)
-MAX_PROBES = 32  # probes in flight at once (each is one or two small RPCs)
+MAX_PROBES = 32  # probes in flight at once (each is one block's forward on the named node)
 CONFIRMED, CONTRADICTED, UNCHECKED = "confirmed", "contradicted", "unchecked"
 
-Probe = Callable[[str], Awaitable[bool | None]]  # HealthMonitor.probe: answered, or None (not known)
+# (named node, the handed-back activation as its Forward) -> answered in time, or None (not known)
+Probe = Callable[[str, pb.ForwardRequest], Awaitable[bool | None]]
+
+
+def forward_probe(registry: Registry, pool: ClientPool, hop_timeout_s: float) -> Probe:
+    """The claim tried: the named node's own input, forwarded to it by the coordinator within the hop
+    timeout. Its failure is recorded as a failed star hop's is (the coordinator saw it itself)."""
+
+    async def probe(address: str, request: pb.ForwardRequest) -> bool | None:
+        if address not in registry.nodes:
+            return None
+        try:
+            await pool.get(address).forward(request, hop_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            registry.record_failure(address, f"forward after a hand-back: {exc.code().name}: {exc.details()}")
+            return False
+        except TimeoutError:
+            registry.record_failure(address, f"forward after a hand-back: no answer within {hop_timeout_s} s")
+            return False
+        return True
+
+    return probe
 
 
 class HandbackReferee:
@@ -49,8 +79,9 @@ class HandbackReferee:
     def probing(self) -> frozenset[str]:
         return frozenset(self._claimers)
 
-    def claim(self, claimer: str, named: str) -> None:
-        """`claimer` handed back naming `named` as failed: probe `named` ourselves, without waiting."""
+    def claim(self, claimer: str, named: str, retry: pb.ForwardRequest) -> None:
+        """`claimer` handed back naming `named` as failed: probe `named` ourselves, without waiting,
+        with `retry` (the handed-back activation as `named`'s Forward)."""
         if named in self._claimers:
             self._claimers[named].add(claimer)
             return
@@ -59,7 +90,7 @@ class HandbackReferee:
             self._count(UNCHECKED)
             return
         self._claimers[named] = {claimer}
-        task = asyncio.create_task(self._probe(named), name=f"hand-back probe {named}")
+        task = asyncio.create_task(self._probe(named, retry), name=f"hand-back probe {named}")
         self._tasks.add(task)
         task.add_done_callback(self._probed)
 
@@ -73,19 +104,20 @@ class HandbackReferee:
             task.cancel()
         await self.wait()
 
-    async def _probe(self, named: str) -> None:
+    async def _probe(self, named: str, retry: pb.ForwardRequest) -> None:
         answered: bool | None = None
         try:
-            answered = await self._answered(named)
+            answered = await self._answered(named, retry)
         finally:  # however it ended, the claims it gathered are settled and the next claim probes anew
             self._judge(self._claimers.pop(named, set()), named, answered)
 
-    async def _answered(self, named: str) -> bool | None:
-        """The coordinator's own health check of `named`, bounded: no answer in time is a failure."""
+    async def _answered(self, named: str, retry: pb.ForwardRequest) -> bool | None:
+        """The probe, bounded here too (a backstop: the forward has its own deadline): no answer in
+        time is a failure of `named`."""
         try:
-            return await asyncio.wait_for(self.probe(named), self.timeout_s)
+            return await asyncio.wait_for(self.probe(named, retry), self.timeout_s)
         except asyncio.TimeoutError:  # not the builtin before Python 3.11 (Jetson images run 3.10)
-            self.registry.health_failed(named, f"health probe after a hand-back: no answer within {self.timeout_s} s")
+            self.registry.record_failure(named, f"forward after a hand-back: no answer within {self.timeout_s} s")
             return False
 
     def _judge(self, claimers: set[str], named: str, answered: bool | None) -> None:
@@ -99,7 +131,7 @@ class HandbackReferee:
                 self._contradicted(claimer, named)
 
     def _contradicted(self, claimer: str, named: str) -> None:
-        log.info("hand-back by %s contradicted: %s answers the coordinator's health check", claimer, named)
+        log.info("hand-back by %s contradicted: %s answered the coordinator's forward in time", claimer, named)
         self._count(CONTRADICTED)
         if self.registry.claims.contradicted(claimer):
             log.warning(

@@ -97,13 +97,6 @@ class HealthMonitor:
             self.registry.forget(address, "no longer advertised or listed, and not answering")
             await self.pool.drop(address)
 
-    async def probe(self, address: str) -> bool | None:
-        """Check one node now, as a round would (its failure counted, its success clearing it), and
-        say whether it answered as a serving member (None: it is not in the registry any more)."""
-        if address not in self.registry.nodes:
-            return None
-        return await self._check(address)
-
     async def _check(self, address: str) -> bool:
         """Returns whether the node answered as a serving member."""
         client = self.pool.get(address)

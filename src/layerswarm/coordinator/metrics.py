@@ -134,9 +134,9 @@ class CoordinatorMetrics:
         )
         self.relay_handbacks = Counter(
             "layerswarm_relay_handbacks",
-            "Relay hand-backs by how the coordinator's own health probe of the node they named turned out: "
-            "confirmed (it did not answer), contradicted (it answered: counted against the node that handed "
-            "back), unchecked (too many probes running, or the named node left)",
+            "Relay hand-backs by how the coordinator's own forward of the handed-back activation to the node "
+            "they named turned out: confirmed (no answer in the hop timeout), contradicted (it answered: "
+            "counted against the node that handed back), unchecked (too many probes running, or it left)",
             ["outcome"],
             registry=self.registry,
         )

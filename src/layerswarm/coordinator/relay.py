@@ -270,20 +270,26 @@ class RelayRunner:
             observe_relay_link(self.registry.links, sender, receiver)
         handback = None
         if final is not None and final.handback_reason:
-            if len(trace) < len(segment):
-                self._handed_back(run, claimer=segment[len(trace) - 1][1], named=segment[len(trace)][1])
+            if len(trace) < len(segment) and result is not None:
+                retry = pb.ForwardRequest(  # the named node's input: what the claimer says it could not pass on
+                    request_id=f"{request.forward.request_id}-probe",
+                    activations=result,
+                    position=request.chain[len(trace)].position,
+                    path_length=request.forward.path_length,
+                )
+                self._handed_back(run, segment[len(trace) - 1][1], segment[len(trace)][1], retry)
             after_step = run.depth + len(trace) - 1
             handback = {"kind": "handed_back", "after_step": after_step, "reason": final.handback_reason}
         return ChainResult(x, hops, handback)
 
-    def _handed_back(self, run: _Run, claimer: NodeRecord, named: NodeRecord) -> None:
+    def _handed_back(self, run: _Run, claimer: NodeRecord, named: NodeRecord, retry: pb.ForwardRequest) -> None:
         """`claimer` (the last node of the checked trace; with trace keys its signed entry vouches for
         no entry after it, so no node before it can hand back in its name) says `named` failed. Only a
         claim: `named` is left out of this request, so an honest hand-back costs nothing more, and the
         coordinator's own probe decides whether it failed (handbacks.py)."""
         run.avoid.add(named.address)
         if self.referee is not None:
-            self.referee.claim(claimer.address, named.address)
+            self.referee.claim(claimer.address, named.address, retry)
 
     def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:
         try:
