@@ -140,6 +140,52 @@ def test_header_claiming_billions_of_pixels_is_refused(client: httpx.Client) -> 
     assert reply.json()["error"] in ("too_many_pixels", "invalid_image")
 
 
+def png_with_broken_chunk(size: int = 16) -> bytes:
+    """A PNG whose header is fine and whose pixel data continues in a chunk with an impossible type:
+    Pillow opens it, then raises SyntaxError ("broken PNG file") while decoding the pixels."""
+    rows = (b"\x00" + bytes(range(3 * size))) * size
+    data = zlib.compress(rows, 0)
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            png_chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)),
+            png_chunk(b"IDAT", data[: len(data) // 2]),
+            png_chunk(b"\x01\x02\x03\x04", data[len(data) // 2 :]),
+            png_chunk(b"IEND", b""),
+        ]
+    )
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def tiff_with_float_strip_offset(size: int = 16) -> bytes:
+    """A grey TIFF whose StripOffsets tag is a DOUBLE: Pillow opens it, then raises TypeError while
+    decoding (it seeks to 0.5)."""
+    entries = [(256, 3, size), (257, 3, size), (258, 3, 8), (259, 3, 1), (262, 3, 1)]  # SHORT values
+    entries += [(273, 12, None), (277, 3, 1), (278, 3, size), (279, 4, size * size)]  # 12: DOUBLE, 4: LONG
+    after_ifd = 8 + 2 + 12 * len(entries) + 4  # the DOUBLE's 8 bytes do not fit in the entry: they go here
+    ifd = [struct.pack("<HHII", tag, kind, 1, after_ifd if value is None else value) for tag, kind, value in entries]
+    head = b"II*\x00" + struct.pack("<IH", 8, len(entries))
+    return head + b"".join(ifd) + struct.pack("<I", 0) + struct.pack("<d", 0.5) + bytes(size * size)
+
+
+@pytest.mark.parametrize("image", [png_with_broken_chunk(), tiff_with_float_strip_offset()], ids=["png", "tiff"])
+def test_corrupt_pixel_data_is_a_400_not_a_500(client: httpx.Client, image: bytes) -> None:
+    """Pillow raises more than OSError and ValueError on corrupt pixel data (found by mutating valid
+    images): each is the image's fault, a 400 naming the item, never a 500."""
+    for resize in ("false", "true"):
+        reply = classify_upload(client, image, resize=resize)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"] == "invalid_image" and "cannot decode" in reply.json()["detail"]
+    files = [("file", ("a.png", png(), "image/png")), ("file", ("b.png", image, "image/png"))]
+    reply = client.post("/v1/classify/batch", files=files)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["detail"].startswith("item 1: cannot decode")
+    assert classify_upload(client, png()).status_code == 200
+
+
 def test_decoding_runs_off_the_event_loop(client: httpx.Client, coord: Proc) -> None:
     """Images within the budget but slow to decode: while they decode, the server still answers
     (a scrape shows a decode in progress, which a decode on the event loop could never let happen),
