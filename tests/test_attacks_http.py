@@ -427,6 +427,30 @@ def test_kserve_infer_uses_the_strict_decoder(client: httpx.Client, body: bytes,
     assert reason in reply.json()["error"]
 
 
+@pytest.mark.parametrize("label", ["\u00b2", "9" * 256])
+def test_a_label_of_odd_digits_is_a_label_not_a_500(client: httpx.Client, label: str) -> None:
+    """A true label may be a class index: "²" is a digit to str.isdigit but int() refuses it, as it refuses
+    4,301 digits or more. Either one answered 500 after the whole classification had run."""
+    reply = classify_upload(client, png(), label=label)
+    assert reply.status_code == 200, reply.text
+    model = client.get("/v2/models").json()["models"][0]["name"]
+    encoded = {"name": "images_encoded", "datatype": "BYTES", "shape": [1], "data": [IMAGE_B64]}
+    for truth in (label, "9" * 5000):  # KServe labels have no length limit but the body's
+        data = [base64.b64encode(truth.encode()).decode()]
+        body = {"inputs": [encoded, {"name": "label", "datatype": "BYTES", "shape": [1], "data": data}]}
+        reply = client.post(f"/v2/models/{model}/infer", json=body)
+        assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "\u00b2"])
+def test_an_absurd_kserve_header_length_is_a_400(client: httpx.Client, value: str) -> None:
+    model = client.get("/v2/models").json()["models"][0]["name"]
+    headers = {"content-type": "application/json", "Inference-Header-Content-Length": value.encode("latin-1")}
+    reply = client.post(f"/v2/models/{model}/infer", content=b"{}", headers=headers)
+    assert reply.status_code == 400, reply.text
+    assert "Inference-Header-Content-Length" in reply.json()["error"]
+
+
 def test_oversize_batch_and_kserve_bodies_are_refused_while_streaming(coord: Proc, client: httpx.Client) -> None:
     """Chunked JSON bodies with no Content-Length to the batch and KServe endpoints: 413 while streaming,
     long before the 256 MB offered (the same reader as /v1/classify)."""
