@@ -140,6 +140,52 @@ def test_header_claiming_billions_of_pixels_is_refused(client: httpx.Client) -> 
     assert reply.json()["error"] in ("too_many_pixels", "invalid_image")
 
 
+def png_with_broken_chunk(size: int = 16) -> bytes:
+    """A PNG whose header is fine and whose pixel data continues in a chunk with an impossible type:
+    Pillow opens it, then raises SyntaxError ("broken PNG file") while decoding the pixels."""
+    rows = (b"\x00" + bytes(range(3 * size))) * size
+    data = zlib.compress(rows, 0)
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            png_chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)),
+            png_chunk(b"IDAT", data[: len(data) // 2]),
+            png_chunk(b"\x01\x02\x03\x04", data[len(data) // 2 :]),
+            png_chunk(b"IEND", b""),
+        ]
+    )
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def tiff_with_float_strip_offset(size: int = 16) -> bytes:
+    """A grey TIFF whose StripOffsets tag is a DOUBLE: Pillow opens it, then raises TypeError while
+    decoding (it seeks to 0.5)."""
+    entries = [(256, 3, size), (257, 3, size), (258, 3, 8), (259, 3, 1), (262, 3, 1)]  # SHORT values
+    entries += [(273, 12, None), (277, 3, 1), (278, 3, size), (279, 4, size * size)]  # 12: DOUBLE, 4: LONG
+    after_ifd = 8 + 2 + 12 * len(entries) + 4  # the DOUBLE's 8 bytes do not fit in the entry: they go here
+    ifd = [struct.pack("<HHII", tag, kind, 1, after_ifd if value is None else value) for tag, kind, value in entries]
+    head = b"II*\x00" + struct.pack("<IH", 8, len(entries))
+    return head + b"".join(ifd) + struct.pack("<I", 0) + struct.pack("<d", 0.5) + bytes(size * size)
+
+
+@pytest.mark.parametrize("image", [png_with_broken_chunk(), tiff_with_float_strip_offset()], ids=["png", "tiff"])
+def test_corrupt_pixel_data_is_a_400_not_a_500(client: httpx.Client, image: bytes) -> None:
+    """Pillow raises more than OSError and ValueError on corrupt pixel data (found by mutating valid
+    images): each is the image's fault, a 400 naming the item, never a 500."""
+    for resize in ("false", "true"):
+        reply = classify_upload(client, image, resize=resize)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"] == "invalid_image" and "cannot decode" in reply.json()["detail"]
+    files = [("file", ("a.png", png(), "image/png")), ("file", ("b.png", image, "image/png"))]
+    reply = client.post("/v1/classify/batch", files=files)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["detail"].startswith("item 1: cannot decode")
+    assert classify_upload(client, png()).status_code == 200
+
+
 def test_decoding_runs_off_the_event_loop(client: httpx.Client, coord: Proc) -> None:
     """Images within the budget but slow to decode: while they decode, the server still answers
     (a scrape shows a decode in progress, which a decode on the event loop could never let happen),
@@ -379,6 +425,44 @@ def test_kserve_infer_uses_the_strict_decoder(client: httpx.Client, body: bytes,
     reply = client.post(f"/v2/models/{model}/infer", content=body, headers={"content-type": "application/json"})
     assert reply.status_code == 400, reply.text
     assert reason in reply.json()["error"]
+
+
+@pytest.mark.parametrize("label", ["\u00b2", "9" * 256])
+def test_a_label_of_odd_digits_is_a_label_not_a_500(client: httpx.Client, label: str) -> None:
+    """A true label may be a class index: "²" is a digit to str.isdigit but int() refuses it, as it refuses
+    4,301 digits or more. Either one answered 500 after the whole classification had run."""
+    reply = classify_upload(client, png(), label=label)
+    assert reply.status_code == 200, reply.text
+    model = client.get("/v2/models").json()["models"][0]["name"]
+    encoded = {"name": "images_encoded", "datatype": "BYTES", "shape": [1], "data": [IMAGE_B64]}
+    for truth in (label, "9" * 5000):  # KServe labels have no length limit but the body's
+        data = [base64.b64encode(truth.encode()).decode()]
+        body = {"inputs": [encoded, {"name": "label", "datatype": "BYTES", "shape": [1], "data": data}]}
+        reply = client.post(f"/v2/models/{model}/infer", json=body)
+        assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "\u00b2"])
+def test_an_absurd_kserve_header_length_is_a_400(client: httpx.Client, value: str) -> None:
+    model = client.get("/v2/models").json()["models"][0]["name"]
+    headers = {"content-type": "application/json", "Inference-Header-Content-Length": value.encode("latin-1")}
+    reply = client.post(f"/v2/models/{model}/infer", content=b"{}", headers=headers)
+    assert reply.status_code == 400, reply.text
+    assert "Inference-Header-Content-Length" in reply.json()["error"]
+
+
+def test_a_kserve_shape_of_many_dimensions_is_refused_before_its_product(client: httpx.Client) -> None:
+    """The product of a shape's dimensions costs time quadratic in its length: 40,000 dimensions of 19
+    digits (an 800 KB body) held the event loop 5 s, every other request and health check waiting, and
+    the body limit (16 MiB by default) allows 20 times as many. A shape is refused by its rank first."""
+    model = client.get("/v2/models").json()["models"][0]["name"]
+    dims = b",".join([b"9999999999999999999"] * 40_000)
+    body = b'{"inputs": [{"name": "images", "datatype": "FP32", "shape": [' + dims + b'], "data": []}]}'
+    started = time.monotonic()
+    reply = client.post(f"/v2/models/{model}/infer", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    assert "dimensions" in reply.json()["error"] and len(reply.text) < 1000  # the shape is not echoed back
+    assert time.monotonic() - started < 2.0
 
 
 def test_oversize_batch_and_kserve_bodies_are_refused_while_streaming(coord: Proc, client: httpx.Client) -> None:

@@ -339,6 +339,50 @@ async def test_a_strangers_padded_info_reply_is_refused_at_a_small_size_limit(mo
         await real.stop()
 
 
+async def test_a_strangers_absurd_clock_is_refused_and_stops_nothing(model_dir: Path) -> None:
+    """A stranger's Info reply whose clock (`x-layerswarm-time`) has 5,000 digits, past what int() takes
+    (4,300): before, the coordinator's signer raised ValueError on it, and the first health round, which
+    start() awaits, took the whole coordinator down ("layerswarm coordinator: error: Exceeds the limit").
+    Now the clock is ignored, the stranger listed as refused, and the real node serves."""
+    real = await start_node(model_dir, 0, advertise=False, token=TOKEN)
+    info, trailing = await real_info(real)
+    absurd = tuple((k, "9" * 5000 if k == TIME_KEY else v) for k, v in trailing)
+    server = grpc.aio.server()
+    pb_grpc.add_BlockNodeServicer_to_server(RecordingImpostor(info, absurd), server)  # type: ignore[no-untyped-call]
+    fake = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    coord = coordinator(model_dir, peers=(fake, address(real)), mdns=False, token=TOKEN)
+    try:
+        await coord.start()
+        await wait_until(lambda: states(coord) == {fake: "ignored", address(real): "healthy"}, what="stranger refused")
+        assert "no valid proof of our swarm token" in coord.registry.nodes[fake].reason
+        await classify_ok(coord)
+        assert coord.monitor._periodic.errors == 0  # no health round fails on it either
+    finally:
+        await coord.stop()
+        await server.stop(0)
+        await real.stop()
+
+
+async def test_a_signed_call_with_an_absurd_timestamp_is_unauthenticated(model_dir: Path) -> None:
+    """The node's challenge is public (every Info reply carries it): a stranger sending it with a
+    timestamp of 4,400 digits got UNKNOWN ("Unexpected ValueError", a traceback in the node's log) instead
+    of a refusal."""
+    node = await start_node(model_dir, 0, advertise=False, token=TOKEN)
+    try:
+        _, trailing = await real_info(node)
+        header = f"v1.{dict(trailing)[CHALLENGE_KEY]}.{'9' * 4400}.{'a' * 24}.{'0' * 64}"
+        async with grpc.aio.insecure_channel(address(node)) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refusal:
+                await pb_grpc.BlockNodeStub(channel).Forward(
+                    forward_request(), metadata=(("x-layerswarm-auth", header),)
+                )
+        assert refusal.value.code() is grpc.StatusCode.UNAUTHENTICATED, refusal.value
+        assert "malformed" in str(refusal.value.details())
+    finally:
+        await node.stop()
+
+
 async def test_sniffed_credentials_cannot_be_replayed(model_dir: Path) -> None:
     a = await start_node(model_dir, 0, advertise=False, token=TOKEN)
     b = await start_node(model_dir, 0, advertise=False, token=TOKEN)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -104,6 +105,43 @@ async def test_a_node_refuses_a_chain_the_coordinator_did_not_mac(relay_swarm: t
         assert any(link.peer == second and link.samples >= 1 for link in info.links)
     finally:
         await client.close()
+
+
+async def test_a_chain_naming_a_port_of_non_ascii_digits_is_refused_not_a_crash(
+    relay_swarm: tuple[Path, Path, list[Proc]],
+) -> None:
+    """ "²" is a digit to str.isdigit but not to int(): a chain (MACed, so from a token holder) naming the
+    port "²" raised ValueError in the node's address check, answered UNKNOWN to a Relay call and INTERNAL
+    (with a traceback in the node's log) on a RelayStream. It is a malformed chain like any other."""
+    _, _, procs = relay_swarm
+    first = address(procs[0])
+    client = NodeClient(first, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
+    chain = [pb.RelayStep(address=first, position=0, block=0), pb.RelayStep(address="127.0.0.1:²", position=1, block=1)]
+
+    def request(rid: str) -> pb.RelayRequest:
+        forward = pb.ForwardRequest(request_id=rid, activations=codec.encode(torch.zeros(1, 5, 32), torch.float32))
+        return pb.RelayRequest(
+            forward=forward, chain=chain, plan_mac=plan_mac(derive_key(TOKEN), rid, 1, chain), issued_ms=1,
+            hop_timeout_s=2.0, deadline_s=5.0,
+        )  # fmt: skip
+
+    try:
+        await client.info(2.0)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _drain(client.block.Relay(request("call"), metadata=client._signed("Relay")))
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED, caught.value
+        assert "malformed step address" in (caught.value.details() or "")
+        stream = client.block.RelayStream(metadata=client._signed("RelayStream"))
+        await stream.write(request("stream"))
+        refused = await stream.read()
+        assert refused.refused == "PERMISSION_DENIED" and "malformed step address" in refused.handback_reason
+        stream.cancel()
+    finally:
+        await client.close()
+
+
+async def _drain(call: Any) -> list[Any]:
+    return [event async for event in call]
 
 
 async def test_a_relay_stream_needs_a_signature_and_survives_a_refused_chain(

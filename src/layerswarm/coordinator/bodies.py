@@ -38,6 +38,12 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return data
 
 
+def plain_int(text: str) -> int | None:
+    """`text` as an int when it is at most MAX_INT_DIGITS ASCII digits, else None: "²" is a digit to
+    str.isdigit but int() raises on it, as it does on 4,301 digits or more."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= MAX_INT_DIGITS else None
+
+
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError(f"integer of {len(text)} digits (at most {MAX_INT_DIGITS})")

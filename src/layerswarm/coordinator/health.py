@@ -77,7 +77,13 @@ class HealthMonitor:
             log.error("verifying %s failed", address, exc_info=task.exception())
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(address) for address in list(self.registry.nodes)))
+        # Each node alone: an error checking one (a stranger's odd reply) must neither stop the others'
+        # checks nor, in the first round that Coordinator.start awaits, the coordinator itself.
+        addresses = list(self.registry.nodes)
+        outcomes = await asyncio.gather(*(self.check(address) for address in addresses), return_exceptions=True)
+        for address, outcome in zip(addresses, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                log.error("checking %s failed", address, exc_info=outcome)
         for gone in self.pool.addresses() - self.registry.nodes.keys():  # left the swarm: close its channel
             await self.pool.drop(gone)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,6 +28,11 @@ from .http_errors import ApiError
 
 # PPM (.ppm, .pgm): image folders of them train (models/images.py IMAGE_SUFFIXES), so the model serves them.
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
+# What Pillow raises on corrupt pixel data: OSError and ValueError mostly, but its plugins also let out
+# SyntaxError (a PNG chunk of an impossible type, an APNG frame out of sequence), TypeError and
+# OverflowError (a TIFF strip offset that is a float, or past 2**63), found by mutating valid images.
+# Each is the image's fault (400), never a bug of ours (500).
+CORRUPT_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, TypeError, OverflowError, EOFError, IndexError, struct.error)
 SMALL_IMAGE_PIXELS = 512 * 512  # decodes in about a millisecond
 MAX_LARGE_WAITING = 4  # large images queued or decoding; past this: 429
 
@@ -121,7 +127,7 @@ def decode(data: bytes, size: int, max_pixels: int) -> np.ndarray:
             raise ApiError(413, "too_many_pixels", f"image of {image.size} pixels is over the budget")
         try:
             rgb = to_rgb(image)  # training's conversion: 16-bit grey scaled, not clipped to white
-        except (OSError, ValueError) as exc:  # truncated or corrupt pixel data
+        except CORRUPT_IMAGE_ERRORS as exc:  # truncated or corrupt pixel data
             raise ApiError(400, "invalid_image", f"cannot decode the image: {exc}") from exc
         if rgb.size != (size, size):
             rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
@@ -135,5 +141,5 @@ def _open(data: bytes) -> Image.Image:
         raise ApiError(413, "too_many_pixels", f"decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:  # its message names our in-memory buffer, nothing of use
         raise ApiError(400, "invalid_image", f"not an image in a format read here ({', '.join(FORMATS)})") from exc
-    except (OSError, ValueError, SyntaxError) as exc:
+    except CORRUPT_IMAGE_ERRORS as exc:
         raise ApiError(400, "invalid_image", f"cannot decode the image: {exc}") from exc

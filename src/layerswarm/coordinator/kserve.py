@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from layerswarm import __version__
 
 from .activity import Activity
+from .bodies import MAX_INT_DIGITS, plain_int
 from .core import ClassifyOptions, Coordinator
 from .http_errors import ApiError
 from .imaging import Decoder
@@ -186,9 +187,10 @@ def _header_length(request: Request) -> int | None:
     value = request.headers.get(HEADER_LENGTH)
     if value is None:
         return None
-    if not value.isdigit():
-        raise KServeError(400, f"{HEADER_LENGTH} must be a non-negative integer")
-    return int(value)
+    length = plain_int(value)
+    if length is None:
+        raise KServeError(400, f"{HEADER_LENGTH} must be a non-negative integer of at most {MAX_INT_DIGITS} digits")
+    return length
 
 
 def _options(parsed: InferRequest) -> tuple[ClassifyOptions, bool]:

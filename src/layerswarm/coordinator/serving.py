@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from .activity import Activity
+from .bodies import plain_int
 from .core import Classification, ClassifyOptions, Coordinator
 from .path import DepthError
 from .request_checks import InvalidRequest
@@ -66,6 +67,5 @@ async def classify_batch(
 
 def _class_name(truth: str | None, names: Sequence[str]) -> str | None:
     """A true label as a class name: clients may send the name or the class index."""
-    if truth is not None and truth.isdigit() and int(truth) < len(names):
-        return names[int(truth)]
-    return truth
+    index = None if truth is None else plain_int(truth)  # a client's text: "²" and 5,000 digits included
+    return names[index] if index is not None and index < len(names) else truth

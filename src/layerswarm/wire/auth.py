@@ -41,6 +41,7 @@ PROOF_KEY = "x-layerswarm-proof"
 VERSION = "v1"
 WINDOW_S = 60.0  # a signed call is accepted this long (either side of the node's clock)
 REPLAY_CACHE_MAX = 65536  # nonces remembered; when full the oldest go and older timestamps are refused
+MAX_CLOCK_DIGITS = 16  # a clock in ms has 13 digits until the year 2286; int() refuses 4,301 or more (ValueError)
 
 
 class AuthError(Exception):
@@ -73,6 +74,12 @@ def info_identity(info: pb.NodeInfo) -> str:
     return identity_string(
         info.family_id, info.model_id, info.block_index, info.weights_sha256, info.boot_id, info.trace_key
     )
+
+
+def valid_clock(text: str) -> bool:
+    """Whether a peer's clock field (milliseconds) is one int() takes at once: ASCII digits ("²" is a
+    digit to str.isdigit, not to int), and few of them."""
+    return text.isascii() and text.isdigit() and len(text) <= MAX_CLOCK_DIGITS
 
 
 def valid_nonce(nonce: str | None) -> bool:
@@ -136,7 +143,7 @@ class NodeAuthenticator:
         if not header:
             raise AuthError("no swarm credentials (x-layerswarm-auth)")
         parts = header.split(".")
-        if len(parts) != 5 or parts[0] != VERSION or not parts[2].isdigit():
+        if len(parts) != 5 or parts[0] != VERSION or not valid_clock(parts[2]):
             raise AuthError("malformed x-layerswarm-auth")
         _, challenge, ts, nonce, mac = parts
         if not hmac.compare_digest(challenge, self.challenge):
@@ -181,7 +188,7 @@ class CallSigner:
         node_ms = metadata_value(trailing, TIME_KEY)
         if not challenge or len(challenge) > 64:
             return False
-        if node_ms and node_ms.isdigit():
+        if node_ms and valid_clock(node_ms):  # a stranger's reply: an absurd clock is ignored, never raised on
             self.offset_ms = int(node_ms) - int(self.clock() * 1000)
         changed = challenge != self.challenge
         self.challenge = challenge

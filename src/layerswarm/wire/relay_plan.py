@@ -39,7 +39,8 @@ def plan_mac(key: bytes, request_id: str, issued_ms: int, chain: Sequence[pb.Rel
 
 def valid_address(address: str) -> bool:
     host, _, port = address.rpartition(":")
-    return bool(host) and len(address) <= 255 and port.isdigit() and 0 < int(port) < 65536
+    # ASCII digits only: "²" is a digit to str.isdigit but raises in int()
+    return bool(host) and len(address) <= 255 and port.isascii() and port.isdigit() and 0 < int(port) < 65536
 
 
 def check_plan(key: bytes, request: pb.RelayRequest, max_hops: int = MAX_RELAY_HOPS) -> None:
