@@ -127,6 +127,9 @@ async def test_padding_and_frozen_tokens(stub: pb_grpc.BlockNodeStub, text_dir: 
         (lambda: request(torch.randn(1, 4, 32), torch.full((1, 4), 3.0)), "must be 0 (padding)"),
         (lambda: request(torch.randn(1, 4, 32), torch.zeros(1, 4)), "no real token"),
         (lambda: request(torch.randn(1, 4, 16)), "expected 32"),
+        # No tokens at all: the node answered an empty tensor, as if it had computed something.
+        (lambda: request(torch.randn(1, 0, 32)), "dim 1 is 0"),
+        (lambda: request(torch.randn(1, 0, 32), torch.ones(1, 0)), "dim 1 is 0"),
     ],
 )
 async def test_bad_text_hops_get_invalid_argument(stub: pb_grpc.BlockNodeStub, make, detail: str) -> None:  # type: ignore[no-untyped-def]

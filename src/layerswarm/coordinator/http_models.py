@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_LABEL_CHARS = 256  # a true label is a class name or index: every API holds it to this
+
 
 class ClassifyParams(BaseModel):
     """Options of one classification (JSON fields, or form fields next to the uploaded file)."""
@@ -51,7 +53,7 @@ class ClassifyParams(BaseModel):
     )
     resize: bool = Field(False, description="resize images of another size instead of refusing them")
     label: str | None = Field(
-        None, max_length=256, description="the true class, if known: counted in the swarm page's accuracy"
+        None, max_length=MAX_LABEL_CHARS, description="the true class, if known: counted in the swarm page's accuracy"
     )
 
 
@@ -62,7 +64,7 @@ class ClassifyJson(ClassifyParams):
 class BatchItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
     image_base64: str = Field(..., description="the image file (PNG, JPEG, ...), base64-encoded")
-    label: str | None = Field(None, max_length=256, description="the true class, if known")
+    label: str | None = Field(None, max_length=MAX_LABEL_CHARS, description="the true class, if known")
 
 
 class BatchJson(ClassifyParams):

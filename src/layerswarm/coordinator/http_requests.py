@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from .bodies import read_form, read_form_items, read_json_object
 from .http_errors import ApiError, describe
-from .http_models import BatchJson, ClassifyJson, ClassifyParams
+from .http_models import MAX_LABEL_CHARS, BatchJson, ClassifyJson, ClassifyParams
 from .limits import Gate
 
 JSON, MULTIPART = "application/json", "multipart/form-data"
@@ -117,6 +117,8 @@ async def read_batch(gate: Gate, request: Request, limit: int, max_batch: int) -
     labels = [value for name, value in fields if name == "label"]
     if labels and len(labels) != len(files):
         raise ApiError(422, "invalid_request", f"{len(labels)} `label` fields for {len(files)} files")
+    if any(len(label) > MAX_LABEL_CHARS for label in labels):
+        raise ApiError(422, "invalid_request", f"a `label` field is longer than {MAX_LABEL_CHARS} characters")
     if any(len(image) > limit for _, image in files):
         raise ApiError(413, "too_large", f"an image is over the {limit}-byte upload limit")
     params = _options({name: value for name, value in fields if name != "label"})

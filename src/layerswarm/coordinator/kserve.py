@@ -25,6 +25,7 @@ from .activity import Activity
 from .bodies import MAX_INT_DIGITS, plain_int
 from .core import ClassifyOptions, Coordinator
 from .http_errors import ApiError
+from .http_models import MAX_LABEL_CHARS
 from .imaging import Decoder
 from .kserve_codec import InferRequest, InputTensor, OutputTensor, ProtocolError, encode_response, parse_request
 from .planner import Policy
@@ -237,7 +238,10 @@ async def _images(
         label = by_name["label"]
         if label.datatype != "BYTES" or len(label.items) != len(truths):
             raise KServeError(400, f"`label` must be BYTES with one element per image ({len(truths)})")
-        truths = [item.decode("utf-8", "replace") for item in label.items]
+        given = [item.decode("utf-8", "replace") for item in label.items]
+        if any(len(truth) > MAX_LABEL_CHARS for truth in given):
+            raise KServeError(400, f"a `label` element is longer than {MAX_LABEL_CHARS} characters")
+        truths = list(given)
     return images, truths
 
 
