@@ -13,6 +13,7 @@ def render(r: dict[str, Any]) -> str:
     tables = [
         ("vitb_swarm_vs_monolith", _vitb),
         ("vitb_throughput", _throughput),
+        ("process_ring", _process_ring),
         ("hop_vs_floor", _hop),
         ("wire_formats", _wire),
         ("activation_forms", _activation_forms),
@@ -96,6 +97,21 @@ def _vitb(r: dict[str, Any]) -> list[str]:
         f"{v['reps']}, interleaved with the monolith)"
     )
     return _table(title, ["configuration", "ms", "x monolith (1 thread)"], rows)
+
+
+def _process_ring(r: dict[str, Any]) -> list[str]:
+    p = r["process_ring"]
+    rows = [
+        f"| one process, every block back to back (the monolith's loop) | {p['monolith_blocks_ms']} | 1.000 |",
+        f"| a process per block, as the activation arrives | {p['ring_first_ms']} | {p['ring_first_over_monolith']} |",
+        f"| a process per block, the same block again at once | {p['ring_again_ms']} "
+        f"| {p['ring_again_over_monolith']} |",
+    ]
+    title = (
+        f"**A process per block with no network** ({p['blocks']} ViT-B/16 blocks, batch 1, a ring of processes "
+        f"over pipes; blocks' compute summed, median of {p['reps']}, interleaved)"
+    )
+    return _table(title, ["where each block runs", "ms", "x one process"], rows)
 
 
 def _hop(r: dict[str, Any]) -> list[str]:

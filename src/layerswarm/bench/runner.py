@@ -26,7 +26,7 @@ from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.wire.memory import keep_large_buffers
 
-from . import activations, adaptive, edgelan, hop, shipped, vitb
+from . import activations, adaptive, edgelan, hop, process_ring, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .report import render
@@ -121,6 +121,12 @@ def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
     return report
 
 
+def run_process_ring(quick: bool) -> dict[str, Any]:
+    """ViT-B/16's blocks in a ring of processes over pipes against the same blocks in one loop."""
+    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+        return process_ring.run(vitb_model_dir(Path(tmp)), 5 if quick else 30)
+
+
 def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
@@ -140,6 +146,10 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
                 report["hop_vs_floor"] = _run(hop.hop_vs_floor(model_dir, procs[0], reps * 2))
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
+    if only == "process-ring":
+        report["process_ring"] = run_process_ring(quick)
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
     if only == "wire":
         report["wire_formats"] = run_wire_formats(quick, reps)
         report["activation_forms"] = run_activation_forms(quick)
@@ -147,6 +157,7 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     report.update(run_vitb(quick, reps))
+    report["process_ring"] = run_process_ring(quick)
     if only == "vitb":
         report["vitb_swarm_vs_monolith_ratio"] = report["vitb_swarm_vs_monolith"]["ratio_fp16_stream"]
         report["seconds"] = round(time.perf_counter() - started, 1)
