@@ -21,8 +21,8 @@ import torch
 
 from layerswarm.cli.probe import probe_grpc
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.node_records import NodeEvent
 from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.registry import NodeEvent
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.forge import MdnsAttacker, RecordingImpostor
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerswarm.coordinator.registry import FamilySpec, NodeEvent, NodeState, Registry
+from layerswarm.coordinator.node_records import FamilySpec, NodeEvent, NodeState
+from layerswarm.coordinator.registry import Registry
 
 from .test_routing import Clock, ident
 

@@ -28,7 +28,13 @@ ALLOWED: dict[str, set[str]] = {
 # Entry points (`python -m ...`) sit at the top whatever their folder: the test-only faulty node parses
 # exactly what `layerswarm node` parses, so it uses the CLI's parser.
 ENTRY_POINTS = {"harness/faults.py": {"cli"}}
-PURE = {"coordinator/registry.py", "coordinator/planner.py", "coordinator/convictions.py"}
+PURE = {
+    "coordinator/registry.py",
+    "coordinator/node_records.py",
+    "coordinator/claims.py",
+    "coordinator/planner.py",
+    "coordinator/convictions.py",
+}
 IO_MODULES = {"asyncio", "socket", "subprocess", "grpc", "httpx", "zeroconf", "fastapi", "uvicorn", "torch"}
 
 

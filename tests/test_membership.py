@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.node_records import FamilySpec, NodeEvent, NodeState
 from layerswarm.coordinator.peer_memory import load_peers, save_peers
 from layerswarm.coordinator.periodic import Periodic
 from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.registry import FamilySpec, NodeEvent, NodeState, Registry
+from layerswarm.coordinator.registry import Registry
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.node.server import Node

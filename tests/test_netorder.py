@@ -7,7 +7,7 @@ import itertools
 
 from layerswarm.coordinator.linkmap import COORDINATOR, LinkMap
 from layerswarm.coordinator.netorder import network_plan, plan_from_registry
-from layerswarm.coordinator.registry import NodeIdentity, NodeRecord, NodeState
+from layerswarm.coordinator.node_records import NodeIdentity, NodeRecord, NodeState
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 
 NBYTES = 1_000_000  # one 1 MB activation: the link costs below are in ms per MB

@@ -16,7 +16,7 @@ import torch
 from layerswarm.coordinator.clients import NodeClient
 from layerswarm.coordinator.http_api import create_app
 from layerswarm.coordinator.linkmap import LinkMap
-from layerswarm.coordinator.registry import NodeRecord
+from layerswarm.coordinator.node_records import NodeRecord
 from layerswarm.coordinator.relay import observe_relay_link
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode

@@ -16,7 +16,8 @@ from prometheus_client import generate_latest
 from layerswarm.coordinator.claims import Claims
 from layerswarm.coordinator.core import Classification, Coordinator
 from layerswarm.coordinator.handbacks import HandbackReferee
-from layerswarm.coordinator.registry import FamilySpec, NodeState, Registry
+from layerswarm.coordinator.node_records import FamilySpec, NodeState
+from layerswarm.coordinator.registry import Registry
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.wire.trace_sign import rest_digest
 from layerswarm.wire.v1 import block_pb2 as pb

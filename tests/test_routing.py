@@ -7,8 +7,9 @@ import random
 
 import pytest
 
+from layerswarm.coordinator.node_records import FamilySpec, NodeIdentity, NodeState
 from layerswarm.coordinator.planner import Policy, plan_path, substitutes
-from layerswarm.coordinator.registry import FamilySpec, NodeIdentity, NodeState, Registry
+from layerswarm.coordinator.registry import Registry
 
 FAMILY = FamilySpec("fam-a", depth=4, tokens=5, dim=8, known_weights={("mdl-1", 0): "sha-good"})
 

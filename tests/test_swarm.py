@@ -180,7 +180,7 @@ async def test_unvouched_weights_are_refused(tmp_path: Path, family_dirs: list[P
     c = coordinator(family_dirs[0], procs, family_dirs=(family_dirs[1],))
     try:
         assert c.registry.family.known_weights[(manifest.model_id, 0)] == manifest.block_sha256(0)
-        from layerswarm.coordinator.registry import NodeIdentity
+        from layerswarm.coordinator.node_records import NodeIdentity
 
         c.registry.admit(
             "127.0.0.9:1",

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from layerswarm.coordinator.assembly import default_min_blocks
-from layerswarm.coordinator.registry import FamilySpec, NodeIdentity, NodeRecord, NodeState, Registry
+from layerswarm.coordinator.node_records import FamilySpec, NodeIdentity, NodeRecord, NodeState
+from layerswarm.coordinator.registry import Registry
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.coordinator.verify import Lie, Verifier, VerifySettings
 from layerswarm.models import policy

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from layerswarm.coordinator.core import ClassifyOptions
+from layerswarm.coordinator.node_records import NodeIdentity, NodeRecord, NodeState
 from layerswarm.coordinator.peer_check import judge, same_weights
 from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.registry import NodeIdentity, NodeRecord, NodeState
 from layerswarm.harness.procs import Proc, spawn, stop_all
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 

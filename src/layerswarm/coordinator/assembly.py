@@ -9,7 +9,7 @@ from pathlib import Path
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
 
-from .registry import FamilySpec, NodeEvent, NodeState
+from .node_records import FamilySpec, NodeEvent, NodeState
 from .settings import CoordinatorSettings
 from .verify import Verifier, VerifySettings
 from .wire_choice import WireChoice, measure_codec_ms_per_mb

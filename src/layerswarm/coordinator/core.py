@@ -30,11 +30,12 @@ from .health import REMEMBERED, HealthMonitor
 from .members import Member, load_members
 from .metrics import CoordinatorMetrics
 from .netorder import NetPlan, plan_from_registry
+from .node_records import NodeEvent, NodeState
 from .path import ExecOptions, PathResult
 from .peer_memory import load_peers, save_peers
 from .periodic import Periodic
 from .planner import Plan, Policy, plan_path, with_repeats
-from .registry import NodeEvent, NodeState, Registry
+from .registry import Registry
 from .relay import RelayRunner
 from .request_checks import check_images, check_options, check_stem_output
 from .settings import CoordinatorSettings

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .registry import NodeRecord
+from .node_records import NodeRecord
 from .verify import Lie, Screened, Verifier
 
 if TYPE_CHECKING:

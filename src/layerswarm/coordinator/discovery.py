@@ -22,8 +22,9 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 
 from layerswarm.wire.discovery import SERVICE_TYPE, Advert
 
+from .node_records import MDNS
 from .periodic import Periodic
-from .registry import MDNS, Registry
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 MAX_QUEUED_NAMES = 128  # adverts waiting to be resolved; past this the oldest waiting one is dropped

@@ -22,11 +22,12 @@ from layerswarm.wire import codec
 from .clients import ClientPool
 from .deferred import MAX_REWINDS, PendingCheck, PendingChecks, Rewind, Walk, confirmed, exit_state, restore_exit_state
 from .hop_call import HopCaller, HopFailed, HopResult
+from .node_records import NodeRecord
 from .path import Attempt, DepthError, ExecOptions, Hop, PathResult
 from .peer_check import same_weights
 from .planner import Plan, substitutes
 from .ranges import hard_range_problem
-from .registry import NodeRecord, Registry
+from .registry import Registry
 from .verify import Lie, Screened, Verifier
 
 log = logging.getLogger(__name__)

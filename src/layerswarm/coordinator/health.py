@@ -20,8 +20,9 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool, NodeNotProven
 from .linkmap import COORDINATOR
+from .node_records import NodeIdentity, NodeState
 from .periodic import Periodic
-from .registry import NodeIdentity, NodeState, Registry
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 REMEMBERED = "remembered"  # the hint a peer state file gives (core.py)

@@ -20,7 +20,8 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
 from .linkmap import COORDINATOR
-from .registry import NodeRecord, Registry
+from .node_records import NodeRecord
+from .registry import Registry
 from .text_hops import active_count, hop_mask, text_reply, text_request
 
 if TYPE_CHECKING:

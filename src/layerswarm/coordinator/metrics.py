@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .registry import NodeState, Registry
+from .node_records import NodeState
+from .registry import Registry
 
 if TYPE_CHECKING:
     from .ensemble import EnsembleResult

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .linkmap import COORDINATOR
+from .node_records import NodeRecord
 from .planner import Plan, Step
-from .registry import NodeRecord
 
 SAME_HOST_MS = 0.05  # an unmeasured link between two nodes of one host: a local copy
 MAX_2OPT_ROUNDS = 20

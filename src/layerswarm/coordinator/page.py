@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .activity import Activity
 from .core import Coordinator
-from .registry import NodeRecord
+from .node_records import NodeRecord
 
 STATIC = Path(__file__).parent / "static"
 EVENT_INTERVAL_S = 1.0

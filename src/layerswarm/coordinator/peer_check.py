@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .registry import NodeRecord
+from .node_records import NodeRecord
 
 Ask = Callable[[NodeRecord], Awaitable[torch.Tensor | None]]  # this hop's input on another node; None: no answer
 Compare = Callable[[torch.Tensor], float]  # relative error of a reference against the node's reply

@@ -14,7 +14,7 @@ from enum import Enum
 
 from layerswarm.models.paths import spread_evenly
 
-from .registry import NodeRecord
+from .node_records import NodeRecord
 
 
 class Policy(str, Enum):

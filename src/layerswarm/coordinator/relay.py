@@ -41,10 +41,11 @@ from .clients import ClientPool
 from .executor import PathExecutor
 from .handbacks import HandbackReferee
 from .linkmap import COORDINATOR, LinkMap
+from .node_records import NodeRecord
 from .path import DepthError, ExecOptions, Hop, PathResult
 from .planner import Plan, Step
 from .ranges import hard_range_problem
-from .registry import NodeRecord, Registry
+from .registry import Registry
 from .verify import Verifier
 
 log = logging.getLogger(__name__)

@@ -42,9 +42,9 @@ from layerswarm.models.text.tokens import run_active, scatter_active
 from layerswarm.models.vit import Block
 from layerswarm.wire import codec
 
+from .node_records import NodeRecord
 from .peer_check import Ask, PeerVerdict, judge, order_referees
 from .ranges import hard_range_problem, position_ranges, range_problem
-from .registry import NodeRecord
 
 log = logging.getLogger(__name__)
 
