@@ -24,7 +24,8 @@ def register(sub: Subparsers) -> None:
         "--only",
         choices=["adaptive", "edge-lan", "wire", "hop", "vitb", "process-ring"],
         help="run one suite alone (adaptive compute; vitb: the ViT-B/16-shaped swarm against the monolith, "
-        "latency, throughput, hop and coordinator CPU; edge-lan: star vs relay on a shaped LAN of namespaces; "
+        "latency, throughput, hop, coordinator CPU and the process ring; "
+        "edge-lan: star vs relay on a shaped LAN of namespaces; "
         "wire: accuracy, bytes and latency of each wire format through a swarm of the shipped family; "
         "hop: one ViT-B/16-shaped hop against a bare gRPC echo and raw TCP; "
         "process-ring: the blocks in a process each, passed over pipes, against one process's loop)",
