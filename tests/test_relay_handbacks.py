@@ -15,10 +15,11 @@ from prometheus_client import generate_latest
 
 from layerswarm.coordinator.claims import Claims
 from layerswarm.coordinator.core import Classification, Coordinator
-from layerswarm.coordinator.handbacks import HandbackReferee
+from layerswarm.coordinator.handbacks import HandbackReferee, forward_probe
 from layerswarm.coordinator.node_records import FamilySpec, NodeState
 from layerswarm.coordinator.registry import Registry
 from layerswarm.harness.faults import FaultSpec, FaultyNode
+from layerswarm.wire import codec
 from layerswarm.wire.trace_sign import rest_digest
 from layerswarm.wire.v1 import block_pb2 as pb
 
@@ -237,3 +238,37 @@ async def test_a_dead_successor_is_confirmed_by_the_probe_and_ejected(tmp_path: 
         await coord.stop()
         for node in running:
             await node.stop()
+
+
+class _Answering:
+    """A client pool whose every node answers the coordinator's forward with `reply`."""
+
+    def __init__(self, reply: torch.Tensor) -> None:
+        self.reply = reply
+
+    def get(self, address: str) -> _Answering:
+        return self
+
+    async def forward(self, request: pb.ForwardRequest, timeout: float) -> pb.ForwardResponse:
+        return pb.ForwardResponse(request_id=request.request_id, activations=codec.encode(self.reply))
+
+
+@pytest.mark.parametrize(
+    ("reply", "answered"),
+    [
+        (torch.randn(1, 5, 32), True),
+        (torch.full((1, 5, 32), float("nan")), False),  # in time, but not a block's output
+        (torch.randn(1, 4, 32), False),
+    ],
+)
+async def test_only_a_well_formed_answer_contradicts_a_claim(reply: torch.Tensor, answered: bool) -> None:
+    """Before, any answer in time contradicted the claim: a successor answering the coordinator's probe
+    with NaNs or a wrong shape cleared itself and counted against the honest node that handed back."""
+    registry = Registry(FamilySpec("f", 3, 5, 32))
+    registry.add_candidate("b:2", "static")
+    probe = forward_probe(registry, _Answering(reply), hop_timeout_s=1.0)  # type: ignore[arg-type]
+    request = pb.ForwardRequest(request_id="r-probe", activations=codec.encode(torch.randn(1, 5, 32)), position=1)
+    assert await probe("b:2", request) is answered
+    record = registry.nodes["b:2"]
+    assert (record.state is NodeState.QUARANTINED) is not answered
+    assert answered or "malformed activations" in record.reason

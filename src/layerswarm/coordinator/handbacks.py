@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import grpc
 
+from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
@@ -45,16 +47,34 @@ def forward_probe(registry: Registry, pool: ClientPool, hop_timeout_s: float) ->
         if address not in registry.nodes:
             return None
         try:
-            await pool.get(address).forward(request, hop_timeout_s)
+            reply = await pool.get(address).forward(request, hop_timeout_s)
         except grpc.aio.AioRpcError as exc:
             registry.record_failure(address, f"forward after a hand-back: {exc.code().name}: {exc.details()}")
             return False
         except TimeoutError:
             registry.record_failure(address, f"forward after a hand-back: no answer within {hop_timeout_s} s")
             return False
+        problem = malformed(request, reply)
+        if problem is not None:  # as a star hop's malformed reply is: provably wrong, whoever asked
+            registry.quarantine(address, f"forward after a hand-back: malformed activations ({problem})")
+            return False
         return True
 
     return probe
+
+
+def malformed(request: pb.ForwardRequest, reply: pb.ForwardResponse) -> str | None:
+    """Why a block's reply cannot be its output for this input (relay chains are image-only: a block
+    keeps its input's shape), or None. An answer in time contradicts a claim only if it is an answer."""
+    try:
+        out = codec.decode(reply.activations)
+    except codec.TensorError as exc:
+        return str(exc)
+    if tuple(out.shape) != tuple(request.activations.shape):
+        return f"reply shape {tuple(out.shape)} differs from the input's {tuple(request.activations.shape)}"
+    if out.numel() and not math.isfinite(codec.peak_abs(out)):
+        return "non-finite values"
+    return None
 
 
 class HandbackReferee:
