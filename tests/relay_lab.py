@@ -24,6 +24,19 @@ DEPTH = 4
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0, exit_rule="none")
 
 
+def without_trace_key(node: FaultyNode) -> None:
+    """Make `node` give no trace key in its Info (as a node from before trace keys, or one that would
+    rather its trace entries went unchecked)."""
+    make = node.make_service
+
+    def make_service() -> Any:
+        service = make()
+        service.relayer.signer.public = b""
+        return service
+
+    node.make_service = make_service  # type: ignore[method-assign]
+
+
 def without_relay_stream(node: FaultyNode) -> None:
     """Make `node` answer RelayStream as a node from before it did (UNIMPLEMENTED)."""
     make = node.make_service
@@ -46,6 +59,7 @@ async def in_process_relay_swarm(
     faults: list[FaultSpec],
     node_values: dict[str, Any] | None = None,
     old_nodes: tuple[int, ...] = (),
+    keyless: tuple[int, ...] = (),
     blocks: list[int] | None = None,  # the block of each node (default: node i serves block i)
     **settings: object,
 ) -> tuple[list[FaultyNode], Coordinator]:
@@ -65,6 +79,8 @@ async def in_process_relay_swarm(
     ]
     for b in old_nodes:
         without_relay_stream(served[b])
+    for b in keyless:
+        without_trace_key(served[b])
     for node in served:
         await node.start()
     values: dict[str, object] = {"health_interval_s": 60, "hedge_quantile": None, "wire_dtype": "fp32", **settings}

@@ -48,7 +48,8 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     second = pb.HopTrace(node="b:2", block=1, position=1, compute_ms=1.0, input_sha256="out-a", output_sha256="out-b")
     assert _trace_problem([first, second], segment, sent) is None  # type: ignore[arg-type]
     setattr(first, field, value)
-    assert _trace_problem([first, second], segment, sent) == (0, "trace step 0 (a:1): it has impossible times", None)  # type: ignore[arg-type]
+    problem = _trace_problem([first, second], segment, sent)  # type: ignore[arg-type]
+    assert problem == (0, "trace step 0 (a:1): it has impossible times", 0)  # its own entry: it alone
 
 
 async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_out_its_grace(tmp_path: Path) -> None:
@@ -98,8 +99,9 @@ async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_and_alone_b
     them, and the coordinator can tell who did. The chain is discarded, only the rewriting node is
     blamed (before, the two nodes at the rewritten entry were: honest, and the liar went free when
     the entry was not its neighbour's), and the request still answers, by star from the activation the
-    coordinator held. Nodes without keys (`keys=False`, as from before keys existed) cannot be
-    protected that way: the rewritten time gets through."""
+    coordinator held. Nodes without keys (`keys=False`: from before keys existed, or leaving theirs
+    out on purpose) could not be protected that way (the rewritten time got through), so they are
+    never chained: every hop runs star and there is no trace to rewrite."""
     served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
     if not keys:  # nodes that report no key in Info, to a coordinator that meets them afresh
         await coord.stop()
@@ -126,11 +128,13 @@ async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_and_alone_b
             forged = coord.registry.links.transfer_ms(nodes[entry - 1], nodes[entry], hop_bytes)
             assert forged is None or forged < 1000
         else:
-            assert [h.outcome for h in result.path.hops] == ["relayed"] * 3 and not result.path.handbacks
-            assert coord.registry.links.per_mb(nodes[1], nodes[2]) is not None
+            assert [h.outcome for h in result.path.hops] == ["ok"] * 3 and not result.path.handbacks
+            assert coord.registry.links.per_mb(nodes[1], nodes[2]) is None  # no node-to-node traffic
         scraped = generate_latest(coord.metrics.registry).decode()  # what an operator's alert reads
-        outcome = "discarded" if keys else "completed"
-        assert f'layerswarm_relay_chains_total{{outcome="{outcome}"}} 1.0' in scraped
+        discarded = 'layerswarm_relay_chains_total{outcome="discarded"} 1.0' in scraped
+        completed = 'layerswarm_relay_chains_total{outcome="completed"} 1.0' in scraped
+        # keys: the rewritten chain discarded, the honest rest chained after it; none: no chain at all
+        assert (discarded, completed) == ((True, True) if keys else (False, False))
     finally:
         await coord.stop()
         for node in served:
@@ -385,6 +389,26 @@ async def test_a_node_withholding_its_final_event_is_the_one_handed_back(tmp_pat
         assert coord.registry.nodes[staller].failed == 0
         assert coord.registry.claims.get(first).contradicted == 2  # type: ignore[union-attr]
         assert coord.registry.nodes[first].failed == 0 and coord.registry.nodes[first].state.value == "healthy"
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_node_that_gives_no_trace_key_is_served_star_never_chained(tmp_path: Path) -> None:
+    """Unsigned trace entries would let an earlier node cut the trace short and hand back in a later
+    node's name, and a node chooses what its own Info says: one could leave its key out to get exactly
+    that. So a node without a key never joins a chain; its step runs star and the rest still relay."""
+    served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 4, keyless=(1,), verify_rate=None)
+    try:
+        keyless = f"127.0.0.1:{served[1].port}"
+        assert coord.registry.nodes[keyless].identity.trace_key == b""  # type: ignore[union-attr]
+        for _ in range(2):
+            result = await coord.classify(images(), SEQ)
+            outcomes = {h.node: h.outcome for h in result.path.hops}
+            assert result.path.depth == 4 and outcomes[keyless] == "ok", result.path.hops
+            assert [h.outcome for h in result.path.hops][2:] == ["relayed", "relayed"]
+        assert coord.registry.nodes[keyless].failed == 0
     finally:
         await coord.stop()
         for node in served:

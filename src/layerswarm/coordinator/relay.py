@@ -14,8 +14,8 @@ its input and output; chains are cut around it. For relayed hops the coordinator
 chain (each hop's input digest is the previous hop's output digest, the first is what we sent, the
 last is what we collected), each entry's signature and the entries its node vouched for, and the
 result's range (wire/trace_check.py); a break throws the chain's result away, marks the node to blame
-as failed (both nodes at the break where older nodes give no keys) and goes on star from the last
-activation the coordinator held.
+as failed and goes on star from the last activation the coordinator held. A node that gives no
+trace key is never chained (its entries could not be checked): its steps run star.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class RelayRunner:
                     if not result.hops:  # the first node itself failed: that step goes star
                         i = await self._star(run, steps, i, len(steps), rng, force=False)
                 continue
-            i = await self._star(run, steps, i, len(steps), rng, force=bool(segment) is False)
+            i = await self._star(run, steps, i, len(steps), rng, force=self._wants_check(steps, i, run))
         path = PathResult(
             run.x, run.hops, plan.unreachable, topology="relay", handbacks=run.handbacks, chains=run.chains
         )
@@ -126,18 +126,27 @@ class RelayRunner:
 
     def _segment(self, steps: list[Step], start: int, run: _Run) -> list[tuple[Step, NodeRecord]]:
         """The longest run of steps from `start` whose chosen nodes may be relayed through: routable,
-        not failed in this request, not wanted by the verifier (those run star), and ending at the first
-        node whose hand-backs keep being contradicted (claims.py: it may end a chain, never forward).
-        Empty: step `start` runs star because the verifier wants it; one element: too short to chain."""
+        not failed in this request, with a trace key, not wanted by the verifier (those run star), and
+        ending at the first node whose hand-backs keep being contradicted (claims.py: it may end a
+        chain, never forward). Fewer than two: step `start` runs star.
+
+        A node without a trace key (its Info gave none) never joins a chain: unsigned entries would let
+        an earlier node cut the trace short and hand back in a later node's name, and since a node
+        chooses what its own Info says, a hostile one could leave its key out to get exactly that."""
         segment: list[tuple[Step, NodeRecord]] = []
         for index, step in enumerate(steps[start:], start):
             record = self._pick(step, run)
-            if record is None or step.block in run.used or self._sampled(run, index, record):
+            if record is None or not _trace_key(record) or step.block in run.used or self._sampled(run, index, record):
                 break
             segment.append((step, record))
             if not self.registry.claims.may_forward(record.address):
                 break
         return segment
+
+    def _wants_check(self, steps: list[Step], i: int, run: _Run) -> bool:
+        """Whether step i, running star, runs star because the verifier drew it (then it is re-executed)."""
+        record = self._pick(steps[i], run)
+        return record is not None and self._sampled(run, i, record)
 
     def _sampled(self, run: _Run, index: int, record: NodeRecord) -> bool:
         """Whether the verifier wants step `index` on `record` checked: drawn once per request. A step
@@ -259,10 +268,9 @@ class RelayRunner:
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
         if broken is None and result is not None and digest(result.data) != trace[-1].output_sha256:
-            # The last node signed its output digest and served another result: that node alone, when signed
-            last, keyed = len(trace) - 1, all(step.trace_key for step in request.chain)
-            reason = "the result's digest differs from the last hop's output digest"
-            broken = Broken(last, reason, last if keyed else None)
+            # The last node signed its output digest and served another result: that node alone
+            last = len(trace) - 1
+            broken = Broken(last, "the result's digest differs from the last hop's output digest", last)
         x = self._decode(result, run) if broken is None and result is not None else None
         if x is None:
             return self._discard(run, segment, broken or Broken(len(trace) - 1, "malformed result"))
@@ -366,14 +374,12 @@ def _trace_problem(
         return Broken(0, f"trace of {len(trace)} hops for a chain of {len(segment)}, without a hand-back")
     # With every node's trace key known, every node checked the entry after its own before passing it
     # back (wire/trace_check.py): so the first bad entry k was passed on unchecked by node k-1 (node 0
-    # for entry 0), which is blamed alone. Without keys (older nodes), either node at the break may be
-    # the liar.
-    keyed = all(step.trace_key for step in sent.chain)
+    # for entry 0), which is blamed alone. Every chain has every key: _segment chains keyed nodes only.
     rid, mac = sent.forward.request_id, sent.plan_mac
     rests = rest_digests(trace, rid, mac)  # rests[k + 1]: what entry k's node vouched for
     for k, t in enumerate(trace):
         came_in = digest(sent.forward.activations.data) if k == 0 else trace[k - 1].output_sha256
         problem = entry_problem(t, sent.chain[k], rests[k + 1], came_in, rid, mac)
         if problem is not None:
-            return Broken(k, f"trace step {k} ({t.node}): {problem}", max(k - 1, 0) if keyed else None)
+            return Broken(k, f"trace step {k} ({t.node}): {problem}", max(k - 1, 0))
     return None
