@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -29,6 +28,7 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
+from .ranges import hard_range_problem
 from .registry import Registry
 
 log = logging.getLogger(__name__)
@@ -72,9 +72,9 @@ def malformed(request: pb.ForwardRequest, reply: pb.ForwardResponse) -> str | No
         return str(exc)
     if tuple(out.shape) != tuple(request.activations.shape):
         return f"reply shape {tuple(out.shape)} differs from the input's {tuple(request.activations.shape)}"
-    if out.numel() and not math.isfinite(codec.peak_abs(out)):
-        return "non-finite values"
-    return None
+    wire = codec.torch_dtype(reply.activations.dtype)
+    hard = hard_range_problem(out, request.position, wire)  # NaN and Inf included, as on every star reply
+    return None if hard is None else f"{hard['discrepancy']}, past {hard['against']}"
 
 
 class HandbackReferee:
