@@ -208,11 +208,10 @@ def check_shape(shape: tuple[int, ...], spec: TensorSpec) -> None:
     for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
         if want is not None and got != want:
             raise TensorError(f"dim {axis} is {got}, expected {want} (shape {_fmt(spec.shape)}, got {shape})")
+        if axis and want is None and got == 0:  # a free length (text's tokens): nothing to compute on
+            raise TensorError(f"dim {axis} is 0 (shape {_fmt(spec.shape)}, got {shape})")
     if shape and spec.shape[0] is None and not 1 <= shape[0] <= spec.max_batch:
         raise TensorError(f"batch size {shape[0]} outside 1..{spec.max_batch}")
-    for axis, (got, want) in enumerate(zip(shape[1:], spec.shape[1:], strict=True), start=1):
-        if want is None and got == 0:  # a free length (text's tokens): nothing to compute on, an empty answer
-            raise TensorError(f"dim {axis} is 0 (shape {_fmt(spec.shape)}, got {shape})")
 
 
 def _fmt(shape: tuple[int | None, ...]) -> str:
