@@ -272,3 +272,76 @@ async def test_only_a_well_formed_answer_contradicts_a_claim(reply: torch.Tensor
     record = registry.nodes["b:2"]
     assert (record.state is NodeState.QUARANTINED) is not answered
     assert answered or "malformed activations" in record.reason
+
+
+def _shortening_its_successors_deadline(node: FaultyNode, deadline_s: float = 0.002) -> None:
+    """Make `node` pass its next node a deadline too short to forward in, while it waits as usual
+    itself: the next node, honest, times out on its own honest successor and hands back naming it."""
+    pool = node.relayer.peers
+    assert pool is not None
+    get = pool.get
+
+    async def get_tampering(address: str) -> Any:
+        peer = await get(address)
+        if not getattr(peer, "tampering", False):
+            relay = peer.relay
+
+            async def relay_shortened(request: pb.RelayRequest, timeout: float, stream: bool) -> Any:
+                request.deadline_s = deadline_s  # a fresh message per chain (node/relay.py: _forward)
+                return await relay(request, timeout, stream)
+
+            peer.relay = relay_shortened  # type: ignore[method-assign]
+            peer.tampering = True  # type: ignore[attr-defined]
+        return peer
+
+    pool.get = get_tampering  # type: ignore[method-assign]
+
+
+async def test_a_node_shortening_its_successors_deadline_cannot_frame_it(tmp_path: Path) -> None:
+    """Before, a node could shorten the deadline it passes on (it is not in the chain's MAC: it shrinks
+    at every hop) and the honest next node handed back against its honest successor on every chain:
+    contradicted each time, so after three it could only end chains, on a lie told by the node before
+    it. Now every node signs the limits it was given into its trace entry and the coordinator holds
+    them against its own clock: those claims are discounted, probed and counted for nobody, the named
+    node is only left out of that request (its replica serves), and the honest node keeps forwarding."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 4, blocks=[0, 1, 2, 2], verify_rate=None, min_blocks=1
+    )
+    victim = f"127.0.0.1:{served[1].port}"
+    try:
+        reference = await _classify(coord)
+        assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 3
+        named = reference.path.hops[2].node
+        _shortening_its_successors_deadline(served[0])
+        for _ in range(4):
+            result = await _classify(coord)
+            _answers_in_full(result, reference)
+            (handback,) = result.path.handbacks
+            assert f"({named}, block 2): DEADLINE_EXCEEDED" in handback["reason"], handback
+            assert "for the rest of the chain" in handback["discounted"], handback
+            assert result.path.hops[2].node != named
+        assert coord.registry.claims.get(victim) is None  # nothing counted for it, either way
+        assert coord.registry.claims.may_forward(victim)
+        assert coord.registry.nodes[named].failed == 0
+        scraped = generate_latest(coord.metrics.registry).decode()
+        assert 'layerswarm_relay_handbacks_total{outcome="discounted"} 4.0' in scraped
+        assert 'outcome="contradicted"' not in scraped
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def test_the_limits_a_claimer_was_given_are_held_against_the_coordinators_clock() -> None:
+    """Step k's deadline, from when it arrived, ends no earlier than the chain's less k hand-back
+    margins; it arrived before the hand-back reached us. The hop timeout passes on unchanged."""
+    from layerswarm.coordinator.handbacks import given_times_problem
+
+    sent = pb.RelayRequest(hop_timeout_s=2.0, deadline_s=10.0)
+    honest = pb.HopTrace(given_hop_timeout_s=2.0, given_deadline_s=10.0 - 0.25 - 0.5)  # after 0.5 s at step 1
+    assert given_times_problem(honest, sent, step=1, waited_s=0.5) is None
+    assert given_times_problem(honest, sent, step=1, waited_s=0.1) is not None  # not yet that far in
+    late = pb.HopTrace(given_hop_timeout_s=2.0, given_deadline_s=0.001)  # the floor, once time ran out
+    assert given_times_problem(late, sent, step=3, waited_s=9.5) is None
+    shortened = pb.HopTrace(given_hop_timeout_s=0.001, given_deadline_s=10.0)
+    assert "hop timeout of 0.001 s" in (given_times_problem(shortened, sent, step=1, waited_s=0.5) or "")

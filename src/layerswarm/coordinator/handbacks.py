@@ -12,6 +12,14 @@ is where repeated false claims have a consequence. What the probe cannot see: a 
 calls but fails chains (a relay-only staller); claims against it read as contradicted, and the claimer
 ending chains only (claims.py) stops the disputed forward from recurring either way.
 
+A claim also counts only if its claimer was given honest limits: the deadline and hop timeout it
+waited under reach it from the node before it, which could shorten them so that an honest node times
+out on its honest successor, again and again, until it may only end chains. The claimer signs what it
+was given into its trace entry, and `given_times_problem` holds that against the coordinator's own
+clock: a claim under limits the chain cannot have given is `discounted`, neither probed nor counted for
+anyone (the coordinator cannot tell whether the claimer or the node before it lies); the named node
+is still left out of that request.
+
 One probe per named node at a time: claims against a node already being probed wait for that probe's
 outcome. At most `max_probes` at once: past that a claim is counted `unchecked` and left.
 """
@@ -25,6 +33,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from layerswarm.wire import codec
+from layerswarm.wire.relay_plan import HANDBACK_MARGIN_S
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
@@ -33,7 +42,8 @@ from .registry import Registry
 
 log = logging.getLogger(__name__)
 MAX_PROBES = 32  # probes in flight at once (each is one block's forward on the named node)
-CONFIRMED, CONTRADICTED, UNCHECKED = "confirmed", "contradicted", "unchecked"
+CONFIRMED, CONTRADICTED, UNCHECKED, DISCOUNTED = "confirmed", "contradicted", "unchecked", "discounted"
+GIVEN_SLACK_S = 0.005  # float and timer rounding in the deadline check below
 
 # (named node, the handed-back activation as its Forward) -> answered in time, or None (not known)
 Probe = Callable[[str, pb.ForwardRequest], Awaitable[bool | None]]
@@ -61,6 +71,24 @@ def forward_probe(registry: Registry, pool: ClientPool, hop_timeout_s: float) ->
         return True
 
     return probe
+
+
+def given_times_problem(entry: pb.HopTrace, sent: pb.RelayRequest, step: int, waited_s: float) -> str | None:
+    """Why the node of chain step `step` (its signed `entry`) cannot have been given the limits this
+    chain passes on, or None. `sent`: the chain's request as the coordinator sent it; `waited_s`: from
+    sending it to the hand-back's arrival, on the coordinator's clock.
+
+    Every node passes on the hop timeout unchanged, and as deadline what was left of its own less a
+    margin (node/relay.py, wire/relay_plan.handback_margin_s). So the deadline that reached step k,
+    added to when it arrived, ends no earlier than ours less k margins; and it arrived before its
+    node's hand-back reached us."""
+    if entry.given_hop_timeout_s != sent.hop_timeout_s:
+        given, chain = entry.given_hop_timeout_s, sent.hop_timeout_s
+        return f"it was given a hop timeout of {given:.6g} s, the chain's is {chain:.6g} s"
+    least = sent.deadline_s - step * HANDBACK_MARGIN_S - waited_s
+    if entry.given_deadline_s < least - GIVEN_SLACK_S:
+        return f"it was given {entry.given_deadline_s:.6g} s for the rest of the chain, at least {least:.6g} s was left"
+    return None
 
 
 def malformed(request: pb.ForwardRequest, reply: pb.ForwardResponse) -> str | None:
@@ -113,6 +141,12 @@ class HandbackReferee:
         task = asyncio.create_task(self._probe(named, retry), name=f"hand-back probe {named}")
         self._tasks.add(task)
         task.add_done_callback(self._probed)
+
+    def discount(self, claimer: str, named: str, why: str) -> None:
+        """A claim made under limits the chain cannot have given (`given_times_problem`): not probed,
+        not counted for the claimer or the node before it, since either may have lied."""
+        log.warning("hand-back by %s naming %s discounted: %s", claimer, named, why)
+        self._count(DISCOUNTED)
 
     async def wait(self) -> None:
         """Until the probes running now have ended (for tests and shutdown)."""

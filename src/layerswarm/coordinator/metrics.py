@@ -137,7 +137,8 @@ class CoordinatorMetrics:
             "layerswarm_relay_handbacks",
             "Relay hand-backs by how the coordinator's own forward of the handed-back activation to the node "
             "they named turned out: confirmed (no answer in the hop timeout), contradicted (it answered: "
-            "counted against the node that handed back), unchecked (too many probes running, or it left)",
+            "counted against the node that handed back), unchecked (too many probes running, or it left), "
+            "discounted (the node that handed back was given limits the chain cannot have given: not probed)",
             ["outcome"],
             registry=self.registry,
         )

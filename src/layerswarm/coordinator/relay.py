@@ -39,7 +39,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool
 from .executor import PathExecutor
-from .handbacks import HandbackReferee
+from .handbacks import HandbackReferee, given_times_problem
 from .linkmap import COORDINATOR, LinkMap
 from .node_records import NodeRecord
 from .path import DepthError, ExecOptions, Hop, PathResult
@@ -214,7 +214,8 @@ class RelayRunner:
             await asyncio.gather(collect, return_exceptions=True)
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else "timeout"
             return self._failed_start(run, segment[0][1], reason)
-        result = await self._accept(run, segment, events, request, collect)
+        waited_s = time.monotonic() - started  # until the final event: a hand-back's claimer got its limits before
+        result = await self._accept(run, segment, events, request, collect, waited_s)
         if opts.wire_choice is not None:  # --wire-dtype auto: the trace says what the chain was sent in
             for hop in result.hops:
                 hop.wire = codec.dtype_name(run.wire)
@@ -250,6 +251,7 @@ class RelayRunner:
         events: list[pb.RelayEvent],
         request: pb.RelayRequest,
         collect: asyncio.Future[pb.ForwardResponse],
+        waited_s: float,
     ) -> ChainResult:
         """Check the chain's trace and result; give the hops and activations to continue from."""
         final = events[-1] if events else None
@@ -279,6 +281,8 @@ class RelayRunner:
             observe_relay_link(self.registry.links, sender, receiver)
         handback = None
         if final is not None and final.handback_reason:
+            after_step = run.depth + len(trace) - 1
+            handback = {"kind": "handed_back", "after_step": after_step, "reason": final.handback_reason}
             if len(trace) < len(segment) and result is not None:
                 retry = pb.ForwardRequest(  # the named node's input: what the claimer says it could not pass on
                     request_id=f"{request.forward.request_id}-probe",
@@ -286,18 +290,24 @@ class RelayRunner:
                     position=request.chain[len(trace)].position,
                     path_length=request.forward.path_length,
                 )
-                self._handed_back(run, segment[len(trace) - 1][1], segment[len(trace)][1], retry)
-            after_step = run.depth + len(trace) - 1
-            handback = {"kind": "handed_back", "after_step": after_step, "reason": final.handback_reason}
+                given = given_times_problem(trace[-1], request, len(trace) - 1, waited_s)
+                self._handed_back(run, segment[len(trace) - 1][1], segment[len(trace)][1], retry, given)
+                if given is not None:
+                    handback["discounted"] = given
         return ChainResult(x, hops, handback)
 
-    def _handed_back(self, run: _Run, claimer: NodeRecord, named: NodeRecord, retry: pb.ForwardRequest) -> None:
+    def _handed_back(
+        self, run: _Run, claimer: NodeRecord, named: NodeRecord, retry: pb.ForwardRequest, given: str | None
+    ) -> None:
         """`claimer` (the last node of the checked trace; with trace keys its signed entry vouches for
         no entry after it, so no node before it can hand back in its name) says `named` failed. Only a
         claim: `named` is left out of this request, so an honest hand-back costs nothing more, and the
-        coordinator's own probe decides whether it failed (handbacks.py)."""
+        coordinator's own probe decides whether it failed (handbacks.py), unless the claimer was given
+        limits this chain cannot have given (`given`: why), when nobody can be held to it."""
         run.avoid.add(named.address)
-        if self.referee is not None:
+        if self.referee is not None and given is not None:
+            self.referee.discount(claimer.address, named.address, given)
+        elif self.referee is not None:
             self.referee.claim(claimer.address, named.address, retry)
 
     def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:

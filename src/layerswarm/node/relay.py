@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from layerswarm.wire.auth import derive_key
-from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest
+from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest, handback_margin_s
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.trace_check import entry_problem
 from layerswarm.wire.trace_sign import TraceSigner, rest_digest, rest_digests
@@ -39,7 +39,6 @@ COLLECT_MAX_WAIT_S = 30.0
 MAX_HOP_TIMEOUT_S = 60.0
 MAX_DEADLINE_S = 600.0
 MAX_REQUEST_ID = 128
-HANDBACK_MARGIN_S = 0.25  # at most; a hand-back of a 302 KB activation takes 24 ms at 100 Mbit/s
 ACK_SLACK_MS = 1.0  # two clocks time one compute: ours around it, the next node's inside it
 Handle = Callable[[pb.ForwardRequest], Awaitable[pb.ForwardResponse]]
 
@@ -140,6 +139,8 @@ class Relayer:
             position=step.position,
             compute_ms=reply.compute_ms,
             input_sha256=input_sha256,
+            given_deadline_s=request.deadline_s,  # signed: what we were given, for the coordinator to check
+            given_hop_timeout_s=request.hop_timeout_s,
         )
         rid = request.forward.request_id
         if request.index == len(request.chain) - 1:
@@ -275,15 +276,6 @@ class Relayer:
     async def close(self) -> None:
         if self.peers is not None:
             await self.peers.close()
-
-
-def handback_margin_s(deadline_s: float) -> float:
-    """How long before a chain's deadline a node stops waiting for the rest of it, so that its hand-back
-    (a small event and one activation, over one hop) reaches its caller before the caller stops waiting
-    in turn. Without it all waits along a chain ended together, and the caller of a node that
-    acknowledged and then withheld its final event timed out first, blaming its own next node (the
-    coordinator: the chain's first node) while the one stalling was never named."""
-    return min(HANDBACK_MARGIN_S, max(deadline_s, 0.0) / 8)
 
 
 def ack_problem(entry: pb.HopTrace, waited_ms: float) -> str | None:

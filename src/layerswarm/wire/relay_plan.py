@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from .v1 import block_pb2 as pb
 
 MAX_RELAY_HOPS = 64  # steps in one chain: a block index runs at most once per path (plus repeats)
+HANDBACK_MARGIN_S = 0.25  # at most; a hand-back of a 302 KB activation takes 24 ms at 100 Mbit/s
 
 
 class PlanError(Exception):
@@ -62,3 +63,14 @@ def check_plan(key: bytes, request: pb.RelayRequest, max_hops: int = MAX_RELAY_H
 
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def handback_margin_s(deadline_s: float) -> float:
+    """How long before a chain's deadline a node stops waiting for the rest of it, so that its hand-back
+    (a small event and one activation, over one hop) reaches its caller before the caller stops waiting
+    in turn. Without it all waits along a chain ended together, and the caller of a node that
+    acknowledged and then withheld its final event timed out first, blaming its own next node (the
+    coordinator: the chain's first node) while the one stalling was never named. A protocol rule, not a
+    node's choice: the coordinator counts on it when it checks the deadline a claimer was given
+    (coordinator/handbacks.py: given_times_problem)."""
+    return min(HANDBACK_MARGIN_S, max(deadline_s, 0.0) / 8)

@@ -68,6 +68,8 @@ def hop_message(hop: pb.HopTrace, request_id: str, plan_mac: str) -> bytes:
         hop.output_sha256,
         hop.rtt_ms.hex(),
         hop.rest_sha256,
+        hop.given_deadline_s.hex(),
+        hop.given_hop_timeout_s.hex(),
     )
     return VERSION + _prefixed(f.encode() for f in fields)
 

@@ -163,7 +163,7 @@ class RelayRequest(_message.Message):
     def __init__(self, forward: _Optional[_Union[ForwardRequest, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[RelayStep, _Mapping]]] = ..., index: _Optional[int] = ..., plan_mac: _Optional[str] = ..., issued_ms: _Optional[int] = ..., hop_timeout_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., collect: _Optional[bool] = ...) -> None: ...
 
 class HopTrace(_message.Message):
-    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256", "rtt_ms", "signature", "rest_sha256")
+    __slots__ = ("node", "block", "position", "compute_ms", "send_ms", "sent_bytes", "input_sha256", "output_sha256", "rtt_ms", "signature", "rest_sha256", "given_deadline_s", "given_hop_timeout_s")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,8 @@ class HopTrace(_message.Message):
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     REST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    GIVEN_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    GIVEN_HOP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     node: str
     block: int
     position: int
@@ -186,7 +188,9 @@ class HopTrace(_message.Message):
     rtt_ms: float
     signature: bytes
     rest_sha256: str
-    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., signature: _Optional[bytes] = ..., rest_sha256: _Optional[str] = ...) -> None: ...
+    given_deadline_s: float
+    given_hop_timeout_s: float
+    def __init__(self, node: _Optional[str] = ..., block: _Optional[int] = ..., position: _Optional[int] = ..., compute_ms: _Optional[float] = ..., send_ms: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., input_sha256: _Optional[str] = ..., output_sha256: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., signature: _Optional[bytes] = ..., rest_sha256: _Optional[str] = ..., given_deadline_s: _Optional[float] = ..., given_hop_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RelayEvent(_message.Message):
     __slots__ = ("request_id", "ack", "trace", "activations", "handback_reason", "refused")
