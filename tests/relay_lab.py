@@ -3,6 +3,7 @@ the constants the real-process tests use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire.security import SecuritySettings
+from layerswarm.wire.v1 import block_pb2 as pb
 
 from .conftest import make_model_dir
 from .swarm import wait_until
@@ -52,6 +54,29 @@ def without_relay_stream(node: FaultyNode) -> None:
         return service
 
     node.make_service = make_service  # type: ignore[method-assign]
+
+
+def tampering_onward(node: FaultyNode, tamper: Callable[[pb.RelayRequest], None]) -> None:
+    """Make `node` alter, with `tamper`, every chain request it forwards to its next node (fields
+    outside its own hop), while it runs and waits as an honest node does itself."""
+    pool = node.relayer.peers
+    assert pool is not None
+    get = pool.get
+
+    async def get_tampering(address: str) -> Any:
+        peer = await get(address)
+        if not getattr(peer, "tampering", False):
+            relay = peer.relay
+
+            async def relay_tampered(request: pb.RelayRequest, timeout: float, stream: bool) -> Any:
+                tamper(request)  # a fresh message per chain (node/relay.py: _forward)
+                return await relay(request, timeout, stream)
+
+            peer.relay = relay_tampered
+            peer.tampering = True
+        return peer
+
+    pool.get = get_tampering  # type: ignore[method-assign]
 
 
 async def in_process_relay_swarm(

@@ -81,7 +81,7 @@ async def test_a_node_refuses_a_chain_the_coordinator_did_not_mac(relay_swarm: t
     rogue = [honest[0], pb.RelayStep(address="10.9.9.9:22", position=1, block=1)]
 
     def request(chain: list[pb.RelayStep], key: bytes) -> pb.RelayRequest:
-        mac = plan_mac(key, "r1", 1, honest)  # made for the honest chain
+        mac = plan_mac(key, "r1", 1, honest, collect=True)  # made for the honest chain
         return pb.RelayRequest(
             forward=forward, chain=chain, plan_mac=mac, issued_ms=1, hop_timeout_s=1.0, deadline_s=2.0, collect=True
         )
@@ -121,8 +121,8 @@ async def test_a_chain_naming_a_port_of_non_ascii_digits_is_refused_not_a_crash(
     def request(rid: str) -> pb.RelayRequest:
         forward = pb.ForwardRequest(request_id=rid, activations=codec.encode(torch.zeros(1, 5, 32), torch.float32))
         return pb.RelayRequest(
-            forward=forward, chain=chain, plan_mac=plan_mac(derive_key(TOKEN), rid, 1, chain), issued_ms=1,
-            hop_timeout_s=2.0, deadline_s=5.0,
+            forward=forward, chain=chain, issued_ms=1, hop_timeout_s=2.0, deadline_s=5.0,
+            plan_mac=plan_mac(derive_key(TOKEN), rid, 1, chain, collect=False),
         )  # fmt: skip
 
     try:
@@ -157,7 +157,7 @@ async def test_a_relay_stream_needs_a_signature_and_survives_a_refused_chain(
     def request(rid: str, key: bytes) -> pb.RelayRequest:
         forward = pb.ForwardRequest(request_id=rid, activations=codec.encode(torch.zeros(1, 5, 32), torch.float32))
         return pb.RelayRequest(
-            forward=forward, chain=chain, plan_mac=plan_mac(key, rid, 1, chain), issued_ms=1,
+            forward=forward, chain=chain, plan_mac=plan_mac(key, rid, 1, chain, collect=False), issued_ms=1,
             hop_timeout_s=2.0, deadline_s=5.0, collect=False,
         )  # fmt: skip
 

@@ -23,7 +23,7 @@ from layerswarm.wire import codec
 from layerswarm.wire.trace_sign import rest_digest
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from .relay_lab import SEQ, images, in_process_relay_swarm
+from .relay_lab import SEQ, images, in_process_relay_swarm, tampering_onward
 
 REPLICATED = [0, 1, 1, 2]  # two nodes serve block 1: a request answers in full without either of them
 RETRY = pb.ForwardRequest(request_id="r-probe")  # what a unit test's fake probe is handed
@@ -274,29 +274,6 @@ async def test_only_a_well_formed_answer_contradicts_a_claim(reply: torch.Tensor
     assert answered or "malformed activations" in record.reason
 
 
-def _shortening_its_successors_deadline(node: FaultyNode, deadline_s: float = 0.002) -> None:
-    """Make `node` pass its next node a deadline too short to forward in, while it waits as usual
-    itself: the next node, honest, times out on its own honest successor and hands back naming it."""
-    pool = node.relayer.peers
-    assert pool is not None
-    get = pool.get
-
-    async def get_tampering(address: str) -> Any:
-        peer = await get(address)
-        if not getattr(peer, "tampering", False):
-            relay = peer.relay
-
-            async def relay_shortened(request: pb.RelayRequest, timeout: float, stream: bool) -> Any:
-                request.deadline_s = deadline_s  # a fresh message per chain (node/relay.py: _forward)
-                return await relay(request, timeout, stream)
-
-            peer.relay = relay_shortened  # type: ignore[method-assign]
-            peer.tampering = True  # type: ignore[attr-defined]
-        return peer
-
-    pool.get = get_tampering  # type: ignore[method-assign]
-
-
 async def test_a_node_shortening_its_successors_deadline_cannot_frame_it(tmp_path: Path) -> None:
     """Before, a node could shorten the deadline it passes on (it is not in the chain's MAC: it shrinks
     at every hop) and the honest next node handed back against its honest successor on every chain:
@@ -312,7 +289,7 @@ async def test_a_node_shortening_its_successors_deadline_cannot_frame_it(tmp_pat
         reference = await _classify(coord)
         assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 3
         named = reference.path.hops[2].node
-        _shortening_its_successors_deadline(served[0])
+        tampering_onward(served[0], lambda request: setattr(request, "deadline_s", 0.002))
         for _ in range(4):
             result = await _classify(coord)
             _answers_in_full(result, reference)

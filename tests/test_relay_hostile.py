@@ -25,7 +25,7 @@ from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .conftest import make_model_dir
-from .relay_lab import SEQ, TOKEN, images, in_process_relay_swarm
+from .relay_lab import SEQ, TOKEN, images, in_process_relay_swarm, tampering_onward
 from .swarm import wait_until
 
 
@@ -340,7 +340,7 @@ async def test_a_relay_call_is_read_up_to_its_final_event_only(tmp_path: Path) -
     chain = [pb.RelayStep(address=first, position=0, block=0), pb.RelayStep(address=second, position=1, block=1)]
     forward = pb.ForwardRequest(request_id="r", activations=codec.encode(torch.zeros(1, 5, 32)), position=0)
     request = pb.RelayRequest(
-        forward=forward, chain=chain, plan_mac=plan_mac(derive_key(TOKEN), "r", 1, chain), issued_ms=1,
+        forward=forward, chain=chain, plan_mac=plan_mac(derive_key(TOKEN), "r", 1, chain, collect=False), issued_ms=1,
         hop_timeout_s=2.0, deadline_s=10.0, collect=False,
     )  # fmt: skip
     try:
@@ -409,6 +409,36 @@ async def test_a_node_that_gives_no_trace_key_is_served_star_never_chained(tmp_p
             assert result.path.depth == 4 and outcomes[keyless] == "ok", result.path.hops
             assert [h.outcome for h in result.path.hops][2:] == ["relayed", "relayed"]
         assert coord.registry.nodes[keyless].failed == 0
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_node_clearing_collect_for_the_last_node_cannot_get_it_failed(tmp_path: Path) -> None:
+    """The coordinator collects a chain's result from its last node (Collect, opened with the chain),
+    which keeps it only when the chain says `collect`. Before, that flag was outside the chain's MAC: a
+    node clearing it for the rest of the chain made the last node send its result back along the chain
+    instead, the coordinator's Collect waited out the request's deadline, and the last two nodes, both
+    honest, were failed for it (ejected after two requests). Now the MAC covers it: the next node
+    refuses the altered chain, the tampering node is the one that must hand back (its claims are
+    contradicted: the named node answers), the request goes on from the hand-back (block 2's replica
+    serves), and nobody honest is failed."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 5, blocks=[0, 1, 2, 2, 3], verify_rate=None, min_blocks=1, request_timeout_s=3.0
+    )
+    tampering_onward(served[1], lambda request: setattr(request, "collect", False))
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            result = await coord.classify(images(), SEQ)
+            assert time.monotonic() - started < 2.0  # far under the deadline (3 s) it waited out before
+            assert result.path.depth == 4, result.path.hops
+            (handback,) = result.path.handbacks
+            assert "PERMISSION_DENIED" in handback["reason"] and "MAC" in handback["reason"], handback
+            await coord.handbacks.wait()
+        assert _failed(coord, served) == [0, 0, 0, 0, 0]
+        assert coord.registry.claims.get(f"127.0.0.1:{served[1].port}").contradicted == 3  # type: ignore[union-attr]
     finally:
         await coord.stop()
         for node in served:

@@ -119,17 +119,18 @@ def test_a_step_without_a_key_is_checked_for_all_but_its_signature() -> None:
     assert _problems(steps, trace)[1] == "it has impossible times"
 
 
-def test_the_plan_mac_covers_each_steps_trace_key() -> None:
+def test_the_plan_mac_covers_each_steps_trace_key_and_where_the_result_goes() -> None:
     """A node before a step checks that step's entry with the key the chain names: no node on the way
-    may swap it. Without keys the MAC is what it was before keys were in chains."""
+    may swap it, nor divert the result (kept for Collect, or sent back along the chain)."""
     key = b"k" * 32
     step = pb.RelayStep(address="10.0.0.2:50051", position=0, block=0)
     keyed = pb.RelayStep(address="10.0.0.2:50051", position=0, block=0, trace_key=TraceSigner().public)
-    assert plan_mac(key, RID, 1, [step]) != plan_mac(key, RID, 1, [keyed])
+    assert plan_mac(key, RID, 1, [step], collect=True) != plan_mac(key, RID, 1, [keyed], collect=True)
     swapped = pb.RelayStep(address="10.0.0.2:50051", position=0, block=0, trace_key=TraceSigner().public)
-    assert plan_mac(key, RID, 1, [keyed]) != plan_mac(key, RID, 1, [swapped])
-    before = hmac.new(key, f"relay|{RID}|1|10.0.0.2:50051,0,0".encode(), hashlib.sha256).hexdigest()
-    assert plan_mac(key, RID, 1, [step]) == before
+    assert plan_mac(key, RID, 1, [keyed], collect=True) != plan_mac(key, RID, 1, [swapped], collect=True)
+    assert plan_mac(key, RID, 1, [keyed], collect=True) != plan_mac(key, RID, 1, [keyed], collect=False)
+    text = f"relay|{RID}|1|collect|10.0.0.2:50051,0,0"
+    assert plan_mac(key, RID, 1, [step], collect=True) == hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 def test_the_cost_bench_runs_on_an_honest_chain() -> None:

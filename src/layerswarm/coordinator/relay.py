@@ -199,7 +199,7 @@ class RelayRunner:
             ),
             chain=chain,
             index=0,
-            plan_mac=plan_mac(self.key, rid, issued, chain),
+            plan_mac=plan_mac(self.key, rid, issued, chain, collect=True),
             issued_ms=issued,
             hop_timeout_s=opts.hop_timeout_s,
             deadline_s=left,

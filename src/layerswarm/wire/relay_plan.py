@@ -1,8 +1,10 @@
 """The MAC over a relay chain: what lets a node forward at all (docs/relay.md).
 
 A node forwards only along a chain the coordinator MACed with the swarm key, K (wire/auth.py): the
-MAC covers the request id, the issue time and every step (address, position, block, trace key), so
-nothing on the way can add a hop, point a hop elsewhere, stretch the chain or swap a key. Chains are
+MAC covers the request id, the issue time, where the result goes (kept by the last node for the
+coordinator's Collect, or sent back along the chain) and every step (address, position, block, trace
+key), so nothing on the way can add a hop, point a hop elsewhere, stretch the chain, swap a key or
+divert the result. Chains are
 bounded in length by the node (`MAX_RELAY_HOPS`) and every forwarded message by its message size
 limit, so a node can never be used as an open proxy, even by a caller that holds a valid call signature.
 """
@@ -23,19 +25,21 @@ class PlanError(Exception):
     """A chain the node refuses to act on; the message says why."""
 
 
-def chain_text(request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep]) -> str:
+def chain_text(request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep], collect: bool) -> str:
     # A step's trace key is MACed too: the node before it checks its entry with it, so a node that
-    # could swap a later step's key would have honest nodes refuse honest entries.
+    # could swap a later step's key would have honest nodes refuse honest entries. And `collect`: a
+    # node that could clear it would have the last node send its result back along the chain while
+    # the coordinator waited on Collect for it, and blamed the last node.
     steps = ";".join(f"{s.address},{s.position},{s.block}{_key_text(s.trace_key)}" for s in chain)
-    return f"relay|{request_id}|{issued_ms}|{steps}"
+    return f"relay|{request_id}|{issued_ms}|{'collect' if collect else 'return'}|{steps}"
 
 
 def _key_text(key: bytes) -> str:
     return f",{key.hex()}" if key else ""  # none: the text chains had before keys were in them
 
 
-def plan_mac(key: bytes, request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep]) -> str:
-    return hmac.new(key, chain_text(request_id, issued_ms, chain).encode(), hashlib.sha256).hexdigest()
+def plan_mac(key: bytes, request_id: str, issued_ms: int, chain: Sequence[pb.RelayStep], *, collect: bool) -> str:
+    return hmac.new(key, chain_text(request_id, issued_ms, chain, collect).encode(), hashlib.sha256).hexdigest()
 
 
 def valid_address(address: str) -> bool:
@@ -56,7 +60,7 @@ def check_plan(key: bytes, request: pb.RelayRequest, max_hops: int = MAX_RELAY_H
         raise PlanError(f"malformed step address {bad[0]!r}")
     if chain[request.index].position != request.forward.position:
         raise PlanError("the hop's position differs from the chain's")
-    expected = plan_mac(key, request.forward.request_id, request.issued_ms, chain)
+    expected = plan_mac(key, request.forward.request_id, request.issued_ms, chain, collect=request.collect)
     if not hmac.compare_digest(request.plan_mac, expected):
         raise PlanError("chain not MACed with our swarm key (not issued by our coordinator)")
 
