@@ -34,6 +34,7 @@ PURE = {
     "coordinator/claims.py",
     "coordinator/planner.py",
     "coordinator/convictions.py",
+    "coordinator/chain_trace.py",
 }
 IO_MODULES = {"asyncio", "socket", "subprocess", "grpc", "httpx", "zeroconf", "fastapi", "uvicorn", "torch"}
 

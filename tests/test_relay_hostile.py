@@ -37,7 +37,7 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     """A lying node's figures never reach the link map: NaN, negative or absurd times void the chain."""
     from types import SimpleNamespace
 
-    from layerswarm.coordinator.relay import _trace_problem
+    from layerswarm.coordinator.chain_trace import trace_problem
     from layerswarm.wire.relay_plan import digest
 
     chain = [pb.RelayStep(address="a:1", position=0, block=0), pb.RelayStep(address="b:2", position=1, block=1)]
@@ -46,9 +46,9 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     first = pb.HopTrace(node="a:1", block=0, position=0, compute_ms=1.0, send_ms=2.0, rtt_ms=0.5)
     first.input_sha256, first.output_sha256 = digest(b"activations"), "out-a"
     second = pb.HopTrace(node="b:2", block=1, position=1, compute_ms=1.0, input_sha256="out-a", output_sha256="out-b")
-    assert _trace_problem([first, second], segment, sent) is None  # type: ignore[arg-type]
+    assert trace_problem([first, second], segment, sent) is None  # type: ignore[arg-type]
     setattr(first, field, value)
-    problem = _trace_problem([first, second], segment, sent)  # type: ignore[arg-type]
+    problem = trace_problem([first, second], segment, sent)  # type: ignore[arg-type]
     assert problem == (0, "trace step 0 (a:1): it has impossible times", 0)  # its own entry: it alone
 
 
@@ -439,6 +439,55 @@ async def test_a_node_clearing_collect_for_the_last_node_cannot_get_it_failed(tm
             await coord.handbacks.wait()
         assert _failed(coord, served) == [0, 0, 0, 0, 0]
         assert coord.registry.claims.get(f"127.0.0.1:{served[1].port}").contradicted == 3  # type: ignore[union-attr]
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+def _racing_the_last_node(node: FaultyNode) -> None:
+    """Make `node`, on each chain, first run the chain's last step itself, directly on the last node,
+    with an activation of its choosing (its own input, at the wrong position): a valid MAC, since it
+    holds the chain, so the last node computes it and keeps that result for the coordinator's Collect
+    before the honest chain's arrives. Then it goes on as an honest node."""
+    relay = node.relayer.relay
+
+    async def racing(request: pb.RelayRequest, handle: Any) -> Any:
+        last = request.chain[-1]
+        forged = pb.RelayRequest()
+        forged.CopyFrom(request)
+        forged.index, forged.forward.position = len(request.chain) - 1, last.position
+        client = NodeClient(last.address, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
+        try:
+            await client.info(2.0)  # the node's proof first: we call only nodes that proved the token
+            await client.relay(forged, 2.0)
+        finally:
+            await client.close()
+        async for event in relay(request, handle):
+            yield event
+
+    node.relayer.relay = racing  # type: ignore[method-assign]
+
+
+async def test_a_node_racing_the_last_step_with_its_own_input_cannot_get_the_last_node_failed(
+    tmp_path: Path,
+) -> None:
+    """Before, the last node kept the first result for a request id and Collect returned it: a node of
+    the chain running the last step first with an input of its own made the coordinator collect that
+    result, whose digest is not the one the last node signed for the honest chain, and the honest last
+    node was failed for it (ejected after two requests). Now the last node keeps each result it made
+    for the request and the coordinator, on a digest that differs, collects again by the digest the
+    last node signed: the honest answer, nobody failed."""
+    served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1)
+    try:
+        reference = await coord.classify(images(), SEQ)
+        assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
+        _racing_the_last_node(served[1])
+        for _ in range(3):
+            result = await coord.classify(images(), SEQ)
+            assert [h.outcome for h in result.path.hops] == ["relayed"] * 4, result.path
+            assert torch.allclose(result.probs, reference.probs, atol=1e-6)
+        assert _failed(coord, served) == [0, 0, 0, 0]
     finally:
         await coord.stop()
         for node in served:

@@ -219,9 +219,9 @@ class NodeClient:
             linked.cancel()  # however it went, stop listening for this chain
         return events
 
-    async def collect(self, request_id: str, timeout: float) -> pb.ForwardResponse:
-        """The result a chain's last node kept for us."""
-        request = pb.CollectRequest(request_id=request_id)
+    async def collect(self, request_id: str, timeout: float, output_sha256: str = "") -> pb.ForwardResponse:
+        """The result a chain's last node kept for us (the first, or the one with `output_sha256`)."""
+        request = pb.CollectRequest(request_id=request_id, output_sha256=output_sha256)
         try:
             return await _call(self.block.Collect(request, timeout=timeout, metadata=self._signed("Collect")))
         except grpc.aio.AioRpcError as exc:

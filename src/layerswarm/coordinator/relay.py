@@ -26,21 +26,20 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import torch
 
 from layerswarm.wire import codec
 from layerswarm.wire.relay_plan import digest, plan_mac
-from layerswarm.wire.trace_check import entry_problem
-from layerswarm.wire.trace_sign import rest_digests
 from layerswarm.wire.v1 import block_pb2 as pb
 
+from .chain_trace import Broken, observe_relay_link, trace_problem
 from .clients import ClientPool
 from .executor import PathExecutor
 from .handbacks import HandbackReferee, given_times_problem
-from .linkmap import COORDINATOR, LinkMap
+from .linkmap import COORDINATOR
 from .node_records import NodeRecord
 from .path import DepthError, ExecOptions, Hop, PathResult
 from .planner import Plan, Step
@@ -257,7 +256,7 @@ class RelayRunner:
         final = events[-1] if events else None
         trace = list(final.trace) if final is not None else []
         handed_back = final is not None and bool(final.handback_reason)
-        broken = _trace_problem(trace, segment, request, handed_back)
+        broken = trace_problem(trace, segment, request, handed_back)
         result: pb.Tensor | None = None
         if broken is None and final is not None and final.handback_reason:
             result = final.activations
@@ -270,9 +269,10 @@ class RelayRunner:
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
         if broken is None and result is not None and digest(result.data) != trace[-1].output_sha256:
-            # The last node signed its output digest and served another result: that node alone
-            last = len(trace) - 1
-            broken = Broken(last, "the result's digest differs from the last hop's output digest", last)
+            result = await self._collect_signed(segment[-1][1], request, trace[-1].output_sha256)
+            if result is None:  # the last node signed its output's digest and cannot serve it: it alone
+                last = len(trace) - 1
+                broken = Broken(last, "the last node serves no result with the digest it signed", last)
         x = self._decode(result, run) if broken is None and result is not None else None
         if x is None:
             return self._discard(run, segment, broken or Broken(len(trace) - 1, "malformed result"))
@@ -295,6 +295,17 @@ class RelayRunner:
                 if given is not None:
                     handback["discounted"] = given
         return ChainResult(x, hops, handback)
+
+    async def _collect_signed(self, last: NodeRecord, request: pb.RelayRequest, sha256: str) -> pb.Tensor | None:
+        """The result the last node signed, when the first it served was another run of its step (any
+        node of the chain could have run it first: node/outbox.py)."""
+        rid = request.forward.request_id
+        log.warning("relay %s: %s served a result other than the one it signed; collecting that", rid, last.address)
+        try:
+            reply = await self.pool.get(last.address).collect(rid, request.hop_timeout_s, sha256)
+        except (grpc.aio.AioRpcError, TimeoutError):
+            return None
+        return reply.activations if digest(reply.activations.data) == sha256 else None
 
     def _handed_back(
         self, run: _Run, claimer: NodeRecord, named: NodeRecord, retry: pb.ForwardRequest, given: str | None
@@ -349,47 +360,5 @@ class RelayRunner:
         return ChainResult(run.x, [], {"kind": "discarded", "after_step": -1, "reason": reason})
 
 
-def observe_relay_link(links: LinkMap, sender: pb.HopTrace, receiver: pb.HopTrace) -> None:
-    """send_ms spans the activation's way there and the acknowledgement's way back: with the sender's
-    probed RTT (checked in range with the trace), the way back is taken off here and the way there's
-    fixed half by the LinkMap, leaving the per-byte part."""
-    if sender.rtt_ms > 0:
-        links.observe_rtt(sender.node, receiver.node, sender.rtt_ms)
-    links.observe(sender.node, receiver.node, sender.sent_bytes, max(sender.send_ms, 0.0) - sender.rtt_ms / 2)
-
-
-class Broken(NamedTuple):
-    """Where a chain's trace or result stopped being believable: between steps `step - 1` and `step`;
-    `only`: the one step whose node is to blame, where the trace proves it (wire/trace_check.py)."""
-
-    step: int
-    reason: str
-    only: int | None = None
-
-
 def _trace_key(record: NodeRecord) -> bytes:
     return record.identity.trace_key if record.identity is not None else b""
-
-
-def _trace_problem(
-    trace: list[pb.HopTrace], segment: list[tuple[Step, NodeRecord]], sent: pb.RelayRequest, handed_back: bool = False
-) -> Broken | None:
-    """Why the trace is not one of this chain (steps, positions, times, digests, signatures), or None."""
-    if not trace or len(trace) > len(segment):
-        return Broken(len(trace), f"trace of {len(trace)} hops for a chain of {len(segment)}")
-    if len(trace) < len(segment) and not handed_back:
-        # Never wait on Collect for it: the last node never got the chain. Every node checks the final
-        # event it passes back (node/relay.py: final_problem), so a short one reaching us is the first
-        # node's doing.
-        return Broken(0, f"trace of {len(trace)} hops for a chain of {len(segment)}, without a hand-back")
-    # With every node's trace key known, every node checked the entry after its own before passing it
-    # back (wire/trace_check.py): so the first bad entry k was passed on unchecked by node k-1 (node 0
-    # for entry 0), which is blamed alone. Every chain has every key: _segment chains keyed nodes only.
-    rid, mac = sent.forward.request_id, sent.plan_mac
-    rests = rest_digests(trace, rid, mac)  # rests[k + 1]: what entry k's node vouched for
-    for k, t in enumerate(trace):
-        came_in = digest(sent.forward.activations.data) if k == 0 else trace[k - 1].output_sha256
-        problem = entry_problem(t, sent.chain[k], rests[k + 1], came_in, rid, mac)
-        if problem is not None:
-            return Broken(k, f"trace step {k} ({t.node}): {problem}", max(k - 1, 0))
-    return None

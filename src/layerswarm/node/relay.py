@@ -17,7 +17,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -30,11 +29,10 @@ from layerswarm.wire.trace_check import entry_problem
 from layerswarm.wire.trace_sign import TraceSigner, rest_digest, rest_digests
 from layerswarm.wire.v1 import block_pb2 as pb
 
+from .outbox import Outbox, OutboxFull
 from .peers import PeerClient, PeerPool, PeerRefused
 
 log = logging.getLogger(__name__)
-OUTBOX_MAX = 256  # results kept for Collect; the oldest go first
-OUTBOX_TTL_S = 30.0
 COLLECT_MAX_WAIT_S = 30.0
 MAX_HOP_TIMEOUT_S = 60.0
 MAX_DEADLINE_S = 600.0
@@ -47,42 +45,6 @@ class RelayRefused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class Outbox:
-    """Chain results waiting for the coordinator's Collect (which may arrive first): bounded, expiring."""
-
-    def __init__(self) -> None:
-        self._slots: OrderedDict[str, tuple[float, asyncio.Future[pb.ForwardResponse]]] = OrderedDict()
-
-    def slot(self, request_id: str) -> asyncio.Future[pb.ForwardResponse]:
-        now = time.monotonic()
-        entry = self._slots.get(request_id)
-        if entry is None:
-            entry = (now, asyncio.get_running_loop().create_future())
-            self._slots[request_id] = entry
-        while self._slots:
-            oldest_at, oldest = next(iter(self._slots.values()))
-            if len(self._slots) <= OUTBOX_MAX and now - oldest_at < OUTBOX_TTL_S:
-                break
-            self._slots.popitem(last=False)
-            oldest.cancel()
-        return entry[1]
-
-    def put(self, request_id: str, reply: pb.ForwardResponse) -> None:
-        future = self.slot(request_id)
-        if not future.done():
-            future.set_result(reply)
-
-    async def take(self, request_id: str, timeout: float) -> pb.ForwardResponse | None:
-        future = self.slot(request_id)
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            return None
-        finally:
-            if future.done():
-                self._slots.pop(request_id, None)
 
 
 class Relayer:
@@ -125,6 +87,11 @@ class Relayer:
         """Raises RelayRefused (before any event) or the hop's own RequestError; then yields events."""
         started = time.monotonic()
         self.check(request)
+        if request.collect and request.index == len(request.chain) - 1:
+            try:  # before computing: a node of the chain racing our step gets a few runs, no more (outbox.py)
+                self.outbox.reserve(request.forward.request_id)
+            except OutboxFull as exc:
+                raise RelayRefused(grpc.StatusCode.ALREADY_EXISTS, str(exc)) from exc
         # Digests are hashed off the loop, beside work that has to happen anyway: the input's while
         # the block computes, the output's while it is on its way to the next node.
         received = asyncio.ensure_future(asyncio.to_thread(digest, request.forward.activations.data))
@@ -271,7 +238,7 @@ class Relayer:
         if len(request.request_id) > MAX_REQUEST_ID:
             return None
         wait = COLLECT_MAX_WAIT_S if time_left is None else min(time_left, COLLECT_MAX_WAIT_S)
-        return await self.outbox.take(request.request_id, wait)
+        return await self.outbox.take(request.request_id, wait, request.output_sha256)
 
     async def close(self) -> None:
         if self.peers is not None:

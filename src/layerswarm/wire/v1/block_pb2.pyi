@@ -209,7 +209,9 @@ class RelayEvent(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., ack: _Optional[bool] = ..., trace: _Optional[_Iterable[_Union[HopTrace, _Mapping]]] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., handback_reason: _Optional[str] = ..., refused: _Optional[str] = ...) -> None: ...
 
 class CollectRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "output_sha256")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    output_sha256: str
+    def __init__(self, request_id: _Optional[str] = ..., output_sha256: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,103 @@
+"""Chain results a last node keeps for the coordinator's Collect (which may arrive before them).
+
+Every node of a chain holds the chain, MAC and all, so any of them can run a later step first, on the
+step's node, with an input of its own: that node cannot tell such a run from the chain's own. When it
+kept only the first result for a request id, the coordinator collected the early one, its digest was
+not the one the node signed for the chain's run, and the honest node was failed for it. So a node
+keeps each result it made for a request id, a few at most (`PER_REQUEST`; runs past that are refused
+before they compute, never evicting one kept), and the coordinator, when the first it collects is not
+the one the trace names, collects again by digest (coordinator/relay.py). Filling the slots before the
+chain arrives gets the chain's own run refused: its predecessor hands back, a claim like any other.
+
+Bounded: at most `MAX_RESULTS` results in all and `MAX_REQUESTS` request ids (the oldest request ids
+go first), each for at most `TTL_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from layerswarm.wire.relay_plan import digest
+from layerswarm.wire.v1 import block_pb2 as pb
+
+MAX_RESULTS = 256  # results kept for Collect, all request ids together
+MAX_REQUESTS = 256  # request ids remembered (with their runs counted)
+PER_REQUEST = 4  # runs of one request id's last step kept (the chain's and a racer's few)
+TTL_S = 30.0
+
+
+class OutboxFull(Exception):
+    """This request id has had its share of runs here: the caller is refused before computing."""
+
+
+@dataclass
+class _Slot:
+    created: float
+    results: list[pb.ForwardResponse] = field(default_factory=list)
+    runs: int = 0  # reserved: results, and runs still computing
+    arrived: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def find(self, sha256: str) -> pb.ForwardResponse | None:
+        """The first result, or with `sha256` the one whose activations have that digest."""
+        return next((r for r in self.results if not sha256 or digest(r.activations.data) == sha256), None)
+
+    def announce(self) -> None:
+        """Wake every waiting take (each then looks again, or sees the slot gone), and be ready for the
+        next result."""
+        if not self.arrived.done():
+            self.arrived.set_result(None)
+        self.arrived = asyncio.get_running_loop().create_future()
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self._slots: OrderedDict[str, _Slot] = OrderedDict()
+
+    def reserve(self, request_id: str) -> None:
+        """Count one more run of `request_id`'s last step here; OutboxFull past `PER_REQUEST`."""
+        slot = self._slot(request_id)
+        if slot.runs >= PER_REQUEST:
+            raise OutboxFull(f"request {request_id!r} already ran here {slot.runs} times")
+        slot.runs += 1
+
+    def put(self, request_id: str, reply: pb.ForwardResponse) -> None:
+        slot = self._slot(request_id)
+        slot.results.append(reply)
+        self._evict(time.monotonic())
+        slot.announce()
+
+    async def take(self, request_id: str, timeout: float, sha256: str = "") -> pb.ForwardResponse | None:
+        """The first result kept for `request_id` (or, with `sha256`, the one with that digest), once
+        there is one, within `timeout`; None if none came. A result taken is not kept."""
+        slot = self._slot(request_id)
+        end = time.monotonic() + timeout
+        while (found := slot.find(sha256)) is None:
+            left = end - time.monotonic()
+            if left <= 0 or self._slots.get(request_id) is not slot:
+                return None
+            try:
+                await asyncio.wait_for(asyncio.shield(slot.arrived), left)
+            except asyncio.TimeoutError:
+                return None
+        slot.results.remove(found)
+        return found
+
+    def _slot(self, request_id: str) -> _Slot:
+        now = time.monotonic()
+        slot = self._slots.get(request_id)
+        if slot is None:
+            slot = self._slots[request_id] = _Slot(now)
+        self._evict(now)
+        return slot
+
+    def _evict(self, now: float) -> None:
+        while self._slots:
+            oldest = next(iter(self._slots.values()))
+            results = sum(len(s.results) for s in self._slots.values())
+            if len(self._slots) <= MAX_REQUESTS and results <= MAX_RESULTS and now - oldest.created < TTL_S:
+                return
+            self._slots.popitem(last=False)
+            oldest.announce()  # its waiting takes look again and find it gone
