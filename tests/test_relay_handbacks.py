@@ -43,13 +43,14 @@ def test_contradicted_claims_in_a_row_make_a_node_end_chains_only_for_a_while() 
     assert claims.may_forward("a:1")
     assert not claims.contradicted("a:1") and not claims.contradicted("a:1")
     claims.confirmed("a:1")  # a claim that held up starts the count again
-    assert not claims.contradicted("a:1") and not claims.contradicted("a:1")
+    assert not claims.contradicted("a:1") and not claims.disputed("a:1")  # a disputed claim is a strike too
     assert claims.contradicted("a:1")  # the third in a row
     assert not claims.may_forward("a:1") and claims.may_forward("b:2")
     view = claims.view("a:1", wall=lambda: 5000.0)
     assert view == {
         "handbacks_confirmed": 1,
-        "handbacks_contradicted": 5,
+        "handbacks_contradicted": 4,
+        "handbacks_disputed": 1,
         "handbacks_contradicted_in_a_row": 0,
         "chain_end_only_until": 5060.0,
     }
@@ -274,34 +275,41 @@ async def test_only_a_well_formed_answer_contradicts_a_claim(reply: torch.Tensor
     assert answered or "malformed activations" in record.reason
 
 
-async def test_a_node_shortening_its_successors_deadline_cannot_frame_it(tmp_path: Path) -> None:
+async def test_a_node_shortening_its_successors_deadline_bars_itself_with_its_victim(tmp_path: Path) -> None:
     """Before, a node could shorten the deadline it passes on (it is not in the chain's MAC: it shrinks
     at every hop) and the honest next node handed back against its honest successor on every chain:
     contradicted each time, so after three it could only end chains, on a lie told by the node before
-    it. Now every node signs the limits it was given into its trace entry and the coordinator holds
-    them against its own clock: those claims are discounted, probed and counted for nobody, the named
-    node is only left out of that request (its replica serves), and the honest node keeps forwarding."""
+    it, which went free. Now every node signs the limits it was given into its trace entry and the
+    coordinator holds them against its own clock: such a claim is not probed (the named node is only
+    left out of that request: its replica serves), and since the coordinator cannot tell whether the
+    claimer or the node before it lied, both take a strike. The shortener bars itself with its victim,
+    and once it only ends chains it forwards to nobody and can shorten nothing."""
     served, coord = await in_process_relay_swarm(
         tmp_path, [FaultSpec()] * 4, blocks=[0, 1, 2, 2], verify_rate=None, min_blocks=1
     )
-    victim = f"127.0.0.1:{served[1].port}"
+    shortener, victim = (f"127.0.0.1:{n.port}" for n in served[:2])
     try:
         reference = await _classify(coord)
         assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 3
         named = reference.path.hops[2].node
         tampering_onward(served[0], lambda request: setattr(request, "deadline_s", 0.002))
-        for _ in range(4):
+        for _ in range(3):
             result = await _classify(coord)
             _answers_in_full(result, reference)
             (handback,) = result.path.handbacks
             assert f"({named}, block 2): DEADLINE_EXCEEDED" in handback["reason"], handback
             assert "for the rest of the chain" in handback["discounted"], handback
             assert result.path.hops[2].node != named
-        assert coord.registry.claims.get(victim) is None  # nothing counted for it, either way
-        assert coord.registry.claims.may_forward(victim)
+        for address in (shortener, victim):
+            tally = coord.registry.claims.get(address)
+            assert tally is not None and (tally.disputed, tally.contradicted) == (3, 0)
+            assert not coord.registry.claims.may_forward(address)
+        after = await _classify(coord)  # the shortener only ends chains: it forwards to nobody
+        _answers_in_full(after, reference)
+        assert not after.path.handbacks and after.path.hops[0].outcome == "ok"
         assert coord.registry.nodes[named].failed == 0
         scraped = generate_latest(coord.metrics.registry).decode()
-        assert 'layerswarm_relay_handbacks_total{outcome="discounted"} 4.0' in scraped
+        assert 'layerswarm_relay_handbacks_total{outcome="discounted"} 3.0' in scraped
         assert 'outcome="contradicted"' not in scraped
     finally:
         await coord.stop()

@@ -5,9 +5,12 @@ in it proves that: a hostile node could name an honest successor on every chain 
 So a hand-back never counts against the node it names; the coordinator tries the claim itself (it
 forwards the handed-back activation to that node: handbacks.py) and the outcome counts for the node
 that made the claim: confirmed (the named node did not answer the coordinator in time either) or
-contradicted (it did).
+contradicted (it did). A claim made under a deadline or hop timeout the chain cannot have given
+(handbacks.given_times_problem) is disputed: either the claimer lied about its limits or the node
+before it shortened them, and the coordinator cannot tell which, so both take a strike. Neither can
+then get the other barred without being barred as well.
 
-A node whose claims are contradicted `strikes` times in a row may only end chains for `bar_s`: the
+A node whose claims are contradicted or disputed `strikes` times in a row may only end chains for `bar_s`: the
 last step of a chain forwards to nobody, so it has nobody to hand back against, and its hop is still
 relayed. That bounds what a framing node gets: `strikes` avoided successors and probes per bar, then
 nothing, while the cost to an honest node wrongly barred (one behind a node that fails chains yet
@@ -33,7 +36,8 @@ MAX_KEYS = 4096  # addresses remembered: each made a hand-back the coordinator c
 class Tally:
     confirmed: int = 0  # claims the coordinator's own probe agreed with
     contradicted: int = 0  # claims against a node that answered the coordinator's probe
-    in_a_row: int = 0  # contradicted since the last confirmed claim or the last bar
+    disputed: int = 0  # claims under limits the chain cannot have given: this node or the one before lied
+    in_a_row: int = 0  # contradicted or disputed since the last confirmed claim or the last bar
     until: float = float("-inf")  # the clock's time before which the node may only end chains
 
 
@@ -64,6 +68,17 @@ class Claims:
         makes it a node that may only end chains (the caller logs it)."""
         tally = self._tally(address)
         tally.contradicted += 1
+        return self._strike(tally)
+
+    def disputed(self, address: str) -> bool:
+        """Count a strike for `address` over a claim made under limits the chain cannot have given
+        (the claimer's, and the node's before it: one of them lied, the coordinator cannot tell which).
+        True when this one makes it a node that may only end chains."""
+        tally = self._tally(address)
+        tally.disputed += 1
+        return self._strike(tally)
+
+    def _strike(self, tally: Tally) -> bool:
         tally.in_a_row += 1
         if tally.in_a_row < self.strikes:
             return False
@@ -87,6 +102,7 @@ class Claims:
         return {
             "handbacks_confirmed": tally.confirmed,
             "handbacks_contradicted": tally.contradicted,
+            "handbacks_disputed": tally.disputed,
             "handbacks_contradicted_in_a_row": tally.in_a_row,
             "chain_end_only_until": round(wall() + left, 3) if left > 0 else None,
         }

@@ -16,9 +16,10 @@ A claim also counts only if its claimer was given honest limits: the deadline an
 waited under reach it from the node before it, which could shorten them so that an honest node times
 out on its honest successor, again and again, until it may only end chains. The claimer signs what it
 was given into its trace entry, and `given_times_problem` holds that against the coordinator's own
-clock: a claim under limits the chain cannot have given is `discounted`, neither probed nor counted for
-anyone (the coordinator cannot tell whether the claimer or the node before it lies); the named node
-is still left out of that request.
+clock: a claim under limits the chain cannot have given is `discounted`: not probed, the named node
+only left out of that request, and a strike for both the claimer and the node before it, since either
+may have lied (claims.py: disputed). A node shortening its successor's limits thus bars itself along
+with its victim; one lying about its own limits to dodge contradictions is barred as before.
 
 One probe per named node at a time: claims against a node already being probed wait for that probe's
 outcome. At most `max_probes` at once: past that a claim is counted `unchecked` and left.
@@ -142,11 +143,20 @@ class HandbackReferee:
         self._tasks.add(task)
         task.add_done_callback(self._probed)
 
-    def discount(self, claimer: str, named: str, why: str) -> None:
-        """A claim made under limits the chain cannot have given (`given_times_problem`): not probed,
-        not counted for the claimer or the node before it, since either may have lied."""
+    def discount(self, claimer: str, before: str | None, named: str, why: str) -> None:
+        """A claim made under limits the chain cannot have given (`given_times_problem`): not probed; a
+        strike for the claimer and for `before`, the node that passed it those limits (None: we did,
+        so the claimer lied about them), since the coordinator cannot tell which of them lied."""
         log.warning("hand-back by %s naming %s discounted: %s", claimer, named, why)
         self._count(DISCOUNTED)
+        for address in (claimer, before):
+            if address is not None and self.registry.claims.disputed(address):
+                log.warning(
+                    "node %s: %d disputed or contradicted hand-backs in a row: it only ends relay chains for %.0f s",
+                    address,
+                    self.registry.claims.strikes,
+                    self.registry.claims.bar_s,
+                )
 
     async def wait(self) -> None:
         """Until the probes running now have ended (for tests and shutdown)."""

@@ -291,7 +291,7 @@ class RelayRunner:
                     path_length=request.forward.path_length,
                 )
                 given = given_times_problem(trace[-1], request, len(trace) - 1, waited_s)
-                self._handed_back(run, segment[len(trace) - 1][1], segment[len(trace)][1], retry, given)
+                self._handed_back(run, segment[: len(trace) + 1], retry, given)
                 if given is not None:
                     handback["discounted"] = given
         return ChainResult(x, hops, handback)
@@ -308,18 +308,21 @@ class RelayRunner:
         return reply.activations if digest(reply.activations.data) == sha256 else None
 
     def _handed_back(
-        self, run: _Run, claimer: NodeRecord, named: NodeRecord, retry: pb.ForwardRequest, given: str | None
+        self, run: _Run, upto: list[tuple[Step, NodeRecord]], retry: pb.ForwardRequest, given: str | None
     ) -> None:
-        """`claimer` (the last node of the checked trace; with trace keys its signed entry vouches for
-        no entry after it, so no node before it can hand back in its name) says `named` failed. Only a
-        claim: `named` is left out of this request, so an honest hand-back costs nothing more, and the
-        coordinator's own probe decides whether it failed (handbacks.py), unless the claimer was given
-        limits this chain cannot have given (`given`: why), when nobody can be held to it."""
-        run.avoid.add(named.address)
+        """The claimer (`upto[-2]`: the last node of the checked trace; its signed entry vouches for no
+        entry after it, so no node before it can hand back in its name) says the named node (`upto[-1]`)
+        failed. Only a claim: the named node is left out of this request, so an honest hand-back costs
+        nothing more, and the coordinator's own probe decides whether it failed (handbacks.py), unless
+        the claimer was given limits this chain cannot have given (`given`: why): then the claimer and
+        the node before it, if any, take a strike instead."""
+        claimer, named = upto[-2][1].address, upto[-1][1].address
+        run.avoid.add(named)
         if self.referee is not None and given is not None:
-            self.referee.discount(claimer.address, named.address, given)
+            before = upto[-3][1].address if len(upto) >= 3 else None
+            self.referee.discount(claimer, before, named, given)
         elif self.referee is not None:
-            self.referee.claim(claimer.address, named.address, retry)
+            self.referee.claim(claimer, named, retry)
 
     def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:
         try:
