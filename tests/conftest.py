@@ -12,6 +12,17 @@ from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every coordinator the tests start (in process or as a child) keeps its peer memory here, never in
+    the user's state folder: a coordinator on a fixed port (the chaos lab's 8080) would leave lab
+    addresses there for the user's next coordinator on that port to dial."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LAYERSWARM_STATE_DIR", str(tmp_path_factory.mktemp("layerswarm-state")))
+        yield
+
+
 TINY = {"image_size": 16, "patch_size": 8, "dim": 32, "depth": 3, "heads": 2, "num_classes": 4}
 
 

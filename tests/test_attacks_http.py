@@ -591,11 +591,19 @@ def test_api_keys_guard_inference_and_leave_probes_open(keyed: str) -> None:
     with httpx.Client(base_url=keyed, timeout=30) as c:
         for path in ("/healthz", "/readyz", "/metrics"):
             assert c.get(path).status_code == 200, path
+        refusals = []
         for headers in ({}, {"authorization": "Bearer wrong-key-0123456789"}, {"authorization": f"Basic {KEYS[0]}"}):
             reply = c.post("/v1/classify", files={"file": ("a.png", png(), "image/png")}, headers=headers)
             assert reply.status_code == 401 and reply.json()["error"] == "unauthorized", reply.text
             assert reply.headers["www-authenticate"] == "Bearer"
+            refusals.append(reply.json()["detail"])
+        assert "not one of this coordinator's keys" in refusals[1]  # a wrong key is not told to send one
+        assert refusals[0] == refusals[2] == "send an API key: Authorization: Bearer KEY"
         assert c.get("/v1/nodes").status_code == 401
+        docs = c.get("/docs")  # open, and so are the scripts and styles it loads (a browser sends no key)
+        assets = re.findall(r"""(?:src|href)=["']?(/static-offline-docs/[^"' >]+)""", docs.text)
+        assert docs.status_code == 200 and len(assets) >= 2, docs.text
+        assert all(c.get(asset).status_code == 200 for asset in assets), assets
         for headers in ({"authorization": f"Bearer {KEYS[0]}"}, {"x-api-key": KEYS[1]}):
             reply = c.post("/v1/classify", files={"file": ("a.png", png(), "image/png")}, headers=headers)
             assert reply.status_code == 200, reply.text

@@ -5,6 +5,8 @@ re-joined the routable set)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,3 +75,12 @@ def test_every_available_fault_kind_ran(report: dict[str, Any]) -> None:
     tools = fault_tools()
     expected = {k for k in FAULT_KINDS if (k != "drop" or tools["nftables"]) and (k != "netem" or tools["netem"])}
     assert {e["kind"] for e in report["faults"]} == expected
+
+
+def test_the_run_leaves_no_peer_memory_where_a_users_coordinator_reads_it(report: dict[str, Any]) -> None:
+    """The lab's coordinator listens on 8080, the port a user's own coordinator defaults to: before, a
+    chaos run without a token wrote its lab addresses (198.18.x) into the default peer memory for
+    8080, and the user's next coordinator on that port dialled them out of a real interface. (The
+    tests keep every default state file in a folder of their own: conftest.py.)"""
+    assert report["faults"]  # the run happened
+    assert not list(Path(os.environ["LAYERSWARM_STATE_DIR"]).glob("coordinator-*.json"))

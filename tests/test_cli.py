@@ -427,3 +427,16 @@ def test_probe_http_with_nothing_listening_is_unhealthy() -> None:
         port = free.getsockname()[1]
     result = run_cli("probe", "http", f"http://127.0.0.1:{port}/readyz", "--timeout", "1")
     assert result.returncode == 1 and result.stdout.startswith(f"http://127.0.0.1:{port}/readyz: ")
+
+
+@pytest.mark.parametrize("command", ["node", "coordinator"])
+def test_a_host_this_machine_cannot_listen_on_names_the_host_flag(command: str) -> None:
+    """Before, a node died with a gRPC traceback (RuntimeError: Failed to bind) and a coordinator blamed
+    --http-port. 192.0.2.1 (TEST-NET-1) is no address of this machine (a literal: no name lookup)."""
+    host = "192.0.2.1"
+    flag = "--host" if command == "node" else "--http-host"
+    extra = ["--block", "0", "--no-advertise"] if command == "node" else ["--no-mdns"]
+    result = run_cli(command, "--model-dir", SHIPPED, flag, host, *extra)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"layerswarm {command}: error: {flag} {host}: "), result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

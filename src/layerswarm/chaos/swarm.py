@@ -55,6 +55,7 @@ class ChaosSwarm:
     coordinator: Proc | None = None
     token: str | None = None
     token_file: Path | None = None
+    state_dir: Path | None = None  # the run's own peer memory: never the user's default state file
     last_restart: dict[str, float] = field(default_factory=dict)  # the last coordinator restart's timings
 
     @property
@@ -80,7 +81,8 @@ class ChaosSwarm:
         self.lab.stop()
         if self.token_file is not None:
             self.token_file.unlink(missing_ok=True)
-            self.token_file.with_name(self.token_file.name + "-peers.json").unlink(missing_ok=True)
+        if self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def add_node(self, node: ChaosNode) -> ChaosNode:
         node.token_file = self.token_file
@@ -154,15 +156,18 @@ def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = 
     every process gets the same fresh swarm token (a file only this process's user can read)."""
     lab = NetLab().start()
     token_file = None
+    # The run's own peer memory, token or not: the default file (by port: 8080) is the user's, and the
+    # lab addresses left in it would be dialled by their next coordinator on that port, out of a real
+    # interface.
+    state_dir = Path(tempfile.mkdtemp(prefix="layerswarm-chaos-"))
+    extra_coordinator = (*extra_coordinator, "--state-file", str(state_dir / "peers.json"))
     try:
         if token:
             handle, name = tempfile.mkstemp(prefix="layerswarm-chaos-token-")
             os.write(handle, secrets.token_hex(16).encode())
             os.close(handle)
             token_file = Path(name)
-            # The run's own peer memory, beside the token (never the user's default state file).
-            state = token_file.with_name(token_file.name + "-peers.json")
-            extra_coordinator = (*extra_coordinator, "--token-file", str(token_file), "--state-file", str(state))
+            extra_coordinator = (*extra_coordinator, "--token-file", str(token_file))
         coordinator_host = lab.add_host("coordinator")
         args = [
             "coordinator",
@@ -181,7 +186,7 @@ def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = 
             *[f"--family-dir={m}" for m in members[1:]],
             *extra_coordinator,
         ]
-        swarm = ChaosSwarm(lab, coordinator_host, args, token_file=token_file)
+        swarm = ChaosSwarm(lab, coordinator_host, args, token_file=token_file, state_dir=state_dir)
         if token_file is not None:
             swarm.token = token_file.read_text()
         for m, model_dir in enumerate(members):
@@ -192,5 +197,6 @@ def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = 
         lab.stop()
         if token_file is not None:
             token_file.unlink(missing_ok=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
         raise
     return swarm

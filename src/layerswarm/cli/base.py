@@ -9,6 +9,7 @@ environment.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import re
@@ -234,14 +235,17 @@ def _tupled(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def ensure_port_free(host: str, port: int | None, flag: str) -> None:
-    """Refuse a port another process listens on, before any start-up work, naming the flag (servers
-    would otherwise fail deep inside gRPC or uvicorn with a traceback). Port 0 means any free port."""
-    if not port:
-        return
+def ensure_can_listen(host: str, port: int | None, host_flag: str, port_flag: str) -> None:
+    """Refuse an address this machine cannot listen on, before any start-up work, naming the flag at
+    fault (servers would otherwise fail deep inside gRPC or uvicorn with a traceback): a port another
+    process holds, or a host that is not one of this machine's addresses. Port 0 means any free port."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do: TIME_WAIT is no conflict
         try:
-            probe.bind((host, port))
+            probe.bind((host, port or 0))
+        except socket.gaierror as exc:
+            raise UsageError(f"{host_flag} {host}: not an address of this machine ({exc.strerror})") from None
         except OSError as exc:
-            raise UsageError(f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror})") from None
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"{port_flag} {port}: cannot listen on {host}:{port} ({exc.strerror})") from None
+            raise UsageError(f"{host_flag} {host}: cannot listen on {host} ({exc.strerror})") from None

@@ -8,7 +8,7 @@ from pathlib import Path
 from layerswarm.coordinator.settings import CHOICES, CoordinatorSettings
 from layerswarm.wire.memory import keep_large_buffers
 
-from .base import SettingsFlags, Subparsers, add_command, ensure_port_free, load_settings
+from .base import SettingsFlags, Subparsers, add_command, ensure_can_listen, load_settings
 from .security import add_security_flags
 
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"state_file": None})
     elif settings.state_file is None:
         settings = settings.model_copy(update={"state_file": default_state_file(settings.http_port)})
-    ensure_port_free(settings.http_host, settings.http_port, "--http-port")
+    ensure_can_listen(settings.http_host, settings.http_port, "--http-host", "--http-port")
     torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
     return serve(settings)

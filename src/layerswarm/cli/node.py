@@ -7,7 +7,7 @@ import argparse
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire.memory import keep_large_buffers
 
-from .base import SettingsFlags, Subparsers, add_command, ensure_port_free, load_settings
+from .base import SettingsFlags, Subparsers, add_command, ensure_can_listen, load_settings
 from .security import add_security_flags
 
 
@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from layerswarm.node.server import run as serve
 
     settings: NodeSettings = load_settings(args)
-    ensure_port_free(settings.host, settings.port, "--port")
-    ensure_port_free(settings.host, settings.metrics_port, "--metrics-port")
+    ensure_can_listen(settings.host, settings.port, "--host", "--port")
+    ensure_can_listen(settings.host, settings.metrics_port, "--host", "--metrics-port")
     torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
     return serve(settings)

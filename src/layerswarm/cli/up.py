@@ -127,6 +127,7 @@ def network_with_mdns(network: str, argv: list[str]) -> bool | int:
     mdns = network != "loopback"
     if mdns and not netns.in_private_netns():
         if netns.can_unshare():
+            progress("running in a private network namespace (unshare): no multicast reaches your LAN")
             return netns.reexec_in_private_netns(argv)
         if network == "netns":
             print("layerswarm up: error: --network netns needs `unshare` (root or user namespaces)", file=sys.stderr)
@@ -170,7 +171,8 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     count = opts.nodes or depth * min(2, len(members))
     mdns = [] if opts.mdns else ["--no-advertise"]
     specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
-    progress(f"starting {count} nodes ({depth} blocks from {len(members)} models of the family)...")
+    models = f"{len(members)} model{'s' if len(members) != 1 else ''}"
+    progress(f"starting {count} nodes ({depth} blocks from {models} of the family)...")
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
@@ -246,11 +248,15 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
             wait_for_swarm(client, len(nodes), opts.timeout_s)
             before = Phase("all nodes up")
             classify_many(client, before, samples[: opts.requests_per_phase], rng)
-            killed = choose_victims(nodes, opts.kill if opts.kill is not None else len(nodes) // 3, rng)
-            progress(f"killing {len(killed)} nodes (SIGKILL)...")
+            asked = opts.kill if opts.kill is not None else len(nodes) // 3
+            killed = choose_victims(nodes, asked, rng)
+            if len(killed) < asked:
+                progress(f"--kill {asked}: only {len(killed)} can go (every block index but one keeps a node)")
+            victims = f"{len(killed)} node{'s' if len(killed) != 1 else ''}"
+            progress(f"killing {victims} (SIGKILL)...")
             for proc in killed:
                 proc.signal(signal.SIGKILL)
-            after = Phase(f"{len(killed)} nodes killed")
+            after = Phase(f"{victims} killed")
             classify_many(client, after, samples[opts.requests_per_phase :], rng)
             view = client.get("/v1/nodes").json()
         return summarise([before, after], nodes, killed, view)

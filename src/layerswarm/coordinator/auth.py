@@ -26,6 +26,8 @@ OPEN_PATHS = (
     "/docs",
     "/docs/oauth2-redirect",
 )
+# ... and /docs's own scripts and styles: a browser loading them from the page sends no key.
+OPEN_PREFIXES = ("/static-offline-docs/",)
 
 
 def read_api_keys(path: Path) -> tuple[str, ...]:
@@ -52,6 +54,12 @@ class ApiKeys:
     @property
     def enabled(self) -> bool:
         return bool(self._digests)
+
+    def refusal(self, headers: dict[bytes, bytes]) -> str | None:
+        """Why the request is refused (no key, or one not ours), or None when it carries one of ours."""
+        if _offered_key(headers) is None:
+            return "send an API key: Authorization: Bearer KEY"
+        return None if self.allows(headers) else "the API key is not one of this coordinator's keys"
 
     def allows(self, headers: dict[bytes, bytes]) -> bool:
         """True when the request carries one of the keys (headers: lower-case names, raw values)."""

@@ -13,7 +13,7 @@ import logging
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .auth import OPEN_PATHS, ApiKeys
+from .auth import OPEN_PATHS, OPEN_PREFIXES, ApiKeys
 from .metrics import CoordinatorMetrics
 from .protocol import TIMED_OUT
 
@@ -36,15 +36,19 @@ class FrontDoor:
         self.metrics = metrics
         self.open_paths = open_paths
 
+    def _keyed(self, path: str) -> bool:
+        return path not in self.open_paths and not path.startswith(OPEN_PREFIXES)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         exchange = _Exchange(scope, receive, send)
         try:
-            if self.keys.enabled and scope["path"] not in self.open_paths and not self.keys.allows(exchange.headers):
+            refusal = self.keys.refusal(exchange.headers) if self.keys.enabled and self._keyed(scope["path"]) else None
+            if refusal is not None:
                 scope[REFUSED] = True
-                await exchange.answer(401, "unauthorized", "send an API key: Authorization: Bearer KEY", bearer=True)
+                await exchange.answer(401, "unauthorized", refusal, bearer=True)
             else:
                 await self.app(scope, exchange.receive, exchange.send)
         except ClientDisconnect:
