@@ -121,6 +121,14 @@ async def test_readyz_is_503_with_the_reason_below_the_minimum_depth(family_dirs
             assert reply.status_code == 503
             assert reply.json() == {"status": "not_ready", "detail": "only 1 of 3 blocks reachable, minimum depth is 2"}
             assert (await client.get("/healthz")).status_code == 200  # alive, just not ready
+            # Where repeats are on by default (calibration showed they help), a request with the defaults
+            # is answered, the path filled by running a block again: ready says the same (before: 503
+            # while classify answered 200, so a load balancer took a serving coordinator out).
+            coord.adaptive = dataclasses.replace(coord.adaptive, repeats=True)
+            reply = await client.get("/readyz")
+            assert reply.status_code == 200 and "run some again" in reply.json()["detail"], reply.text
+            result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+            assert result.path.depth == 2 and [h.repeat for h in result.path.hops] == [False, True]
 
 
 async def test_the_request_deadline_cuts_a_slow_hop(family_dirs: list[Path], images: torch.Tensor) -> None:

@@ -258,6 +258,11 @@ class Coordinator:
         need = self.min_blocks
         if depth >= need:
             return True, f"{depth} of {self.config.depth} blocks reachable (minimum {need})"
+        if depth > 0 and self.adaptive.repeats:  # what a request with the defaults does: ready as it is
+            return True, (
+                f"{depth} of {self.config.depth} blocks reachable; requests run some again to reach the minimum "
+                f"depth {need} (repeats: on by default for this model, where calibration showed they help)"
+            )
         return False, f"only {depth} of {self.config.depth} blocks reachable, minimum depth is {need}"
 
     async def classify(self, images: torch.Tensor, opts: ClassifyOptions) -> Classification:
