@@ -58,6 +58,9 @@ def test_family_fine_tunes_members_of_one_family(tmp_path: Path) -> None:
     assert {m.family_id for m in members} == {parent.family_id}  # mergeable with the base and each other
     assert len({m.model_id for m in members} | {parent.model_id}) == 3  # each member is its own model
     assert [m.recipe["seed"] for m in members] == [5, 6]
+    # ... on the base's validation split (seed 0): before, each member's split came from its own seed, so
+    # it validated (stopped early, kept an epoch, reported) on images the base had trained on.
+    assert [m.recipe["split_seed"] for m in members] == [0, 0]
     assert all(m.dataset["spec"] == "shapes1:64:32" for m in members)  # the base's data, by default
     summary = [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("member-")]
     assert summary == ["member-0", "member-1"]  # one summary line per member, after the members' own output

@@ -164,6 +164,12 @@ def test_errors_are_protocol_json_4xx(url: str, client: triton.InferenceServerCl
         assert isinstance(reply.json()["error"], str) and reply.json()["error"]
         newest = httpx.get(f"http://{url}/v1/swarm").json()["requests"][0]
         assert newest["api"] == "v2" and newest["status"] == status  # counted among the page's errors
+    plain, split = (
+        httpx.post(base, content=b"not json"),
+        httpx.post(base, content=b"not json", headers={"Inference-Header-Content-Length": "8"}),
+    )  # the error names the part that is not JSON: the whole body, or the binary extension's header
+    assert plain.json()["error"].startswith("the request body: "), plain.text
+    assert split.json()["error"].startswith("the JSON inference header: "), split.text
     assert httpx.post(f"http://{url}/v2/models/nope/infer", content=b"{}").status_code == 404
     nodes = httpx.get(f"http://{url}/v1/nodes").json()["nodes"]
     assert nodes and all(n["state"] == "healthy" for n in nodes)  # no refusal was counted against a node

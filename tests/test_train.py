@@ -390,3 +390,17 @@ def test_a_validation_split_too_small_to_mean_anything_is_named(
         Trainer(model, few, recipe, torch.device("cpu"), tmp_path)
     (warning,) = [r.getMessage() for r in caplog.records if "validation split" in r.getMessage()]
     assert "holds 12 image(s)" in warning and "8 points" in warning
+
+
+def test_the_validation_split_follows_the_split_seed_not_the_training_seed(data, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Family members train with seeds of their own on their base's split (`layerswarm family` passes it):
+    the split must not move with the training seed, or a member validates on images its base trained on."""
+    model, _ = build_model(data, "layershuffle", None, ARCH, seed=0)
+
+    def val_idx(**seeds: int) -> list[int]:
+        recipe = TrainRecipe(variant="layershuffle", epochs=1, **seeds)  # type: ignore[arg-type]
+        return sorted(Trainer(model, data, recipe, torch.device("cpu"), tmp_path / str(seeds)).val_idx.tolist())
+
+    base = val_idx(seed=0)
+    assert val_idx(seed=5, split_seed=0) == base
+    assert val_idx(seed=5) != base  # without it, the split is the training seed's (a base's own run)

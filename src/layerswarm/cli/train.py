@@ -108,6 +108,13 @@ def register(sub: Subparsers) -> None:
         "--seed", type=non_negative_int, default=R.seed, help="training seed (order of batches, block orders, init)"
     )
     p.add_argument(
+        "--split-seed",
+        type=non_negative_int,
+        default=R.split_seed,
+        help="seed of the validation split (default: --seed); `layerswarm family` passes the base's, so no "
+        "member validates on images its base trained on",
+    )
+    p.add_argument(
         "--data-seed", type=non_negative_int, default=0, help="seed of generated data (keep it equal across a family)"
     )
     p.add_argument("--batch-size", type=positive_int, default=R.batch_size, help="examples per step")

@@ -65,7 +65,9 @@ def parse_request(body: bytes, header_length: int | None) -> InferRequest:
     try:
         doc = parse_json_object(head)  # the front door's strict decoder: nesting, huge numbers, NaN -> 400
     except ApiError as exc:
-        raise ProtocolError(f"request header: {exc.detail}") from exc
+        # KServe's binary extension calls the JSON part the inference header; a plain request is all JSON
+        part = "the JSON inference header" if header_length is not None else "the request body"
+        raise ProtocolError(f"{part}: {exc.detail}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError("request must be a JSON object with a non-empty `inputs` list")
     params = _object(doc.get("parameters", {}), "parameters")

@@ -208,6 +208,10 @@ def family_main(args: argparse.Namespace) -> int:
     if not data:
         raise ValueError("--data is needed (the base manifest names no dataset)")
     data_seed = str(base.dataset.get("data_seed", 0))
+    # The base's validation split, whatever each member's training seed: a member validating on a split
+    # of its own would validate on images its base trained on.
+    split_seed = base.recipe.get("split_seed")
+    split_seed = str(base.recipe.get("seed", 0) if split_seed is None else split_seed)
     outs = [args.out / f"{args.prefix}-{i}" for i in range(args.members)]
     for out in outs:  # before any member trains: not a refusal from member 3 after members 0-2 ran
         check_out_writable(out, overwrite=args.overwrite)
@@ -235,6 +239,8 @@ def family_main(args: argparse.Namespace) -> int:
                 str(args.lr),
                 "--seed",
                 str(args.first_seed + i),
+                "--split-seed",
+                split_seed,
                 "--batch-size",
                 str(args.batch_size),
                 "--device",

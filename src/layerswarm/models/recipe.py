@@ -40,6 +40,10 @@ class TrainRecipe:
     weight_decay: float = 0.0
     warmup_steps: int = 100
     seed: int = 0
+    # The validation split's seed (None: the training seed). A family member takes its base's: with its own
+    # seed, its validation images were ones the base trained on, and its early stopping, kept epoch and
+    # reported accuracy were measured on them.
+    split_seed: int | None = None
     val_fraction: float = 0.1
     augment: bool = True  # small random shifts
     hflip: bool = False  # mirror images in augmentation: wrong wherever left and right carry meaning
@@ -84,7 +88,8 @@ def recipe_changes(saved: dict[str, Any], recipe: TrainRecipe) -> list[str]:
 def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
     """The recipe a `layerswarm train` command line asks for (`overrides`: what the data and model decide)."""
     fields = (
-        *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "threads", "exit_loss"),
+        *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "split_seed"),
+        *("threads", "exit_loss"),
         *("time_budget_s", "patience", "label_smoothing", "drop_path", "mixup"),
     )
     if getattr(args, "token_depth", None):

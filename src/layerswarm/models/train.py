@@ -179,7 +179,8 @@ class Trainer:
             raise ValueError("--mixup is for images: text batches are token ids, which do not blend")
         self.state_dir, self.workers = state_dir, workers
         n_val = max(1, int(len(data.train_y) * recipe.val_fraction))
-        self.val_idx, self.train_idx = held_out_split(data.train_y, n_val, recipe.seed)
+        split_seed = recipe.seed if recipe.split_seed is None else recipe.split_seed
+        self.val_idx, self.train_idx = held_out_split(data.train_y, n_val, split_seed)
         if len(self.train_idx) == 0:
             raise ValueError(f"{len(data.train_y)} training image(s) leave none to train on after the validation split")
         if n_val < FEW_VALIDATION:
