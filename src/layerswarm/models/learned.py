@@ -88,7 +88,8 @@ def against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers:
     record = compare(vit, reference, len(data.class_names))
     record["majority_baseline"] = round(majority_baseline(trainer)[1], 4)  # beside chance: unequal classes
     tqdm.write(
-        f"learned: chance {record['chance']:.3f}, most common class {record['majority_baseline']:.3f}, "
+        f"learned: chance {record['chance']:.3f}, always the training folder's most common class "
+        f"{record['majority_baseline']:.3f}, "
         f"reference CNN {reference.val_acc:.3f} in {reference.seconds:.0f} s, "
         + ", ".join(f"ViT {k} {v:.3f}" for k, v in vit.items()),
         file=sys.stderr,
