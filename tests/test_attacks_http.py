@@ -427,18 +427,22 @@ def test_kserve_infer_uses_the_strict_decoder(client: httpx.Client, body: bytes,
     assert reason in reply.json()["error"]
 
 
-@pytest.mark.parametrize("label", ["\u00b2", "9" * 256])
-def test_a_label_of_odd_digits_is_a_label_not_a_500(client: httpx.Client, label: str) -> None:
-    """A true label may be a class index: "²" is a digit to str.isdigit but int() refuses it, as it refuses
-    4,301 digits or more. Either one answered 500 after the whole classification had run."""
+@pytest.mark.parametrize("label", ["\u00b2", "9" * 256, "no-such-class", "4"])
+def test_a_label_that_names_no_class_is_refused_before_it_runs_never_a_500(client: httpx.Client, label: str) -> None:
+    """A true label may be a class name or index: "²" is a digit to str.isdigit but int() refuses it, as it
+    refuses 4,301 digits or more; either one answered 500 after the whole classification had run. Any
+    label naming no class (4: the tiny model has classes 0-3) then counted as a wrong answer on the swarm
+    page, silently (a typo). Now each API refuses it, with the classes, before anything runs."""
     reply = classify_upload(client, png(), label=label)
-    assert reply.status_code == 200, reply.text
+    assert reply.status_code == 422 and "neither a class of the model (a, b, c, d)" in reply.json()["detail"]
     model = client.get("/v2/models").json()["models"][0]["name"]
     encoded = {"name": "images_encoded", "datatype": "BYTES", "shape": [1], "data": [IMAGE_B64]}
     data = [base64.b64encode(label.encode()).decode()]
     body = {"inputs": [encoded, {"name": "label", "datatype": "BYTES", "shape": [1], "data": data}]}
     reply = client.post(f"/v2/models/{model}/infer", json=body)
-    assert reply.status_code == 200, reply.text
+    assert reply.status_code == 400 and "nor an index 0-3" in reply.json()["error"], reply.text
+    for index_or_name in ("3", "a"):  # what a label may be
+        assert classify_upload(client, png(), label=index_or_name).status_code == 200
 
 
 def test_a_label_longer_than_any_class_name_is_refused_by_every_api(client: httpx.Client) -> None:

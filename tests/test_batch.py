@@ -36,7 +36,8 @@ def test_multipart_batch_one_call_per_hop_each_item_its_answer(client: httpx.Cli
     alone = [single(client, image) for image in images]
     before = served(client)
     files = [("file", (f"{i}.png", image, "image/png")) for i, image in enumerate(images)]
-    labels = [str(a["prediction"]) for a in alone[:3]] + ["zzz"]  # three right, one wrong
+    wrong = next(c for c in "abcd" if c != alone[3]["prediction"])
+    labels = [str(a["prediction"]) for a in alone[:3]] + [wrong]  # three right, one wrong
     reply = client.post("/v1/classify/batch", files=files, data={"top_k": "2", "label": labels})
     assert reply.status_code == 200, reply.text
     body = reply.json()

@@ -117,7 +117,8 @@ def test_labels_feed_the_page_accuracy(url: str, client: triton.InferenceServerC
     before = httpx.get(f"http://{url}/v1/swarm").json()["stats"]["totals"]
     tensors = [triton.InferInput("images_encoded", [2], "BYTES"), triton.InferInput("label", [2], "BYTES")]
     tensors[0].set_data_from_numpy(np.array([image, image], dtype=np.object_))
-    tensors[1].set_data_from_numpy(np.array([truth.encode(), b"not-a-class"], dtype=np.object_))
+    wrong = next(c for c in "abcd" if c != truth)  # a class, just not this image's answer
+    tensors[1].set_data_from_numpy(np.array([truth.encode(), wrong.encode()], dtype=np.object_))
     client.infer(MODEL, tensors)
     after = httpx.get(f"http://{url}/v1/swarm").json()
     totals = after["stats"]["totals"]

@@ -30,7 +30,7 @@ from .imaging import Decoder
 from .kserve_codec import InferRequest, InputTensor, OutputTensor, ProtocolError, encode_response, parse_request
 from .planner import Policy
 from .request_checks import InvalidRequest
-from .serving import Busy, TooThin, classify_batch
+from .serving import Busy, TooThin, classify_batch, model_classes
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data", "classification"]
@@ -61,7 +61,7 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
     cfg = coordinator.config
     name = settings.model_dir.name
     version = coordinator.manifest.model_id
-    classes = cfg.class_names or tuple(str(i) for i in range(cfg.num_classes))
+    classes = model_classes(cfg)
     size = cfg.image_size
     # Room for a full batch of encoded images or of binary FP32 tensors; JSON floats take about three
     # times the bytes, so a full batch of large images has to use the binary extension.
@@ -151,7 +151,7 @@ async def _serve_infer(
     every refusal in the protocol's error format."""
     gate, decoder = request.app.state.gate, request.app.state.decoder
     cfg = coordinator.config
-    classes = cfg.class_names or tuple(str(i) for i in range(cfg.num_classes))
+    classes = model_classes(cfg)
     try:
         async with gate.admit():  # 429 from the headers alone, before any body is read
             body = await gate.read_body(request, body_limit)  # streamed under the limit, in a body slot

@@ -8,6 +8,7 @@ turns the two failures below into its own error format.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -24,6 +25,11 @@ class Busy(Exception):
 
 class TooThin(Exception):
     """Fewer blocks could run than the request's minimum (503)."""
+
+
+def model_classes(config: Any) -> tuple[str, ...]:
+    """The model's class names (a model saved without names: its class indices as text)."""
+    return tuple(config.class_names) or tuple(str(i) for i in range(config.num_classes))
 
 
 def predicted_labels(result: Classification, class_names: Sequence[str]) -> list[str]:
@@ -44,6 +50,14 @@ async def classify_batch(
     item's predicted label. `truths` (labels the client says are right) feed the page's accuracy."""
     settings = coordinator.settings
     batch = int(images.shape[0])
+    names = model_classes(coordinator.config)
+    truths = [_class_name(t, names) for t in truths]
+    unknown = next((t for t in truths if t is not None and t not in names), None)
+    if unknown is not None:  # a typo would count as a wrong answer on the page, silently
+        activity.record_failure(api, batch, 422 if api == "v1" else 400, "invalid_request")
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        last = len(names) - 1
+        raise InvalidRequest(f"label {unknown[:64]!r} is neither a class of the model ({shown}) nor an index 0-{last}")
     if coordinator.in_flight >= settings.max_concurrent_requests:
         activity.record_failure(api, batch, 429, "busy")
         raise Busy(f"{coordinator.in_flight} requests in flight; retry shortly")
@@ -59,9 +73,8 @@ async def classify_batch(
         raise
     finally:
         coordinator.end_request()
-    names = coordinator.config.class_names or tuple(str(i) for i in range(int(result.probs.shape[-1])))
     predictions = predicted_labels(result, names)
-    activity.record_success(api, result, predictions, [_class_name(t, names) for t in truths] or [None] * batch)
+    activity.record_success(api, result, predictions, truths or [None] * batch)
     return result, predictions
 
 
