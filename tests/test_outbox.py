@@ -1,5 +1,5 @@
 """The last node's outbox (node/outbox.py): every run of a request's last step kept, a few at most,
-taken first-come or by digest, bounded in all."""
+until they expire; found first-come or by digest; nothing a Collect does can push a result out."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ def result(data: bytes) -> pb.ForwardResponse:
     return pb.ForwardResponse(activations=pb.Tensor(data=data))
 
 
-async def test_a_take_by_digest_finds_the_chains_run_behind_a_racers() -> None:
+async def test_a_take_by_digest_finds_the_chains_run_behind_a_racers_and_nothing_is_taken_away() -> None:
+    """Any token holder may Collect: a take that removed its result let a node of the chain take the
+    chain's result before the coordinator's collect by digest."""
     box = Outbox()
     box.put("r", result(b"raced"))
     box.put("r", result(b"chain"))
     assert (await box.take("r", 0.1)).activations.data == b"raced"  # type: ignore[union-attr]
-    assert (await box.take("r", 0.1, digest(b"chain"))).activations.data == b"chain"  # type: ignore[union-attr]
-    assert await box.take("r", 0.01, digest(b"chain")) is None  # taken: not kept
+    for _ in range(2):  # a thief's take first, then ours: both get it
+        assert (await box.take("r", 0.1, digest(b"chain"))).activations.data == b"chain"  # type: ignore[union-attr]
 
 
 async def test_a_take_waits_for_its_result_and_one_by_digest_only_for_that_one() -> None:
@@ -48,13 +50,27 @@ async def test_runs_past_the_share_of_a_request_are_refused_before_they_compute(
     box.reserve("another")  # per request id
 
 
-async def test_the_outbox_is_bounded_and_an_evicted_requests_take_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_collects_for_made_up_ids_push_nothing_out_and_their_waiting_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A take made a slot for any request id, so a flood of Collects for made-up ids evicted the chain's
+    own slot (and the last two nodes were failed for the result they could not serve)."""
+    monkeypatch.setattr(outbox_module, "MAX_WAITING", 3)
+    box = Outbox()
+    box.put("chain", result(b"x"))
+    junk = [asyncio.ensure_future(box.take(f"junk-{i}", 5.0)) for i in range(3 + outbox_module.MAX_REQUESTS)]
+    await asyncio.sleep(0.01)
+    assert await box.take("late", 5.0) is None  # the waiting places are full: refused at once, not at 5 s
+    assert (await box.take("chain", 0.01)) is not None  # a kept result is found without waiting
+    for task in junk:
+        task.cancel()
+    await asyncio.gather(*junk, return_exceptions=True)
+
+
+async def test_the_outbox_is_bounded_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(outbox_module, "MAX_RESULTS", 4)
     box = Outbox()
-    waiting = asyncio.ensure_future(box.take("old", 5.0, digest(b"never")))
-    await asyncio.sleep(0.01)
     for i in range(5):
         box.put(f"r{i}", result(b"x"))
-    assert await asyncio.wait_for(waiting, 1.0) is None  # woken when its request id went, not at 5 s
     assert await box.take("r0", 0.01) is None  # the oldest results went first
     assert await box.take("r4", 0.01) is not None

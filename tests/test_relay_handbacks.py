@@ -43,13 +43,14 @@ def test_contradicted_claims_in_a_row_make_a_node_end_chains_only_for_a_while() 
     assert claims.may_forward("a:1")
     assert not claims.contradicted("a:1") and not claims.contradicted("a:1")
     claims.confirmed("a:1")  # a claim that held up starts the count again
-    assert not claims.contradicted("a:1") and not claims.disputed("a:1")  # a disputed claim is a strike too
+    assert not claims.contradicted("a:1") and not claims.contradicted("a:1")
+    claims.disputed("a:1", "b:2")  # no strike: which of the two lied is not known
     assert claims.contradicted("a:1")  # the third in a row
     assert not claims.may_forward("a:1") and claims.may_forward("b:2")
     view = claims.view("a:1", wall=lambda: 5000.0)
     assert view == {
         "handbacks_confirmed": 1,
-        "handbacks_contradicted": 4,
+        "handbacks_contradicted": 5,
         "handbacks_disputed": 1,
         "handbacks_contradicted_in_a_row": 0,
         "chain_end_only_until": 5060.0,
@@ -275,15 +276,15 @@ async def test_only_a_well_formed_answer_contradicts_a_claim(reply: torch.Tensor
     assert answered or "malformed activations" in record.reason
 
 
-async def test_a_node_shortening_its_successors_deadline_bars_itself_with_its_victim(tmp_path: Path) -> None:
+async def test_a_node_shortening_its_successors_deadline_is_kept_apart_from_it_and_bars_nobody(tmp_path: Path) -> None:
     """Before, a node could shorten the deadline it passes on (it is not in the chain's MAC: it shrinks
     at every hop) and the honest next node handed back against its honest successor on every chain:
     contradicted each time, so after three it could only end chains, on a lie told by the node before
     it, which went free. Now every node signs the limits it was given into its trace entry and the
     coordinator holds them against its own clock: such a claim is not probed (the named node is only
     left out of that request: its replica serves), and since the coordinator cannot tell whether the
-    claimer or the node before it lied, both take a strike. The shortener bars itself with its victim,
-    and once it only ends chains it forwards to nobody and can shorten nothing."""
+    shortener or its successor lied, the two are disputed: never adjacent in a chain for a while, so the
+    shortener cannot shorten that node's limits again. Nobody is barred; every request answers in full."""
     served, coord = await in_process_relay_swarm(
         tmp_path, [FaultSpec()] * 4, blocks=[0, 1, 2, 2], verify_rate=None, min_blocks=1
     )
@@ -293,23 +294,23 @@ async def test_a_node_shortening_its_successors_deadline_bars_itself_with_its_vi
         assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 3
         named = reference.path.hops[2].node
         tampering_onward(served[0], lambda request: setattr(request, "deadline_s", 0.002))
-        for _ in range(3):
-            result = await _classify(coord)
-            _answers_in_full(result, reference)
-            (handback,) = result.path.handbacks
-            assert f"({named}, block 2): DEADLINE_EXCEEDED" in handback["reason"], handback
-            assert "for the rest of the chain" in handback["discounted"], handback
-            assert result.path.hops[2].node != named
+        result = await _classify(coord)
+        _answers_in_full(result, reference)
+        (handback,) = result.path.handbacks
+        assert f"({named}, block 2): DEADLINE_EXCEEDED" in handback["reason"], handback
+        assert f"step 1 ({victim}): it was given 0.002 s" in handback["discounted"], handback
+        assert not coord.registry.claims.may_follow(shortener, victim)
+        for _ in range(2):  # the shortener's step runs star; the victim starts the chain and forwards
+            after = await _classify(coord)
+            _answers_in_full(after, reference)
+            assert not after.path.handbacks and [h.outcome for h in after.path.hops] == ["ok", "relayed", "relayed"]
         for address in (shortener, victim):
             tally = coord.registry.claims.get(address)
-            assert tally is not None and (tally.disputed, tally.contradicted) == (3, 0)
-            assert not coord.registry.claims.may_forward(address)
-        after = await _classify(coord)  # the shortener only ends chains: it forwards to nobody
-        _answers_in_full(after, reference)
-        assert not after.path.handbacks and after.path.hops[0].outcome == "ok"
+            assert tally is not None and (tally.disputed, tally.contradicted) == (1, 0)
+            assert coord.registry.claims.may_forward(address)
         assert coord.registry.nodes[named].failed == 0
         scraped = generate_latest(coord.metrics.registry).decode()
-        assert 'layerswarm_relay_handbacks_total{outcome="discounted"} 3.0' in scraped
+        assert 'layerswarm_relay_handbacks_total{outcome="discounted"} 1.0' in scraped
         assert 'outcome="contradicted"' not in scraped
     finally:
         await coord.stop()
@@ -330,3 +331,90 @@ def test_the_limits_a_claimer_was_given_are_held_against_the_coordinators_clock(
     assert given_times_problem(late, sent, step=3, waited_s=9.5) is None
     shortened = pb.HopTrace(given_hop_timeout_s=0.001, given_deadline_s=10.0)
     assert "hop timeout of 0.001 s" in (given_times_problem(shortened, sent, step=1, waited_s=0.5) or "")
+
+
+async def test_a_shortener_two_hops_back_is_the_one_disputed(tmp_path: Path) -> None:
+    """Hostile step 0 passes step 1 a short (but not instantly fatal) deadline. Honest step 1 computes
+    and passes on what is left, less its margin, as every honest node does. Honest step 2 then cannot
+    wait out its honest (merely slowish, 0.6 s < hop timeout) next node and hands back. Checking only
+    the claimer's entry struck steps 2 and 1, both honest, and never the shortener: every entry is
+    checked, and the first with shortened limits (step 1) is disputed with the node before it."""
+    slow = FaultSpec(delay_ms=600.0)
+    served, coord = await in_process_relay_swarm(
+        tmp_path,
+        [FaultSpec(), FaultSpec(), FaultSpec(), slow, slow],
+        blocks=[0, 1, 2, 3, 3],
+        verify_rate=None,
+        min_blocks=1,
+    )
+    shortener, honest1, honest2 = (f"127.0.0.1:{n.port}" for n in served[:3])
+    try:
+        reference = await coord.classify(images(), SEQ)
+        assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 4
+        tampering_onward(served[0], lambda request: setattr(request, "deadline_s", 0.3))
+        for _ in range(3):
+            result = await coord.classify(images(), SEQ)
+            await coord.handbacks.wait()
+            assert result.path.depth == 4
+        claims = coord.registry.claims
+        struck = {a: (claims.get(a).disputed if claims.get(a) else 0) for a in (shortener, honest1, honest2)}
+        barred = {a: not claims.may_forward(a) for a in (shortener, honest1, honest2)}
+        # What must hold: honest nodes are not barred on the shortener's lie, and the shortener pays.
+        assert not barred[honest1] and not barred[honest2], (struck, barred)
+        assert struck[shortener] > 0, struck
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_longer_hop_timeout_passed_on_discounts_no_claim(tmp_path: Path) -> None:
+    """Hostile step 0 passes on a hop timeout 1 us longer than the chain's: no effect on any wait. When a
+    later honest node (step 2) honestly hands back against a node that really died (step 3), an exact
+    comparison discounted the claim: the dead node was never probed and honest nodes took strikes. Only
+    a shorter limit can make an honest node time out early, so only a shorter one is held against it."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path, [FaultSpec()] * 5, blocks=[0, 1, 2, 3, 3], verify_rate=None, min_blocks=1
+    )
+    addresses = [f"127.0.0.1:{n.port}" for n in served]
+    running = list(served)
+    try:
+        reference = await coord.classify(images(), SEQ)
+        assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
+        dead = reference.path.hops[3].node
+        await running.pop(addresses.index(dead)).stop()
+        tampering_onward(served[0], lambda request: setattr(request, "hop_timeout_s", request.hop_timeout_s + 1e-6))
+        for _ in range(2):
+            result = await coord.classify(images(), SEQ)
+            await coord.handbacks.wait()
+            assert result.path.depth == 4
+        claims = coord.registry.claims
+        honest = addresses[1:3]
+        assert all((claims.get(a).disputed if claims.get(a) else 0) == 0 for a in honest), [
+            claims.get(a) for a in honest
+        ]
+        assert coord.registry.nodes[dead].failed >= 1  # the coordinator's own probe would have seen it dead
+    finally:
+        await coord.stop()
+        for node in running:
+            await node.stop()
+
+
+def test_liars_about_their_own_limits_never_bar_their_honest_predecessor() -> None:
+    """Striking both nodes of a dispute let two hostile replicas of the block after honest P each lie
+    about their own limits twice (2 < 3 strikes: neither barred) while P, who told no lie, took 4 and
+    only ended chains. A dispute now keeps the two apart and strikes nobody."""
+    registry = Registry(FamilySpec("f", 3, 5, 32))
+
+    async def probe(*_: object) -> bool:  # pragma: no cover - a discounted claim is never probed
+        return True
+
+    referee = HandbackReferee(registry, probe, 1.0, lambda outcome: None, 8)
+    for hostile in ("h1:1", "h2:2"):
+        for _ in range(2):
+            referee.discount(hostile, "n:3", ("p:0", hostile), "it was given 0.001 s for the rest of the chain")
+    assert all(registry.claims.may_forward(a) for a in ("p:0", "h1:1", "h2:2"))
+    assert not registry.claims.may_follow("p:0", "h1:1") and not registry.claims.may_follow("p:0", "h2:2")
+    assert registry.claims.may_follow("h1:1", "p:0")  # in that order only
+    referee.discount("f:4", "n:3", (None, "f:4"), "it was given 0.001 s")  # the coordinator gave it its limits
+    assert registry.claims.get("f:4").contradicted == 1  # type: ignore[union-attr]  # its own lie

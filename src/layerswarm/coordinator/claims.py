@@ -5,12 +5,17 @@ in it proves that: a hostile node could name an honest successor on every chain 
 So a hand-back never counts against the node it names; the coordinator tries the claim itself (it
 forwards the handed-back activation to that node: handbacks.py) and the outcome counts for the node
 that made the claim: confirmed (the named node did not answer the coordinator in time either) or
-contradicted (it did). A claim made under a deadline or hop timeout the chain cannot have given
-(handbacks.given_times_problem) is disputed: either the claimer lied about its limits or the node
-before it shortened them, and the coordinator cannot tell which, so both take a strike. Neither can
-then get the other barred without being barred as well.
+contradicted (it did).
 
-A node whose claims are contradicted or disputed `strikes` times in a row may only end chains for `bar_s`: the
+Some hand-backs show that one of two adjacent nodes lied without saying which: a node signed that it
+was given a deadline or hop timeout shorter than the chain can have given (handbacks.given_times_problem:
+it lies, or the node before it shortened them), or the named node had already run the step for that
+request (another node of the chain raced it there). No honest chain produces either, and neither node
+can be blamed alone, so the pair is `disputed`: for `bar_s` the two are never adjacent in a chain
+again, and nobody's standing changes. Striking both instead let several liars bar an honest neighbour
+none of them was barred for.
+
+A node whose claims are contradicted `strikes` times in a row may only end chains for `bar_s`: the
 last step of a chain forwards to nobody, so it has nobody to hand back against, and its hop is still
 relayed. That bounds what a framing node gets: `strikes` avoided successors and probes per bar, then
 nothing, while the cost to an honest node wrongly barred (one behind a node that fails chains yet
@@ -36,8 +41,8 @@ MAX_KEYS = 4096  # addresses remembered: each made a hand-back the coordinator c
 class Tally:
     confirmed: int = 0  # claims the coordinator's own probe agreed with
     contradicted: int = 0  # claims against a node that answered the coordinator's probe
-    disputed: int = 0  # claims under limits the chain cannot have given: this node or the one before lied
-    in_a_row: int = 0  # contradicted or disputed since the last confirmed claim or the last bar
+    disputed: int = 0  # disputes it was one side of (this node or its neighbour lied)
+    in_a_row: int = 0  # contradicted since the last confirmed claim or the last bar
     until: float = float("-inf")  # the clock's time before which the node may only end chains
 
 
@@ -54,6 +59,7 @@ class Claims:
         self.bar_s = bar_s
         self.max_keys = max_keys
         self._table: dict[str, Tally] = {}
+        self._apart: dict[tuple[str, str], float] = {}  # (node, next node) -> until when never adjacent
 
     def __len__(self) -> int:
         return len(self._table)
@@ -70,13 +76,20 @@ class Claims:
         tally.contradicted += 1
         return self._strike(tally)
 
-    def disputed(self, address: str) -> bool:
-        """Count a strike for `address` over a claim made under limits the chain cannot have given
-        (the claimer's, and the node's before it: one of them lied, the coordinator cannot tell which).
-        True when this one makes it a node that may only end chains."""
-        tally = self._tally(address)
-        tally.disputed += 1
-        return self._strike(tally)
+    def disputed(self, before: str, after: str) -> None:
+        """One of `before` and `after` (adjacent in a chain, in that order) lied; the coordinator cannot
+        tell which: they are not chained next to each other for `bar_s`."""
+        for address in (before, after):
+            self._tally(address).disputed += 1
+        now = self.clock()
+        self._apart = {pair: until for pair, until in self._apart.items() if until > now}
+        while len(self._apart) >= self.max_keys:  # full: the pair whose parting ends first goes
+            del self._apart[min(self._apart, key=self._apart.__getitem__)]
+        self._apart[(before, after)] = now + self.bar_s
+
+    def may_follow(self, before: str, after: str) -> bool:
+        """Whether `after` may be the step right after `before` in a chain."""
+        return self._apart.get((before, after), float("-inf")) <= self.clock()
 
     def _strike(self, tally: Tally) -> bool:
         tally.in_a_row += 1
@@ -103,7 +116,7 @@ class Claims:
             "handbacks_confirmed": tally.confirmed,
             "handbacks_contradicted": tally.contradicted,
             "handbacks_disputed": tally.disputed,
-            "handbacks_contradicted_in_a_row": tally.in_a_row,
+            "handbacks_contradicted_in_a_row": tally.in_a_row,  # disputes are no strikes
             "chain_end_only_until": round(wall() + left, 3) if left > 0 else None,
         }
 

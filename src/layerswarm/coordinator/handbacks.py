@@ -16,10 +16,14 @@ A claim also counts only if its claimer was given honest limits: the deadline an
 waited under reach it from the node before it, which could shorten them so that an honest node times
 out on its honest successor, again and again, until it may only end chains. The claimer signs what it
 was given into its trace entry, and `given_times_problem` holds that against the coordinator's own
-clock: a claim under limits the chain cannot have given is `discounted`: not probed, the named node
-only left out of that request, and a strike for both the claimer and the node before it, since either
-may have lied (claims.py: disputed). A node shortening its successor's limits thus bars itself along
-with its victim; one lying about its own limits to dodge contradictions is barred as before.
+clock, for every entry of the trace (a shortened limit is passed on, shrinking, to every node after
+it): a claim made after limits were shortened is `discounted`, not probed, the named node only left
+out of that request. The first entry whose limits are impossible shows that it or the node before it
+lied: that pair is disputed (claims.py: never adjacent for a while, nobody's standing changed), or,
+for the chain's first node, which had its limits from the coordinator itself, the lie is its own and
+counts as a contradicted claim. A hand-back because the named node had already run the step (another
+node of the chain raced it there, node/outbox.py) is disputed between the claimer and the named node
+the same way.
 
 One probe per named node at a time: claims against a node already being probed wait for that probe's
 outcome. At most `max_probes` at once: past that a claim is counted `unchecked` and left.
@@ -75,20 +79,31 @@ def forward_probe(registry: Registry, pool: ClientPool, hop_timeout_s: float) ->
 
 
 def given_times_problem(entry: pb.HopTrace, sent: pb.RelayRequest, step: int, waited_s: float) -> str | None:
-    """Why the node of chain step `step` (its signed `entry`) cannot have been given the limits this
-    chain passes on, or None. `sent`: the chain's request as the coordinator sent it; `waited_s`: from
-    sending it to the hand-back's arrival, on the coordinator's clock.
+    """Why the node of chain step `step` (its signed `entry`) cannot have been given limits as long as
+    this chain passes on, or None. `sent`: the chain's request as the coordinator sent it; `waited_s`:
+    from sending it to the hand-back's arrival, on the coordinator's clock. Only shorter limits count
+    (a longer one makes no honest node time out early); NaN never passes.
 
     Every node passes on the hop timeout unchanged, and as deadline what was left of its own less a
     margin (node/relay.py, wire/relay_plan.handback_margin_s). So the deadline that reached step k,
     added to when it arrived, ends no earlier than ours less k margins; and it arrived before its
     node's hand-back reached us."""
-    if entry.given_hop_timeout_s != sent.hop_timeout_s:
+    if not entry.given_hop_timeout_s >= sent.hop_timeout_s:
         given, chain = entry.given_hop_timeout_s, sent.hop_timeout_s
-        return f"it was given a hop timeout of {given:.6g} s, the chain's is {chain:.6g} s"
+        return f"it was given a hop timeout of {given!r} s, the chain's is {chain!r} s"
     least = sent.deadline_s - step * HANDBACK_MARGIN_S - waited_s
-    if entry.given_deadline_s < least - GIVEN_SLACK_S:
+    if not entry.given_deadline_s >= least - GIVEN_SLACK_S:
         return f"it was given {entry.given_deadline_s:.6g} s for the rest of the chain, at least {least:.6g} s was left"
+    return None
+
+
+def first_shortened(trace: list[pb.HopTrace], sent: pb.RelayRequest, waited_s: float) -> tuple[int, str] | None:
+    """The first step of the trace given limits shorter than the chain's (every step after it got
+    what was left of them), and why; None when every step's limits are possible."""
+    for step, entry in enumerate(trace):
+        problem = given_times_problem(entry, sent, step, waited_s)
+        if problem is not None:
+            return step, problem
     return None
 
 
@@ -143,20 +158,44 @@ class HandbackReferee:
         self._tasks.add(task)
         task.add_done_callback(self._probed)
 
-    def discount(self, claimer: str, before: str | None, named: str, why: str) -> None:
-        """A claim made under limits the chain cannot have given (`given_times_problem`): not probed; a
-        strike for the claimer and for `before`, the node that passed it those limits (None: we did,
-        so the claimer lied about them), since the coordinator cannot tell which of them lied."""
+    def handed_back(
+        self,
+        steps: list[str],
+        trace: list[pb.HopTrace],
+        sent: pb.RelayRequest,
+        retry: pb.ForwardRequest,
+        waited_s: float,
+        reason: str,
+    ) -> str | None:
+        """A chain handed back for `reason`: `steps`, its addresses up to the named node (the claimer is
+        `steps[-2]`), `trace` its checked entries, `sent` the chain's request, `retry` the named node's
+        input, `waited_s` until the hand-back came. Probes the claim, or says why not (returned): limits
+        were shortened on the way, or the named node refused because it had already run the step."""
+        claimer, named = steps[-2], steps[-1]
+        shortened = first_shortened(trace, sent, waited_s)
+        if shortened is not None:
+            step, problem = shortened
+            why = f"step {step} ({steps[step]}): {problem}"
+            self.discount(claimer, named, (steps[step - 1] if step else None, steps[step]), why)
+            return why
+        if ": ALREADY_EXISTS:" in reason:
+            why = f"{named} had already run the step for this request: a node of the chain raced it there"
+            self.discount(claimer, named, (claimer, named), why)
+            return why
+        self.claim(claimer, named, retry)
+        return None
+
+    def discount(self, claimer: str, named: str, liar: tuple[str | None, str], why: str) -> None:
+        """A claim not to be probed, since one of the two nodes `liar` (adjacent: the first may be None,
+        the coordinator) lied: a pair disputed, or where the coordinator itself is the first, the
+        second's lie, counted as a contradicted claim."""
         log.warning("hand-back by %s naming %s discounted: %s", claimer, named, why)
         self._count(DISCOUNTED)
-        for address in (claimer, before):
-            if address is not None and self.registry.claims.disputed(address):
-                log.warning(
-                    "node %s: %d disputed or contradicted hand-backs in a row: it only ends relay chains for %.0f s",
-                    address,
-                    self.registry.claims.strikes,
-                    self.registry.claims.bar_s,
-                )
+        before, after = liar
+        if before is not None:
+            self.registry.claims.disputed(before, after)
+        elif self.registry.claims.contradicted(after):
+            log.warning("node %s: hand-backs in a row it could not back: it only ends relay chains for a while", after)
 
     async def wait(self) -> None:
         """Until the probes running now have ended (for tests and shutdown)."""

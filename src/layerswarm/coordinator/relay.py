@@ -38,7 +38,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .chain_trace import Broken, observe_relay_link, trace_problem
 from .clients import ClientPool
 from .executor import PathExecutor
-from .handbacks import HandbackReferee, given_times_problem
+from .handbacks import HandbackReferee
 from .linkmap import COORDINATOR
 from .node_records import NodeRecord
 from .path import DepthError, ExecOptions, Hop, PathResult
@@ -137,6 +137,8 @@ class RelayRunner:
             record = self._pick(step, run)
             if record is None or not _trace_key(record) or step.block in run.used or self._sampled(run, index, record):
                 break
+            if segment and not self.registry.claims.may_follow(segment[-1][1].address, record.address):
+                break  # a disputed pair (claims.py): the chain ends before it
             segment.append((step, record))
             if not self.registry.claims.may_forward(record.address):
                 break
@@ -258,17 +260,14 @@ class RelayRunner:
         handed_back = final is not None and bool(final.handback_reason)
         broken = trace_problem(trace, segment, request, handed_back)
         result: pb.Tensor | None = None
-        if broken is None and final is not None and final.handback_reason:
-            result = final.activations
+        if broken is None and handed_back:
+            result = final.activations if final is not None else None
         elif broken is None:
-            try:
-                result = (await collect).activations
-            except (grpc.aio.AioRpcError, TimeoutError) as exc:
-                broken = Broken(len(segment) - 1, f"collect from the last node failed: {exc}")
+            result = await _collected(collect)
         if not collect.done():
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
-        if broken is None and result is not None and digest(result.data) != trace[-1].output_sha256:
+        if broken is None and not handed_back and (result is None or digest(result.data) != trace[-1].output_sha256):
             result = await self._collect_signed(segment[-1][1], request, trace[-1].output_sha256)
             if result is None:  # the last node signed its output's digest and cannot serve it: it alone
                 last = len(trace) - 1
@@ -284,45 +283,31 @@ class RelayRunner:
             after_step = run.depth + len(trace) - 1
             handback = {"kind": "handed_back", "after_step": after_step, "reason": final.handback_reason}
             if len(trace) < len(segment) and result is not None:
+                if ": ALREADY_EXISTS:" not in final.handback_reason:  # a duplicate refused: no failure
+                    run.avoid.add(segment[len(trace)][1].address)  # a claim: only left out of this request
                 retry = pb.ForwardRequest(  # the named node's input: what the claimer says it could not pass on
                     request_id=f"{request.forward.request_id}-probe",
                     activations=result,
                     position=request.chain[len(trace)].position,
                     path_length=request.forward.path_length,
                 )
-                given = given_times_problem(trace[-1], request, len(trace) - 1, waited_s)
-                self._handed_back(run, segment[: len(trace) + 1], retry, given)
-                if given is not None:
-                    handback["discounted"] = given
+                steps = [r.address for _, r in segment[: len(trace) + 1]]
+                if self.referee is not None:  # it probes the claim, or says why it will not
+                    discounted = self.referee.handed_back(steps, trace, request, retry, waited_s, final.handback_reason)
+                    handback.update({"discounted": discounted} if discounted else {})
         return ChainResult(x, hops, handback)
 
     async def _collect_signed(self, last: NodeRecord, request: pb.RelayRequest, sha256: str) -> pb.Tensor | None:
-        """The result the last node signed, when the first it served was another run of its step (any
-        node of the chain could have run it first: node/outbox.py)."""
+        """The result the last node signed, when the Collect opened with the chain gave another run of
+        its step (any node of the chain could have run it first) or none (Collects for made-up request
+        ids can fill the node's waiting places: node/outbox.py)."""
         rid = request.forward.request_id
-        log.warning("relay %s: %s served a result other than the one it signed; collecting that", rid, last.address)
+        log.warning("relay %s: %s served no result or another; collecting the one it signed", rid, last.address)
         try:
             reply = await self.pool.get(last.address).collect(rid, request.hop_timeout_s, sha256)
         except (grpc.aio.AioRpcError, TimeoutError):
             return None
         return reply.activations if digest(reply.activations.data) == sha256 else None
-
-    def _handed_back(
-        self, run: _Run, upto: list[tuple[Step, NodeRecord]], retry: pb.ForwardRequest, given: str | None
-    ) -> None:
-        """The claimer (`upto[-2]`: the last node of the checked trace; its signed entry vouches for no
-        entry after it, so no node before it can hand back in its name) says the named node (`upto[-1]`)
-        failed. Only a claim: the named node is left out of this request, so an honest hand-back costs
-        nothing more, and the coordinator's own probe decides whether it failed (handbacks.py), unless
-        the claimer was given limits this chain cannot have given (`given`: why): then the claimer and
-        the node before it, if any, take a strike instead."""
-        claimer, named = upto[-2][1].address, upto[-1][1].address
-        run.avoid.add(named)
-        if self.referee is not None and given is not None:
-            before = upto[-3][1].address if len(upto) >= 3 else None
-            self.referee.discount(claimer, before, named, given)
-        elif self.referee is not None:
-            self.referee.claim(claimer, named, retry)
 
     def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:
         try:
@@ -365,3 +350,12 @@ class RelayRunner:
 
 def _trace_key(record: NodeRecord) -> bytes:
     return record.identity.trace_key if record.identity is not None else b""
+
+
+async def _collected(collect: asyncio.Future[pb.ForwardResponse]) -> pb.Tensor | None:
+    """The Collect opened with the chain: its result, or None (logged) when it failed."""
+    try:
+        return (await collect).activations
+    except (grpc.aio.AioRpcError, TimeoutError) as exc:
+        log.info("relay collect failed: %s", exc)
+        return None

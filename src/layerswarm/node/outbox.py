@@ -5,9 +5,11 @@ step's node, with an input of its own: that node cannot tell such a run from the
 kept only the first result for a request id, the coordinator collected the early one, its digest was
 not the one the node signed for the chain's run, and the honest node was failed for it. So a node
 keeps each result it made for a request id, a few at most (`PER_REQUEST`; runs past that are refused
-before they compute, never evicting one kept), and the coordinator, when the first it collects is not
-the one the trace names, collects again by digest (coordinator/relay.py). Filling the slots before the
-chain arrives gets the chain's own run refused: its predecessor hands back, a claim like any other.
+before they compute, never evicting one kept), until it expires (a Collect takes a copy: see `take`),
+and the coordinator, when the first it collects is not the one the trace names, collects again by
+digest (coordinator/relay.py). Filling the slots before the chain arrives gets the chain's own run
+refused (`ALREADY_EXISTS`): the coordinator takes its predecessor's hand-back for a dispute between the
+two, never a failure (coordinator/claims.py).
 
 Bounded: at most `MAX_RESULTS` results in all and `MAX_REQUESTS` request ids (the oldest request ids
 go first), each for at most `TTL_S`.
@@ -26,6 +28,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 MAX_RESULTS = 256  # results kept for Collect, all request ids together
 MAX_REQUESTS = 256  # request ids remembered (with their runs counted)
 PER_REQUEST = 4  # runs of one request id's last step kept (the chain's and a racer's few)
+MAX_WAITING = 256  # Collects waiting at once for a result not kept yet
 TTL_S = 30.0
 
 
@@ -38,23 +41,17 @@ class _Slot:
     created: float
     results: list[pb.ForwardResponse] = field(default_factory=list)
     runs: int = 0  # reserved: results, and runs still computing
-    arrived: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def find(self, sha256: str) -> pb.ForwardResponse | None:
         """The first result, or with `sha256` the one whose activations have that digest."""
         return next((r for r in self.results if not sha256 or digest(r.activations.data) == sha256), None)
 
-    def announce(self) -> None:
-        """Wake every waiting take (each then looks again, or sees the slot gone), and be ready for the
-        next result."""
-        if not self.arrived.done():
-            self.arrived.set_result(None)
-        self.arrived = asyncio.get_running_loop().create_future()
-
 
 class Outbox:
     def __init__(self) -> None:
         self._slots: OrderedDict[str, _Slot] = OrderedDict()
+        self._waiting = 0  # Collects waiting for a result not kept yet
+        self._changed: asyncio.Future[None] | None = None  # woken on every result kept
 
     def reserve(self, request_id: str) -> None:
         """Count one more run of `request_id`'s last step here; OutboxFull past `PER_REQUEST`."""
@@ -64,26 +61,39 @@ class Outbox:
         slot.runs += 1
 
     def put(self, request_id: str, reply: pb.ForwardResponse) -> None:
-        slot = self._slot(request_id)
-        slot.results.append(reply)
+        self._slot(request_id).results.append(reply)
         self._evict(time.monotonic())
-        slot.announce()
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
 
     async def take(self, request_id: str, timeout: float, sha256: str = "") -> pb.ForwardResponse | None:
         """The first result kept for `request_id` (or, with `sha256`, the one with that digest), once
-        there is one, within `timeout`; None if none came. A result taken is not kept."""
-        slot = self._slot(request_id)
+        there is one, within `timeout`; None if none came, or when `MAX_WAITING` Collects already wait.
+
+        A result stays kept until it expires: any token holder may call Collect, and a take that
+        removed it would let a node of the chain take the chain's result before the coordinator could.
+        A take never makes a slot (only a run of the step does), so Collects for made-up request ids
+        cannot push a chain's result out; they can only fill the waiting places, and the coordinator,
+        refused one, collects again by digest once the chain's result is kept (coordinator/relay.py)."""
         end = time.monotonic() + timeout
-        while (found := slot.find(sha256)) is None:
+        while (found := self._find(request_id, sha256)) is None:
             left = end - time.monotonic()
-            if left <= 0 or self._slots.get(request_id) is not slot:
+            if left <= 0 or self._waiting >= MAX_WAITING:
                 return None
+            if self._changed is None or self._changed.done():
+                self._changed = asyncio.get_running_loop().create_future()
+            self._waiting += 1
             try:
-                await asyncio.wait_for(asyncio.shield(slot.arrived), left)
+                await asyncio.wait_for(asyncio.shield(self._changed), left)
             except asyncio.TimeoutError:
                 return None
-        slot.results.remove(found)
+            finally:
+                self._waiting -= 1
         return found
+
+    def _find(self, request_id: str, sha256: str) -> pb.ForwardResponse | None:
+        slot = self._slots.get(request_id)
+        return None if slot is None else slot.find(sha256)
 
     def _slot(self, request_id: str) -> _Slot:
         now = time.monotonic()
@@ -100,4 +110,3 @@ class Outbox:
             if len(self._slots) <= MAX_REQUESTS and results <= MAX_RESULTS and now - oldest.created < TTL_S:
                 return
             self._slots.popitem(last=False)
-            oldest.announce()  # its waiting takes look again and find it gone
