@@ -58,7 +58,7 @@ async def test_collects_for_made_up_ids_push_nothing_out_and_their_waiting_is_bo
     monkeypatch.setattr(outbox_module, "MAX_WAITING", 3)
     box = Outbox()
     box.put("chain", result(b"x"))
-    junk = [asyncio.ensure_future(box.take(f"junk-{i}", 5.0)) for i in range(3 + outbox_module.MAX_REQUESTS)]
+    junk = [asyncio.ensure_future(box.take(f"junk-{i}", 5.0)) for i in range(3 + outbox_module.MAX_RESULTS)]
     await asyncio.sleep(0.01)
     assert await box.take("late", 5.0) is None  # the waiting places are full: refused at once, not at 5 s
     assert (await box.take("chain", 0.01)) is not None  # a kept result is found without waiting
@@ -67,10 +67,16 @@ async def test_collects_for_made_up_ids_push_nothing_out_and_their_waiting_is_bo
     await asyncio.gather(*junk, return_exceptions=True)
 
 
-async def test_the_outbox_is_bounded_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_full_outbox_refuses_new_runs_and_keeps_what_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evicting the oldest let a node replaying old chains push out the result a last node had just
+    signed for (and the last node was failed for not serving it): a run past the bound is refused."""
     monkeypatch.setattr(outbox_module, "MAX_RESULTS", 4)
     box = Outbox()
-    for i in range(5):
+    for i in range(4):
+        box.reserve(f"r{i}")
         box.put(f"r{i}", result(b"x"))
-    assert await box.take("r0", 0.01) is None  # the oldest results went first
-    assert await box.take("r4", 0.01) is not None
+    with pytest.raises(OutboxFull, match="outbox full"):
+        box.reserve("r4")
+    assert all([await box.take(f"r{i}", 0.01) is not None for i in range(4)])
+    monkeypatch.setattr(outbox_module, "TTL_S", 0.0)  # once they expire, room again
+    box.reserve("r4")

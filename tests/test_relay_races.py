@@ -123,10 +123,11 @@ async def test_a_node_filling_the_last_nodes_runs_cannot_get_the_node_before_it_
 
 
 def _flooding_collects(node: FaultyNode, opened: list[Any]) -> None:
-    """On each chain, open MAX_REQUESTS + 8 Collects for made-up request ids on the last node (any
-    token holder may call Collect; each take creates a slot), so the chain's own slot, the oldest,
-    is evicted and the coordinator's waiting Collect gives up; then go on honestly."""
-    from layerswarm.node.outbox import MAX_REQUESTS
+    """On each chain, open MAX_WAITING + 8 Collects for made-up request ids on the last node (any token
+    holder may call Collect): before, each take made a slot and the chain's own, the oldest, was
+    evicted; now they fill the waiting places, and the coordinator's own Collect may be refused (its
+    collect by digest follows); then go on honestly."""
+    from layerswarm.node.outbox import MAX_WAITING
 
     relay = node.relayer.relay
 
@@ -134,7 +135,7 @@ def _flooding_collects(node: FaultyNode, opened: list[Any]) -> None:
         client = NodeClient(request.chain[-1].address, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
         await client.info(2.0)
         rid = request.forward.request_id
-        calls = [asyncio.ensure_future(client.collect(f"{rid}-junk{i}", 3.0)) for i in range(MAX_REQUESTS + 8)]
+        calls = [asyncio.ensure_future(client.collect(f"{rid}-junk{i}", 3.0)) for i in range(MAX_WAITING + 8)]
         opened.append((client, calls))
         await asyncio.sleep(1.0)  # they reach the last node
         async for event in relay(request, handle):

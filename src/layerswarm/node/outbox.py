@@ -11,8 +11,9 @@ digest (coordinator/relay.py). Filling the slots before the chain arrives gets t
 refused (`ALREADY_EXISTS`): the coordinator takes its predecessor's hand-back for a dispute between the
 two, never a failure (coordinator/claims.py).
 
-Bounded: at most `MAX_RESULTS` results in all and `MAX_REQUESTS` request ids (the oldest request ids
-go first), each for at most `TTL_S`.
+Bounded: at most `MAX_RESULTS` runs kept or computing, each for at most `TTL_S`. A run past that is
+refused, never one kept evicted: a node replaying old chains could otherwise push out the result a
+chain's last node had just signed for.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ from dataclasses import dataclass, field
 from layerswarm.wire.relay_plan import digest
 from layerswarm.wire.v1 import block_pb2 as pb
 
-MAX_RESULTS = 256  # results kept for Collect, all request ids together
-MAX_REQUESTS = 256  # request ids remembered (with their runs counted)
+MAX_RESULTS = 256  # runs kept for Collect or computing, all request ids together
 PER_REQUEST = 4  # runs of one request id's last step kept (the chain's and a racer's few)
 MAX_WAITING = 256  # Collects waiting at once for a result not kept yet
 TTL_S = 30.0
 
 
 class OutboxFull(Exception):
-    """This request id has had its share of runs here: the caller is refused before computing."""
+    """This request id has had its share of runs here, or the outbox is full: refused before computing."""
 
 
 @dataclass
@@ -55,14 +55,18 @@ class Outbox:
 
     def reserve(self, request_id: str) -> None:
         """Count one more run of `request_id`'s last step here; OutboxFull past `PER_REQUEST`."""
+        self._expire(time.monotonic())
+        runs = sum(s.runs for s in self._slots.values())
+        if runs >= MAX_RESULTS:
+            raise OutboxFull(f"outbox full: {runs} results kept for Collect or computing")
         slot = self._slot(request_id)
         if slot.runs >= PER_REQUEST:
             raise OutboxFull(f"request {request_id!r} already ran here {slot.runs} times")
         slot.runs += 1
 
     def put(self, request_id: str, reply: pb.ForwardResponse) -> None:
+        self._expire(time.monotonic())
         self._slot(request_id).results.append(reply)
-        self._evict(time.monotonic())
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
 
@@ -100,13 +104,8 @@ class Outbox:
         slot = self._slots.get(request_id)
         if slot is None:
             slot = self._slots[request_id] = _Slot(now)
-        self._evict(now)
         return slot
 
-    def _evict(self, now: float) -> None:
-        while self._slots:
-            oldest = next(iter(self._slots.values()))
-            results = sum(len(s.results) for s in self._slots.values())
-            if len(self._slots) <= MAX_REQUESTS and results <= MAX_RESULTS and now - oldest.created < TTL_S:
-                return
+    def _expire(self, now: float) -> None:
+        while self._slots and now - next(iter(self._slots.values())).created >= TTL_S:
             self._slots.popitem(last=False)
