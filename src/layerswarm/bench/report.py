@@ -23,6 +23,7 @@ def render(r: dict[str, Any]) -> str:
         ("node_footprint", lambda r: _node_footprint(r["node_footprint"])),
         ("adaptive", lambda r: render_adaptive(r["adaptive"])),
         ("edge_lan", lambda r: [render_edge_lan(r["edge_lan"])]),
+        ("cuda", _cuda),
     ]
     sections = [_header(r)] + [table(r) for key, table in tables if key in r]
     return "\n\n".join("\n".join(lines) for lines in sections)
@@ -33,16 +34,18 @@ def _throughput(r: dict[str, Any]) -> list[str]:
     cpu = f"nodes {t['swarm_nodes_cpu_s']} + coordinator {t['swarm_coordinator_cpu_s']} CPU-s"
     cpu += f"; {t['swarm_cores_busy']} cores busy"
     rows = [_row(f"swarm, {t['concurrent']} concurrent batch-1 requests", t["swarm_images_per_s"], t["ratio"], cpu)]
-    if "vitb_throughput_blocking_checks" in r:  # its own rounds, against the monolith interleaved with them
-        b = r["vitb_throughput_blocking_checks"]
-        b_cpu = f"nodes {b['swarm_nodes_cpu_s']} + coordinator {b['swarm_coordinator_cpu_s']} CPU-s"
-        b_cpu += f"; {b['swarm_cores_busy']} cores busy"
-        rows.append(_row("swarm, the same, spot checks blocking", b["swarm_images_per_s"], b["ratio"], b_cpu))
-    if "vitb_throughput_relay" in r:  # its own rounds, against the monolith interleaved with them
-        relay = r["vitb_throughput_relay"]
-        relay_cpu = f"nodes {relay['swarm_nodes_cpu_s']} + coordinator {relay['swarm_coordinator_cpu_s']} CPU-s"
-        relay_cpu += f"; {relay['swarm_cores_busy']} cores busy"
-        rows.append(_row("swarm, the same, relay chains", relay["swarm_images_per_s"], relay["ratio"], relay_cpu))
+    variants = [
+        ("vitb_throughput_blocking_checks", "swarm, the same, spot checks blocking"),
+        ("vitb_throughput_relay", "swarm, the same, relay chains"),
+        ("vitb_throughput_no_spot_checks", "swarm, the same, no spot checks"),
+    ]
+    for key, label in variants:  # each its own rounds, against the monolith interleaved with them
+        if key in r:
+            v = r[key]
+            v_cpu = f"nodes {v['swarm_nodes_cpu_s']} + coordinator {v['swarm_coordinator_cpu_s']} CPU-s"
+            rows.append(
+                _row(label, v["swarm_images_per_s"], v["ratio"], f"{v_cpu}; {v['swarm_cores_busy']} cores busy")
+            )
     rows.append(
         _row(f"monolith, 2 threads, batch {t['concurrent']}", t["monolith_2_threads_images_per_s"], "1.000", "-")
     )
@@ -55,6 +58,16 @@ def _throughput(r: dict[str, Any]) -> list[str]:
             f"A block's compute in a node (its own timer): {i['block_in_turn_ms']} ms called in turn with "
             f"the other nodes, {i['block_back_to_back_ms']} ms called back to back.",
         ]
+    return lines
+
+
+def _cuda(r: dict[str, Any]) -> list[str]:
+    """The same tables with CUDA nodes; every monolith row there ran on the same GPU (its "threads" are
+    the CPU threads that launch its kernels)."""
+    c = r["cuda"]
+    lines = [f"**With CUDA nodes: 12 node processes on one {c['device']}, the monolith on the same GPU**"]
+    for table in (_vitb, _throughput, _hop):
+        lines += ["", *table(c)]
     return lines
 
 

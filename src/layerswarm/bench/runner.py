@@ -113,11 +113,33 @@ def run_vitb(quick: bool, reps: int) -> dict[str, Any]:
             report["vitb_throughput_relay"] = _run(
                 vitb.concurrent_throughput(model_dir, procs, 16, 2 if quick else 6, topology="relay", token_file=token)
             )
-        if torch.cuda.is_available():  # the same ratio on the GPU, where there is one; never required
-            with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:
-                report["vitb_swarm_vs_monolith_cuda"] = _run(
-                    vitb.swarm_vs_monolith(model_dir, procs, reps, [("fp16", "stream")], device="cuda")
-                )
+    if torch.cuda.is_available():  # the same figures on the GPU, where there is one; never required
+        report["cuda"] = run_cuda(quick, reps)
+    return report
+
+
+def run_cuda(quick: bool, reps: int) -> dict[str, Any]:
+    """The loopback figures again with 12 CUDA nodes sharing one GPU, against the monolith on the same
+    GPU: latency at batch 1, throughput at 16 concurrent, and one hop (its copies to and from the GPU
+    included) against the TCP floor."""
+    if not torch.cuda.is_available():
+        raise SystemExit("bench --only cuda: torch sees no CUDA GPU on this machine")
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name()}
+    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+        model_dir = vitb_model_dir(Path(tmp))
+        with nodes([(model_dir, b) for b in range(12)], "--device", "cuda") as procs:
+            configs = [("fp32", "stream"), ("fp16", "stream")]
+            report["vitb_swarm_vs_monolith"] = _run(
+                vitb.swarm_vs_monolith(model_dir, procs, reps, configs, device="cuda")
+            )
+            rounds = 2 if quick else 6
+            report["vitb_throughput"] = _run(vitb.concurrent_throughput(model_dir, procs, 16, rounds, device="cuda"))
+            # The coordinator re-executes its spot checks on its own CPU: against GPU nodes that may be
+            # what limits throughput, so the same rounds again without them.
+            report["vitb_throughput_no_spot_checks"] = _run(
+                vitb.concurrent_throughput(model_dir, procs, 16, rounds, device="cuda", spot_checks=False)
+            )
+            report["hop_vs_floor"] = _run(hop.hop_vs_floor(model_dir, procs[0], reps))
     return report
 
 
@@ -144,6 +166,10 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
             model_dir = vitb_model_dir(Path(tmp))
             with nodes([(model_dir, 0)]) as procs:
                 report["hop_vs_floor"] = _run(hop.hop_vs_floor(model_dir, procs[0], reps * 2))
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
+    if only == "cuda":
+        report["cuda"] = run_cuda(quick, reps)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     if only == "process-ring":

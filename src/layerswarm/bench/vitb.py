@@ -184,20 +184,26 @@ async def concurrent_throughput(
     topology: str = "star",
     token_file: Path | None = None,
     deferred_checks: bool = True,
+    device: str = "cpu",
+    spot_checks: bool = True,
 ) -> dict[str, Any]:
     """Images per second: `concurrent` batch-1 requests at once through the swarm (fp16 streams, the
     default; nodes micro-batch what queues up) against the monolith on both cores at batch
     `concurrent`, interleaved round by round. Relay chains (`topology`, nodes with the swarm token in
     `token_file`) move 13 activations a request instead of star's 24, and none through the coordinator
     but its two legs. `deferred_checks` False: each spot check blocks its hop (as before they were
-    confirmed while the path goes on)."""
+    confirmed while the path goes on); `spot_checks` False: none at all. `device`: where the monolith runs (the
+    nodes' own flag says theirs)."""
     model, _ = load_model(model_dir)
+    model = model.to(device)
     images = torch.rand(concurrent, 3, model.cfg.image_size, model.cfg.image_size)
+    on_device = images.to(device)
     coord = coordinator(
         model_dir,
         addresses(procs),
         "fp16",
         "stream",
+        spot_checks=spot_checks,
         topology=topology,
         token_file=token_file,
         deferred_checks=deferred_checks,
@@ -210,7 +216,7 @@ async def concurrent_throughput(
         for rep in range(rounds + 1):  # one warm-up round (every node's probation is in it)
             torch.set_num_threads(2)
             with torch.inference_mode():
-                monolith = timed(lambda: model(images))
+                monolith = timed(lambda: _sync(model(on_device)))
             torch.set_num_threads(1)  # the coordinator's stem and head, as in the latency runs
             nodes_cpu, own_cpu = sum(cpu_seconds(p.pid) for p in procs), time.process_time()
             reexecuted = _reexecuted(coord)
@@ -233,7 +239,9 @@ async def concurrent_throughput(
     monolith_rate = concurrent / (median_ms(monolith_s) / 1e3)
     return {
         "topology": topology,
+        "monolith_device": device,
         "deferred_checks": deferred_checks,
+        "spot_checks": spot_checks,
         "concurrent": concurrent,
         "rounds": rounds,
         "swarm_images_per_s": round(swarm_rate, 3),
