@@ -492,3 +492,42 @@ async def test_a_node_racing_the_last_step_with_its_own_input_cannot_get_the_las
         await coord.stop()
         for node in served:
             await node.stop()
+
+
+@pytest.mark.parametrize("wrong", ["block", "trace_key"])
+async def test_a_node_pointed_at_another_nodes_step_refuses_it_before_computing(tmp_path: Path, wrong: str) -> None:
+    """The plan MAC does not cover `index`: a caller holding the token could point a node at another
+    node's step (that step's position, its onward link). A node refuses a step that names another block
+    or another trace key than its own, with INVALID_ARGUMENT, and computes nothing; its own step runs."""
+    model = make_model_dir(tmp_path / "m", depth=2)
+    security = SecuritySettings(token=TOKEN)
+    node = FaultyNode(
+        NodeSettings(model_dir=model, block=0, advertise=False, security=security, grace_s=0.1), FaultSpec()
+    )
+    await node.start()
+    address = f"127.0.0.1:{node.port}"
+    client = NodeClient(address, 64 * 1024 * 1024, transport="unary", security=security)
+    own_key = node.relayer.signer.public
+
+    def request(block: int, trace_key: bytes) -> pb.RelayRequest:
+        chain = [pb.RelayStep(address=address, position=1, block=block, trace_key=trace_key)]
+        forward = pb.ForwardRequest(request_id="r", activations=codec.encode(torch.zeros(1, 5, 32)), position=1)
+        mac = plan_mac(derive_key(TOKEN), "r", 1, chain, collect=False)
+        return pb.RelayRequest(
+            forward=forward, chain=chain, plan_mac=mac, issued_ms=1, hop_timeout_s=2.0, deadline_s=10.0
+        )
+
+    try:
+        await client.info(2.0)
+        wrong_step = request(1, own_key) if wrong == "block" else request(0, bytes(32))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.relay(wrong_step, 10.0)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "relay step 0 refused" in (refused.value.details() or "")
+        assert node.runtime.served == 0
+        events = await client.relay(request(0, own_key), 10.0)  # its own step, named rightly
+        assert not events[-1].handback_reason and events[-1].HasField("activations")
+        assert node.runtime.served == 1
+    finally:
+        await client.close()
+        await node.stop()

@@ -49,9 +49,15 @@ class RelayRefused(Exception):
 
 class Relayer:
     def __init__(
-        self, security: SecuritySettings, max_message_bytes: int, max_hops: int = MAX_RELAY_HOPS, streams: bool = True
+        self,
+        security: SecuritySettings,
+        max_message_bytes: int,
+        max_hops: int = MAX_RELAY_HOPS,
+        streams: bool = True,
+        block: int | None = None,
     ) -> None:
         self.key = derive_key(security.token) if security.token else None
+        self.block = block  # the block this node serves: a chain step naming another is not ours
         self.max_hops = max_hops
         self.streams = streams  # forward over one long-lived RelayStream per next node (else a call per chain)
         # Under TLS a node forwards only with its relay certificate (its own is serverAuth only).
@@ -77,11 +83,24 @@ class Relayer:
             check_plan(self.key, request, self.max_hops)
         except PlanError as exc:
             raise RelayRefused(grpc.StatusCode.PERMISSION_DENIED, f"relay chain refused: {exc}") from exc
+        problem = self._not_our_step(request.chain[request.index])
+        if problem is not None:
+            raise RelayRefused(grpc.StatusCode.INVALID_ARGUMENT, f"relay step {request.index} refused: {problem}")
         if not self.can_forward and request.index < len(request.chain) - 1:
             raise RelayRefused(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "this node has no relay certificate (--tls-relay-cert) to forward a chain under mutual TLS",
             )
+
+    def _not_our_step(self, step: pb.RelayStep) -> str | None:
+        """The plan MAC proves the chain is the coordinator's, but not which step the caller says we are
+        (`index`): pointed at another node's step, we would run its position and forward past the steps
+        between. So the step must name our block and, where it names a trace key, ours."""
+        if self.block is not None and step.block != self.block:
+            return f"it names block {step.block}; this node serves block {self.block}"
+        if step.trace_key and step.trace_key != self.signer.public:
+            return "it names another trace key than this node's (another node's, or ours before a restart)"
+        return None
 
     async def relay(self, request: pb.RelayRequest, handle: Handle) -> AsyncIterator[pb.RelayEvent]:
         """Raises RelayRefused (before any event) or the hop's own RequestError; then yields events."""

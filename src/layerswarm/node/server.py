@@ -64,7 +64,9 @@ class Node:
         self.manifest = read_manifest(settings.model_dir)
         device = pick_device(settings.device)
         self.runtime = self.make_runtime(device)
-        self.relayer = Relayer(settings.security, settings.max_message_bytes, streams=settings.relay_streams)
+        self.relayer = Relayer(
+            settings.security, settings.max_message_bytes, streams=settings.relay_streams, block=settings.block
+        )
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
         self.health = HealthServicer()
         token = settings.security.token
