@@ -440,3 +440,12 @@ def test_a_host_this_machine_cannot_listen_on_names_the_host_flag(command: str) 
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"layerswarm {command}: error: {flag} {host}: "), result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_bench_only_cuda_without_a_gpu_is_one_line_naming_the_flag() -> None:
+    result = run_cli("bench", "--only", "cuda")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "layerswarm bench: error: --only cuda: torch sees no CUDA GPU on this machine (the other suites run on the CPU)"
+    )

@@ -122,8 +122,6 @@ def run_cuda(quick: bool, reps: int) -> dict[str, Any]:
     """The loopback figures again with 12 CUDA nodes sharing one GPU, against the monolith on the same
     GPU: latency at batch 1, throughput at 16 concurrent, and one hop (its copies to and from the GPU
     included) against the TCP floor."""
-    if not torch.cuda.is_available():
-        raise SystemExit("bench --only cuda: torch sees no CUDA GPU on this machine")
     report: dict[str, Any] = {"device": torch.cuda.get_device_name()}
     with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
         model_dir = vitb_model_dir(Path(tmp))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .base import Subparsers, add_command
+from .base import Subparsers, UsageError, add_command
 
 
 def register(sub: Subparsers) -> None:
@@ -34,6 +34,11 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from layerswarm.bench.runner import main as bench_main
+
+    if args.only == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--only cuda: torch sees no CUDA GPU on this machine (the other suites run on the CPU)")
 
     return bench_main(args.quick, args.json, args.markdown, args.only)
