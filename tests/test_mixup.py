@@ -19,8 +19,9 @@ from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.commands import inherited_augmentation
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.data import Dataset
+from layerswarm.models.objective import Mix, label_loss, mixup_batch, training_loss
 from layerswarm.models.recipe import TrainRecipe
-from layerswarm.models.train import Mix, Trainer, label_loss, mixup_batch, training_loss
+from layerswarm.models.train import Trainer
 from layerswarm.models.vit import ViT
 
 CLASSES = 4

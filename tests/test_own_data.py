@@ -17,9 +17,10 @@ from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.commands import inherited_augmentation
 from layerswarm.models.config import patch_size_for
 from layerswarm.models.data import load_dataset
+from layerswarm.models.objective import augment
 from layerswarm.models.reference import ReferenceResult, compare, far_behind_warning, train_reference
 from layerswarm.models.synthetic import RELATION_CLASSES, RELATIONS, TASKS, _relation_centres, image, write
-from layerswarm.models.train import TrainRecipe, _augment
+from layerswarm.models.train import TrainRecipe
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
@@ -77,9 +78,9 @@ def test_flips_are_off_by_default_and_on_when_asked() -> None:
     shifts = [padded[..., dy : dy + 4, dx : dx + 4] for dy in range(5) for dx in range(5)]  # zero-filled moves
     gen = torch.Generator().manual_seed(0)
     for _ in range(10):  # never a mirror image without hflip: only each image moved by a few pixels
-        out = _augment(images, gen, hflip=False)
+        out = augment(images, gen, hflip=False)
         assert all(any(torch.equal(out[i], s[i]) for s in shifts) for i in range(2))
-    outputs = [_augment(images, gen, hflip=True)[0] for _ in range(20)]
+    outputs = [augment(images, gen, hflip=True)[0] for _ in range(20)]
     flipped = [not any(torch.equal(out, s[0]) for s in shifts) for out in outputs]  # a move of the mirror image
     assert any(flipped)
 

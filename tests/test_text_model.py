@@ -12,6 +12,7 @@ import torch
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import ModelDirError, load_model, read_manifest
 from layerswarm.models.config import VARIANTS, ViTConfig
+from layerswarm.models.objective import evaluate_loss
 from layerswarm.models.text.commands import model_tokenizer
 from layerswarm.models.text.data import (
     KEY_WORDS,
@@ -30,7 +31,7 @@ from layerswarm.models.text.tokenizer import (
     encode_one,
     train_tokenizer,
 )
-from layerswarm.models.train import Trainer, TrainRecipe, evaluate_loss
+from layerswarm.models.train import Trainer, TrainRecipe
 from layerswarm.models.vit import Block
 from layerswarm.models.zoo import family_root
 

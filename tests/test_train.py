@@ -13,7 +13,8 @@ from layerswarm.cli import main
 from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.config import VARIANTS
 from layerswarm.models.data import Dataset, load_dataset
-from layerswarm.models.train import Trainer, TrainRecipe, batch_order, build_model, evaluate_loss
+from layerswarm.models.objective import batch_order, evaluate_loss
+from layerswarm.models.train import Trainer, TrainRecipe, build_model
 from layerswarm.models.train_state import read_state
 
 ARCH = {"depth": 3, "dim": 32, "heads": 2, "patch_size": 8}

@@ -33,8 +33,9 @@ from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.data import load_dataset
 from layerswarm.models.hf_import import import_hf_vit
+from layerswarm.models.objective import evaluate_loss
 from layerswarm.models.recipe import TrainRecipe
-from layerswarm.models.train import Trainer, evaluate_loss
+from layerswarm.models.train import Trainer
 from layerswarm.models.vit import ViT
 
 from .fixtures import VITB, coordinator_process, median_ms, nodes

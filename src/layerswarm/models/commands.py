@@ -26,9 +26,10 @@ from .learned import (
     inherited_training_seconds,
     majority_baseline,
 )
+from .objective import evaluate_loss
 from .recipe import recipe_from_args
 from .size import AUTO, choose_size
-from .train import Trainer, build_model, evaluate_loss, init_image_size
+from .train import Trainer, build_model, init_image_size
 from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
 from .train_state import TRAIN_STATE
 from .vit import ViT

@@ -13,152 +13,27 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
 from .checkpoint import Lineage, Manifest, load_model, read_manifest
-from .config import ViTConfig, is_shuffle_robust
-from .data import Dataset, Images, iterate_batches
+from .config import ViTConfig
+from .data import Dataset, iterate_batches
+from .objective import augment, batch_order, evaluate_loss, mixup_batch, training_loss
 from .recipe import TrainRecipe
 from .split import held_out_split
 from .train_report import describe_epoch, peak_memory_mb
 from .train_state import load_state, save_state
-from .vit import Block, ViT
+from .vit import ViT
 
 log = logging.getLogger(__name__)
 
 # Below this many validation images one image moves accuracy by 2+ points: the warning says so.
 FEW_VALIDATION = 50
 VAL_ORDERS = 3  # random block orders behind the arbitrary-order validation accuracy
-
-
-def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
-    """The block order for one training batch."""
-    depth = len(model.blocks)
-    if is_shuffle_robust(variant):
-        return torch.randperm(depth, generator=gen).tolist()
-    if variant == "layerdrop":
-        keep = torch.rand(depth, generator=gen) >= model.cfg.layerdrop
-        kept = [i for i in range(depth) if keep[i]]
-        return kept or [int(torch.randint(depth, (1,), generator=gen))]
-    return list(range(depth))
-
-
-class Mix(NamedTuple):
-    """A mixup batch's second set of targets: sample i is lam x image i + (1 - lam) x image perm[i], so its
-    loss is lam x CE(label i) + (1 - lam) x CE(label perm[i])."""
-
-    labels: Tensor  # labels[perm]
-    lam: float
-
-
-def mixup_batch(images: Tensor, labels: Tensor, alpha: float, gen: torch.Generator) -> tuple[Tensor, Mix]:
-    """Blend a batch with a permutation of itself (mixup, Zhang et al. 2018): lam ~ Beta(alpha, alpha), one
-    per batch. Every draw comes from the trainer's torch generator (a seed for numpy's Beta sampler, which
-    torch cannot seed, then the permutation), so a run is reproducible from its seed and resumes with the
-    generator state it already saves."""
-    seed = int(torch.randint(2**62, (1,), generator=gen))
-    lam = float(np.random.default_rng(seed).beta(alpha, alpha))
-    perm = torch.randperm(images.shape[0], generator=gen)
-    mixed = lam * images + (1 - lam) * images[perm.to(images.device)]
-    return mixed, Mix(labels[perm.to(labels.device)], lam)
-
-
-def label_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0, mix: Mix | None = None) -> Tensor:
-    """Cross-entropy against the labels; for a mixup batch, the lam-weighted pair of cross-entropies (the
-    same label smoothing on both)."""
-    loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
-    if mix is None:
-        return loss
-    return mix.lam * loss + (1 - mix.lam) * F.cross_entropy(logits, mix.labels, label_smoothing=label_smoothing)
-
-
-def training_loss(
-    model: ViT,
-    images: Tensor,
-    labels: Tensor,
-    order: list[int],
-    exit_loss: float = 0.0,
-    label_smoothing: float = 0.0,
-    mix: Mix | None = None,
-) -> Tensor:
-    """Task cross-entropy (label-smoothed for images), plus each block's position cross-entropy for
-    layershuffle-predict, plus (exit_loss > 0) the mean cross-entropy of the shared head read after every
-    truncation depth. With `mix` (a mixup batch), every cross-entropy against the labels, the early exits'
-    too, is the lam-weighted pair: a mixed image is lam parts one sample and 1 - lam parts another at every
-    depth, not only at the last. The position loss stays as it is: a block's position in the order does not
-    depend on what the image shows."""
-    own_loss = getattr(model, "training_loss", None)  # text: the encoder masks its padding itself
-    if own_loss is not None:
-        if mix is not None:
-            raise ValueError("mixup is for images: text batches are token ids, which do not blend")
-        return own_loss(images, labels, order, exit_loss)
-    x = model.stem(images)
-    position_loss = images.new_zeros(())
-    early: list[Tensor] = []
-    for position, index in enumerate(order):
-        block: Block = model.blocks[index]  # type: ignore[assignment]
-        x = block(x, position)
-        if block.position_head is not None:
-            target = torch.full((x.shape[0],), position, dtype=torch.long, device=x.device)
-            position_loss = position_loss + F.cross_entropy(block.position_logits(x), target)
-        if exit_loss > 0 and position + 1 < len(order):
-            early.append(label_loss(model.head(x), labels, mix=mix))
-    loss = label_loss(model.head(x), labels, label_smoothing, mix) + position_loss
-    if early:
-        loss = loss + exit_loss * torch.stack(early).mean()
-    return loss
-
-
-SHIFT = 2  # pixels an augmented image may move each way
-
-
-def _augment(images: Tensor, gen: torch.Generator, hflip: bool) -> Tensor:
-    """Small translations, each image its own (and mirror flips where asked for): cheap, and they keep
-    tiny models from memorising. The border is zero-padded, not wrapped: wrapping would carry an object
-    across the image and could change a spatial relation. Flips are off by default: they silently change
-    the label of digits, text and relations."""
-    if hflip:
-        flip = torch.rand(images.shape[0], generator=gen) < 0.5
-        images = torch.where(flip[:, None, None, None], images.flip(-1), images)
-    return random_translate(images, gen, SHIFT)
-
-
-def random_translate(images: Tensor, gen: torch.Generator, shift: int) -> Tensor:
-    """Each image moved by its own (dy, dx) in [-shift, shift], zeros shifted in: a batched random crop."""
-    b, c, h, w = images.shape
-    padded = F.pad(images, (shift, shift, shift, shift))  # (B, C, H + 2s, W + 2s)
-    dy, dx = torch.randint(0, 2 * shift + 1, (2, b), generator=gen)
-    rows = (dy[:, None] + torch.arange(h))[:, None, :, None]  # (B, 1, H, 1)
-    cols = (dx[:, None] + torch.arange(w))[:, None, None, :]  # (B, 1, 1, W)
-    return padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
-
-
-@torch.no_grad()
-def evaluate_loss(
-    model: ViT,
-    x: Images,
-    y: Tensor,
-    batch_size: int = 256,
-    order: list[int] | None = None,
-    workers: int = 0,
-) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy over (x, y), in batches (x may be streamed from disk)."""
-    model.eval()
-    device = next(model.parameters()).device
-    total_loss, correct = 0.0, 0
-    chunks = [torch.arange(i, min(i + batch_size, len(y))) for i in range(0, len(y), batch_size)]
-    for idx, images in zip(chunks, iterate_batches(x, chunks, workers), strict=True):
-        logits = model(images.to(device), order)
-        labels = y[idx].to(device)
-        total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
-        correct += int((logits.argmax(-1) == labels).sum())
-    return total_loss / len(y), correct / len(y)
 
 
 class Trainer:
@@ -299,7 +174,7 @@ class Trainer:
             disable=None,
         )
         for step, (idx, batch) in enumerate(bar):
-            images = _augment(batch, self.gen, self.recipe.hflip) if self.recipe.augment else batch
+            images = augment(batch, self.gen, self.recipe.hflip) if self.recipe.augment else batch
             order = batch_order(self.model, self.recipe.variant, self.gen)
             labels = self.data.train_y[idx].to(self.device)
             mix = None
