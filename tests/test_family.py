@@ -46,7 +46,7 @@ def test_family_fine_tunes_members_of_one_family(tmp_path: Path) -> None:
     subprocess.run([*train, "--out", str(base)], check=True, capture_output=True, timeout=300)
     family = [sys.executable, "-m", "layerswarm", "family", "--base", str(base), "--out", str(tmp_path / "fam")]
     result = subprocess.run(
-        [*family, "--members", "2", "--epochs", "1", "--jobs", "2", "--first-seed", "5"],
+        [*family, "--members", "2", "--epochs", "1", "--jobs", "2", "--first-seed", "5", "--bootstrap"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -61,6 +61,8 @@ def test_family_fine_tunes_members_of_one_family(tmp_path: Path) -> None:
     # ... on the base's validation split (seed 0): before, each member's split came from its own seed, so
     # it validated (stopped early, kept an epoch, reported) on images the base had trained on.
     assert [m.recipe["split_seed"] for m in members] == [0, 0]
+    assert [m.recipe["bootstrap"] for m in members] == [True, True]  # each its own resample (its seed's)
+    assert parent.recipe["bootstrap"] is False
     assert all(m.dataset["spec"] == "shapes1:64:32" for m in members)  # the base's data, by default
     summary = [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("member-")]
     assert summary == ["member-0", "member-1"]  # one summary line per member, after the members' own output

@@ -405,3 +405,20 @@ def test_the_validation_split_follows_the_split_seed_not_the_training_seed(data,
     base = val_idx(seed=0)
     assert val_idx(seed=5, split_seed=0) == base
     assert val_idx(seed=5) != base  # without it, the split is the training seed's (a base's own run)
+
+
+def test_bootstrap_resamples_the_training_split_only_one_resample_per_seed(data, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`--bootstrap`: as many draws as the training split holds, with replacement, from it alone (the
+    validation images stay unseen), the same for a seed and different across seeds (family members)."""
+    model, _ = build_model(data, "layershuffle", None, ARCH, seed=0)
+
+    def trainer(seed: int, bootstrap: bool) -> Trainer:
+        recipe = TrainRecipe(variant="layershuffle", epochs=1, seed=seed, split_seed=0, bootstrap=bootstrap)
+        return Trainer(model, data, recipe, torch.device("cpu"), tmp_path / f"{seed}-{bootstrap}")
+
+    plain, first, again, other = trainer(1, False), trainer(1, True), trainer(1, True), trainer(2, True)
+    drawn = first.train_idx.tolist()
+    assert len(drawn) == len(plain.train_idx) and len(set(drawn)) < len(drawn)  # with replacement
+    assert set(drawn) <= set(plain.train_idx.tolist()) and not set(drawn) & set(first.val_idx.tolist())
+    assert drawn == again.train_idx.tolist() and drawn != other.train_idx.tolist()
+    assert first.steps_per_epoch == plain.steps_per_epoch

@@ -29,6 +29,11 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--epochs", type=positive_int, default=5, help="fine-tuning passes per member")
     p.add_argument("--lr", type=positive_float, default=5e-4, help="Adam learning rate")
     p.add_argument("--first-seed", type=non_negative_int, default=1, help="member i trains with seed FIRST_SEED + i")
+    p.add_argument(
+        "--bootstrap",
+        action="store_true",
+        help="each member fine-tunes on its own bootstrap resample of the base's training split",
+    )
     p.add_argument("--jobs", type=positive_int, default=2, help="members trained in parallel, one thread each")
     p.add_argument("--data", type=data_spec, help="data spec (none: the base model's)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")

@@ -115,6 +115,12 @@ def register(sub: Subparsers) -> None:
         "member validates on images its base trained on",
     )
     p.add_argument(
+        "--bootstrap",
+        action="store_true",
+        help="train on a bootstrap resample of the training split (seeded by --seed); `layerswarm family "
+        "--bootstrap` gives each member its own",
+    )
+    p.add_argument(
         "--data-seed", type=non_negative_int, default=0, help="seed of generated data (keep it equal across a family)"
     )
     p.add_argument("--batch-size", type=positive_int, default=R.batch_size, help="examples per step")

@@ -254,6 +254,7 @@ def family_main(args: argparse.Namespace) -> int:
                 # train one for as long as the base and the member together (a member is both).
                 "--no-reference",
                 *(["--overwrite"] if args.overwrite else []),
+                *(["--bootstrap"] if args.bootstrap else []),
                 *inherited_augmentation(base.recipe),
             ]
         )

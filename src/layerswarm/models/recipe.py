@@ -45,6 +45,9 @@ class TrainRecipe:
     # reported accuracy were measured on them.
     split_seed: int | None = None
     val_fraction: float = 0.1
+    # Train on a bootstrap resample of the training split (as many draws, with replacement, seeded by
+    # `seed`): family members then see different data, for an ensemble whose members err differently.
+    bootstrap: bool = False
     augment: bool = True  # small random shifts
     hflip: bool = False  # mirror images in augmentation: wrong wherever left and right carry meaning
     threads: int = 0  # 0: leave torch's default
@@ -89,7 +92,7 @@ def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
     """The recipe a `layerswarm train` command line asks for (`overrides`: what the data and model decide)."""
     fields = (
         *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "split_seed"),
-        *("threads", "exit_loss"),
+        *("threads", "exit_loss", "bootstrap"),
         *("time_budget_s", "patience", "label_smoothing", "drop_path", "mixup"),
     )
     if getattr(args, "token_depth", None):

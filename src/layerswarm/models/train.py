@@ -58,6 +58,11 @@ class Trainer:
         self.val_idx, self.train_idx = held_out_split(data.train_y, n_val, split_seed)
         if len(self.train_idx) == 0:
             raise ValueError(f"{len(data.train_y)} training image(s) leave none to train on after the validation split")
+        if recipe.bootstrap:  # after the split: the validation images stay out of every resample
+            draws = torch.randint(
+                len(self.train_idx), (len(self.train_idx),), generator=torch.Generator().manual_seed(recipe.seed)
+            )
+            self.train_idx = self.train_idx[draws]
         if n_val < FEW_VALIDATION:
             log.warning(
                 "the validation split holds %d image(s): one image moves its accuracy by %.0f points, so early "
