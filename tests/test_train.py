@@ -191,6 +191,13 @@ def test_cli_train_family_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str
     group = next(iter(report["groups"].values()))  # base listed twice: a group of two baselines
     assert {"merged", "ensemble", "sequential", "arbitrary", "pruned"} <= set(group)
     assert group["merged"]["n"] == 20 and "std" in group["merged"]
+    # The ensemble runs in as many random orders as a model does; its margin over the best member is
+    # the mean of the per-image differences, inside its own paired bootstrap interval.
+    assert group["ensemble_orders"]["n"] == 10
+    assert group["ensemble"] == pytest.approx(group["ensemble_orders"]["mean"])
+    lo, hi = group["ensemble_minus_best_member_ci95"]
+    assert lo <= group["ensemble_minus_best_member"] <= hi
+    assert group["ensemble_minus_best_member"] == pytest.approx(group["ensemble"] - group["best_member_arbitrary"])
     assert (tmp_path / "plots" / "accuracy_vs_blocks.png").stat().st_size > 1000
     assert "| member | layershuffle |" in capsys.readouterr().out
     assert main(["eval", str(member)]) == 0  # no --json: the report still goes to stdout

@@ -86,6 +86,8 @@ def _family(report: dict[str, Any]) -> dict[str, Any]:
         "arbitrary_over_sequential": round(group["arbitrary_over_sequential"], 4),
         "merged_over_arbitrary": round(group["merged_over_arbitrary"], 4),
         "ensemble_minus_best_member": round(group["ensemble_minus_best_member"], 4),
+        "ensemble_minus_best_member_ci95": group.get("ensemble_minus_best_member_ci95"),
+        "ensemble_vs_best_member": group.get("ensemble_vs_best_member"),
         "pruning_monotone_arbitrary": group["pruning_monotone_arbitrary"],
         "baseline_sequential": round(baseline["sequential"], 4),
         "baseline_arbitrary": round(baseline["arbitrary"]["mean"], 4),
@@ -123,11 +125,21 @@ def render(summary: dict[str, Any]) -> str:
             f = r["family"]
             lines.append(
                 f"| {r['task']} ({r['train_images']:,}) | {f['arbitrary_over_sequential']:.3f} | "
-                f"{f['merged_over_arbitrary']:.3f} | {f['ensemble_minus_best_member'] * 100:+.2f} points | "
+                f"{f['merged_over_arbitrary']:.3f} | {_margin(f)} | "
                 f"{f['pruning_monotone_arbitrary']} | {f['baseline_sequential']:.3f} / {f['baseline_arbitrary']:.3f} "
                 f"({f['chance']:.3f}) |"
             )
     return "\n".join(lines)
+
+
+def _margin(family: dict[str, Any]) -> str:
+    """The ensemble's margin in points, with its 95% interval and verdict where the report has them."""
+    shown = f"{family['ensemble_minus_best_member'] * 100:+.2f} points"
+    interval = family.get("ensemble_minus_best_member_ci95")
+    if interval:
+        lo, hi = (100 * v for v in interval)
+        shown += f" [{lo:+.2f}, {hi:+.2f}], {family['ensemble_vs_best_member']}"
+    return shown
 
 
 def _ratio(value: float | None) -> str:

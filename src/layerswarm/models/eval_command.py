@@ -122,9 +122,10 @@ def render_table(report: dict[str, Any]) -> str:
             f"| merged, {merged['n']} random merges of {n} members | {g['variant']} | "
             f"{merged_seq['mean']:.4f} | {merged['mean']:.4f} ± {merged['std']:.4f} |"
         )
+        spread = f" ± {g['ensemble_orders']['std']:.4f}" if "ensemble_orders" in g else ""
         lines.append(
             f"| ensemble of {n} members (mean logits) | {g['variant']} | {g['ensemble_sequential']:.4f} | "
-            f"{g['ensemble']:.4f} |"
+            f"{g['ensemble']:.4f}{spread} |"
         )
     lines += ["", _render_pruning(report)]
     if report.get("targets"):
@@ -147,6 +148,9 @@ def _render_targets(targets: dict[str, Any]) -> str:
     lines = ["| check | value |", "| --- | --- |"]
     for key, checks in targets.items():
         for name, value in checks.items():
-            shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+            if isinstance(value, list):  # an interval
+                shown = "[" + ", ".join(f"{v:+.4f}" for v in value) + "] (95%)"
+            else:
+                shown = f"{value:.4f}" if isinstance(value, float) else str(value)
             lines.append(f"| {key.split('/')[-1]}: {name} | {shown} |")
     return "\n".join(lines)

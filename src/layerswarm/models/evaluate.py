@@ -3,7 +3,10 @@
 Per model: sequential accuracy, arbitrary-order accuracy over random orders, pruning to k blocks (in
 order and in arbitrary order). Per group of models (same family and variant, two or more members):
 merged "Frankenstein" models (each block index from a randomly assigned member, blocks spread evenly
-over the members, run in random order) and the ensemble of the members (mean logits).
+over the members, run in random order) and the ensemble of the members (mean logits), run in as many
+random orders as one model is. The ensemble's margin over its best member comes with a paired bootstrap
+interval over the test images: on a test set of a thousand images a margin of half a point is noise,
+and the report says so rather than calling it a gain.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import itertools
 import logging
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +41,7 @@ class EvalPlan:
     seed: int = 0
     batch_size: int = 1000
     workers: int = 0  # processes decoding a streamed test set
+    bootstrap: int = 2000  # resamples of the test images for the ensemble margin's interval
 
 
 @dataclass
@@ -54,15 +58,41 @@ class Evaluated:
 TOKENS_PER_CHUNK = 1 << 15
 
 
-def accuracy(
-    head: torch.nn.Module, x: Tensor, blocks: Sequence[nn.Module], labels: Tensor, key_mask: Tensor | None = None
-) -> float:
+def logit_chunks(
+    head: nn.Module, x: Tensor, blocks: Sequence[nn.Module], key_mask: Tensor | None = None
+) -> Iterator[Tensor]:
+    """(n, classes) at a time for the stem outputs `x` (N, T, D) through `blocks` in the order given."""
     chunk = max(1, TOKENS_PER_CHUNK // x.shape[1])
-    correct = 0
-    for i in range(0, len(labels), chunk):
+    for i in range(0, len(x), chunk):
         mask = None if key_mask is None else key_mask[i : i + chunk]
-        correct += int((head(run_blocks(blocks, x[i : i + chunk], mask)).argmax(-1) == labels[i : i + chunk]).sum())
-    return correct / len(labels)
+        yield head(run_blocks(blocks, x[i : i + chunk], mask))
+
+
+def hits(
+    head: nn.Module, x: Tensor, blocks: Sequence[nn.Module], labels: Tensor, key_mask: Tensor | None = None
+) -> Tensor:
+    """(N,) float64 (means of a few thousand 0/1 exact to the last digit): 1 where the image is classified right."""
+    predicted = torch.cat([logits.argmax(-1) for logits in logit_chunks(head, x, blocks, key_mask)])
+    return (predicted == labels).double()
+
+
+def accuracy(
+    head: nn.Module, x: Tensor, blocks: Sequence[nn.Module], labels: Tensor, key_mask: Tensor | None = None
+) -> float:
+    return float(hits(head, x, blocks, labels, key_mask).mean())
+
+
+def paired_interval(diff: Tensor, resamples: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+    """A percentile bootstrap interval for the mean of per-image differences `diff` (N,): the images are
+    resampled, the pairing kept, so what both sides get right or wrong together cancels."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.empty(resamples, dtype=diff.dtype)
+    for i in range(0, resamples, 250):  # 250 x N indices at a time: bounded memory for large test sets
+        n = min(250, resamples - i)
+        means[i : i + n] = diff[torch.randint(len(diff), (n, len(diff)), generator=g)].mean(1)
+    tail = (1 - level) / 2
+    lo, hi = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=means.dtype)).tolist()
+    return lo, hi
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -87,10 +117,11 @@ def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) ->
         "groups": {},
     }
     y = data.test_y
+    arbitrary_hits: dict[str, Tensor] = {}  # per image, the fraction of random orders that got it right
     for ev in tqdm(models, desc="models", unit="model", disable=None):
-        report["models"][ev.name] = _evaluate_one(ev, y, plan, rng)
+        report["models"][ev.name], arbitrary_hits[ev.name] = _evaluate_one(ev, y, plan, rng)
     for key, members in _groups(models).items():
-        report["groups"][key] = _evaluate_group(members, report["models"], y, plan, rng)
+        report["groups"][key] = _evaluate_group(members, report["models"], arbitrary_hits, y, plan, rng)
     return report
 
 
@@ -119,10 +150,12 @@ def _stem_outputs(model: ViT, data: Dataset, workers: int, batch: int = 64) -> T
     return torch.cat([model.stem(images) for images in iterate_batches(data.test_x, chunks, workers)])
 
 
-def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) -> dict[str, Any]:
+def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) -> tuple[dict[str, Any], Tensor]:
+    """The model's row of the report, and its per-image hit rate over the random orders."""
     blocks, head, x, m = list(ev.model.blocks), ev.model.head, ev.stem_out, ev.key_mask
     depth = len(blocks)
-    arbitrary = [accuracy(head, x, _permuted(blocks, rng), y, m) for _ in range(plan.orders)]
+    per_order = torch.stack([hits(head, x, _permuted(blocks, rng), y, m) for _ in range(plan.orders)])
+    arbitrary = per_order.mean(1).tolist()
     pruned: dict[str, dict[str, float]] = {}
     for k in plan.prune_ks or range(1, depth + 1):
         if not 1 <= k <= depth:
@@ -131,7 +164,7 @@ def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) 
         seq = accuracy(head, x, [blocks[i] for i in kept], y, m)
         arb = [accuracy(head, x, rng.sample(blocks, k), y, m) for _ in range(plan.prune_trials)]
         pruned[str(k)] = {"sequential": seq, "arbitrary": statistics.fmean(arb)}
-    return {
+    row = {
         "model_id": ev.manifest.model_id,
         "family_id": ev.manifest.family_id,
         "variant": ev.manifest.variant,
@@ -139,10 +172,16 @@ def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) 
         "arbitrary": summary(arbitrary),
         "pruned": pruned,
     }
+    return row, per_order.mean(0)
 
 
 def _evaluate_group(
-    members: list[Evaluated], per_model: dict[str, Any], y: Tensor, plan: EvalPlan, rng: random.Random
+    members: list[Evaluated],
+    per_model: dict[str, Any],
+    arbitrary_hits: dict[str, Tensor],
+    y: Tensor,
+    plan: EvalPlan,
+    rng: random.Random,
 ) -> dict[str, Any]:
     first = members[0]
     depth = len(first.model.blocks)
@@ -155,6 +194,9 @@ def _evaluate_group(
         merged.append(accuracy(head, x, _permuted(blocks, rng), y, mask))
     rows = [per_model[m.name] for m in members]
     ks = rows[0]["pruned"].keys()
+    best = max(members, key=lambda m: per_model[m.name]["arbitrary"]["mean"])
+    ensemble_hits = torch.stack([_ensemble_hits(members, y, rng) for _ in range(plan.orders)])
+    margin = ensemble_hits.mean(0) - arbitrary_hits[best.name]
     return {
         "family_id": first.manifest.family_id,
         "variant": first.manifest.variant,
@@ -166,24 +208,25 @@ def _evaluate_group(
         },
         "merged": summary(merged),
         "merged_sequential": summary(merged_seq),
-        "ensemble": _ensemble(members, y, rng, shuffled=True),
-        "ensemble_sequential": _ensemble(members, y, rng, shuffled=False),
-        "best_member_arbitrary": max(r["arbitrary"]["mean"] for r in rows),
+        "ensemble": float(ensemble_hits.mean()),
+        "ensemble_orders": summary(ensemble_hits.mean(1).tolist()),
+        "ensemble_sequential": float(_ensemble_hits(members, y, None).mean()),
+        "best_member": best.name,
+        "best_member_arbitrary": per_model[best.name]["arbitrary"]["mean"],
+        "ensemble_minus_best_member": float(margin.mean()),
+        "ensemble_minus_best_member_ci95": list(paired_interval(margin, plan.bootstrap, plan.seed)),
     }
 
 
-def _ensemble(members: list[Evaluated], y: Tensor, rng: random.Random, shuffled: bool) -> float:
-    logits = torch.stack(
-        [
-            m.model.head(
-                run_blocks(
-                    _permuted(list(m.model.blocks), rng) if shuffled else list(m.model.blocks), m.stem_out, m.key_mask
-                )
-            )
-            for m in members
-        ]
-    ).mean(0)
-    return float((logits.argmax(-1) == y).float().mean())
+def _ensemble_hits(members: list[Evaluated], y: Tensor, rng: random.Random | None) -> Tensor:
+    """(N,) hits of the members' mean logits, each member in its own random order (in order without `rng`)."""
+    total: Tensor | None = None  # the sum of the members' logits: the mean's argmax, one (N, classes) held
+    for m in members:
+        blocks = _permuted(list(m.model.blocks), rng) if rng else list(m.model.blocks)
+        logits = torch.cat(list(logit_chunks(m.model.head, m.stem_out, blocks, m.key_mask)))
+        total = logits if total is None else total + logits
+    assert total is not None
+    return (total.argmax(-1) == y).double()
 
 
 def _merge(members: list[Evaluated], depth: int, rng: random.Random) -> list[nn.Module]:
@@ -214,6 +257,7 @@ def check_targets(report: dict[str, Any], chance: float) -> dict[str, Any]:
                 "arbitrary_over_sequential": arb / g["sequential"],
                 "merged_over_arbitrary": g["merged"]["mean"] / arb,
                 "ensemble_minus_best_member": g["ensemble"] - g["best_member_arbitrary"],
+                **_ensemble_verdict(g),
                 "pruning_monotone_arbitrary": _monotone([v["arbitrary"] for v in g["pruned"].values()]),
             }
     for name, m in report["models"].items():
@@ -223,6 +267,18 @@ def check_targets(report: dict[str, Any], chance: float) -> dict[str, Any]:
                 "pruning_monotone_arbitrary": _monotone([v["arbitrary"] for v in m["pruned"].values()]),
             }
     return out
+
+
+def _ensemble_verdict(group: dict[str, Any]) -> dict[str, Any]:
+    """Whether the ensemble beats its best member beyond the test set's noise: "above" when the whole
+    95% interval is above zero, "below" when it is below, else "within noise" (reports before the
+    interval existed have none, and get no verdict)."""
+    interval = group.get("ensemble_minus_best_member_ci95")
+    if interval is None:
+        return {}
+    lo, hi = interval
+    verdict = "above" if lo > 0 else "below" if hi < 0 else "within noise"
+    return {"ensemble_minus_best_member_ci95": interval, "ensemble_vs_best_member": verdict}
 
 
 def _monotone(values: list[float], slack: float = 0.01) -> bool:
