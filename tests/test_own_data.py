@@ -19,7 +19,17 @@ from layerswarm.models.config import patch_size_for
 from layerswarm.models.data import load_dataset
 from layerswarm.models.objective import augment
 from layerswarm.models.reference import ReferenceResult, compare, far_behind_warning, train_reference
-from layerswarm.models.synthetic import RELATION_CLASSES, RELATIONS, TASKS, _relation_centres, image, write
+from layerswarm.models.synthetic import (
+    COMPARE_CLASSES,
+    PALETTE,
+    RELATION_CLASSES,
+    RELATIONS,
+    TASKS,
+    _relation_centres,
+    compare_shapes,
+    image,
+    write,
+)
 from layerswarm.models.train import TrainRecipe
 
 
@@ -69,6 +79,31 @@ def test_relation_labels_follow_the_geometry_and_a_mirror_swaps_left_and_right()
             if mirrored_gap is not None:
                 assert mirrored_gap > 0  # in the mirror image the relation is the opposite one
     assert {c.split("-")[1] for c in RELATION_CLASSES} == set(RELATIONS)
+
+
+def test_compare_labels_say_which_of_shape_colour_and_size_agree_and_the_pixels_show_it() -> None:
+    """Each class name is three verdicts; the two objects drawn must agree exactly where it says
+    "same" and differ where it says "diff", sit apart, and be painted where the generator put them
+    (a circle leaves its bounding box's corner to the background, a square fills it)."""
+    for label, name in enumerate(COMPARE_CLASSES):
+        verdicts = dict(part.split("-") for part in name.split("_"))
+        for index in range(40):
+            rng = np.random.default_rng([0, 0, index])
+            a, b = compare_shapes(rng, label)
+            pairs = {"shape": (a.kind, b.kind), "colour": (a.colour, b.colour), "size": (a.radius, b.radius)}
+            for what, (x, y) in pairs.items():
+                assert (x == y) == (verdicts[what] == "same"), (name, what, x, y)
+            gap = max(abs(a.centre[0] - b.centre[0]), abs(a.centre[1] - b.centre[1])) - a.radius - b.radius
+            assert gap >= 4
+    for index in range(64):
+        img, label = image("compare", 0, "train", index)
+        pixels = np.asarray(img, dtype=np.int64)
+        a, b = compare_shapes(np.random.default_rng([0, 0, index]), label)
+        for shape in (a, b):
+            (x, y), r = shape.centre, shape.radius
+            assert np.abs(pixels[y, x] - PALETTE[shape.colour]).max() <= 12  # the palette colour, jittered
+            corner_painted = np.array_equal(pixels[y - r, x - r], pixels[y, x])
+            assert corner_painted == (shape.kind == "square")
 
 
 def test_flips_are_off_by_default_and_on_when_asked() -> None:

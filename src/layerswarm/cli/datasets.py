@@ -11,6 +11,7 @@ TASKS = (
     "textures",
     "faint-textures",
     "counting",
+    "compare",
 )  # models.synthetic.TASKS; kept torch- and numpy-free here
 
 
@@ -19,14 +20,14 @@ def register(sub: Subparsers) -> None:
         sub,
         "datasets",
         run,
-        help="write a generated 8-class image-folder dataset (relations, textures, faint-textures, counting)",
+        help="write a generated 8-class image-folder dataset (relations, textures, counting, compare, ...)",
         description="Write DIR/train/CLASS/*.png and DIR/val/CLASS/*.png (32 x 32) of a generated task the "
         "project was not tuned on, to train with `layerswarm train --data imagefolder:DIR`. relations: where "
         "a circle is relative to a square and which is larger (a mirror swaps left and right: no flips); "
         "textures: stripes, diagonals, checks, dots, rings, blotches; faint-textures: the same classes in two "
         "close colours under heavy noise, turned by up to 15 degrees (far from the ceiling textures reaches); "
-        "counting: 1-8 blobs. Deterministic "
-        "from --seed.",
+        "counting: 1-8 blobs; compare: two objects, the class says whether they share shape, colour and "
+        "size (far from its ceiling, where an ensemble still has something to add). Deterministic from --seed.",
     )
     p.add_argument("task", choices=TASKS, help="which task")
     p.add_argument("dir", type=folder, help="folder to write into (created if missing)")

@@ -1,6 +1,6 @@
 """Generated image-folder datasets for trying the trainer on tasks it was not tuned for.
 
-Three 8-class tasks at 32 x 32, each hard in a different way, written as PNG class folders
+Five 8-class tasks at 32 x 32, each hard in a different way, written as PNG class folders
 (DIR/train/CLASS/*.png, DIR/val/CLASS/*.png) and read back through `imagefolder:DIR` exactly as a
 user's own data would be:
 
@@ -9,7 +9,11 @@ user's own data would be:
   right, so flip augmentation would silently corrupt the labels.
 - `textures`: stripes (horizontal, vertical, two diagonals), checks, dots, rings and smooth noise at
   random frequency, phase and colour. The two diagonals are mirror images of each other.
+- `faint-textures`: the textures in two close colours under heavy noise, turned a little.
 - `counting`: one to eight small blobs of random colour and size on a cluttered background.
+- `compare`: two objects far apart; the class says whether they have the same shape, the same colour
+  and the same size (three comparisons between distant tokens, the classic same-different problem).
+  Unlike the textures it is far from its ceiling, so members of a family still make different mistakes.
 
 Every image is a pure function of (task, seed, split, index): rerunning writes the same files.
 """
@@ -143,6 +147,59 @@ def draw_count(rng: Rng, label: int) -> Image.Image:
     return img
 
 
+# --- compare -----------------------------------------------------------------------------------------
+
+PALETTE = ((220, 40, 40), (40, 180, 60), (50, 80, 230), (235, 215, 40))  # far apart: "same colour" is exact
+COMPARE_CLASSES = tuple(
+    f"shape-{a}_colour-{b}_size-{c}" for a in ("same", "diff") for b in ("same", "diff") for c in ("same", "diff")
+)
+RADII = (3, 6)  # small, large: twice apart, so "same size" needs no fine judgement
+
+
+def _two_apart(rng: Rng, r1: int, r2: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Centres of two objects inside the image with at least 4 px between their edges."""
+    while True:
+        a = (int(rng.integers(r1 + 1, SIZE - r1 - 1)), int(rng.integers(r1 + 1, SIZE - r1 - 1)))
+        b = (int(rng.integers(r2 + 1, SIZE - r2 - 1)), int(rng.integers(r2 + 1, SIZE - r2 - 1)))
+        if max(abs(a[0] - b[0]), abs(a[1] - b[1])) >= r1 + r2 + 4:
+            return a, b
+
+
+def _pair(rng: Rng, same: bool, choices: int) -> tuple[int, int]:
+    first = int(rng.integers(choices))
+    return first, first if same else (first + int(rng.integers(1, choices))) % choices
+
+
+@dataclass(frozen=True)
+class Shape:
+    kind: str  # "circle" or "square"
+    colour: int  # index into PALETTE
+    radius: int
+    centre: tuple[int, int]
+
+
+def compare_shapes(rng: Rng, label: int) -> tuple[Shape, Shape]:
+    """The two objects of a `compare` image: class `label` fixes which of shape, colour and size agree."""
+    same_shape, same_colour, same_size = label < 4, label % 4 < 2, label % 2 == 0  # COMPARE_CLASSES' order
+    kinds, colours = _pair(rng, same_shape, 2), _pair(rng, same_colour, len(PALETTE))
+    radii = tuple(RADII[i] for i in _pair(rng, same_size, 2))
+    centres = _two_apart(rng, radii[0], radii[1])
+    first, second = (Shape(("circle", "square")[kinds[i]], colours[i], radii[i], centres[i]) for i in range(2))
+    return first, second
+
+
+def draw_compare(rng: Rng, label: int) -> Image.Image:
+    shapes = compare_shapes(rng, label)
+    img = _background(rng)
+    draw = ImageDraw.Draw(img)
+    for shape in shapes:
+        fill = np.clip(np.array(PALETTE[shape.colour]) + rng.integers(-12, 13, size=3), 0, 255)
+        (x, y), r = shape.centre, shape.radius
+        paint = draw.ellipse if shape.kind == "circle" else draw.rectangle
+        paint((x - r, y - r, x + r, y + r), fill=tuple(int(v) for v in fill))
+    return img
+
+
 @dataclass(frozen=True)
 class Task:
     classes: tuple[str, ...]
@@ -155,6 +212,7 @@ TASKS: dict[str, Task] = {
     "textures": Task(TEXTURE_CLASSES, draw_texture, "stripes, diagonals, checks, dots, rings, blotches"),
     "faint-textures": Task(TEXTURE_CLASSES, draw_faint_texture, "the textures, faint, noisy and turned"),
     "counting": Task(COUNT_CLASSES, draw_count, "how many blobs (1-8) on a cluttered background"),
+    "compare": Task(COMPARE_CLASSES, draw_compare, "two objects: same or different shape, colour and size"),
 }
 SPLIT_SEEDS = {"train": 0, "val": 1}
 
