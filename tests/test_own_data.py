@@ -84,7 +84,7 @@ def test_relation_labels_follow_the_geometry_and_a_mirror_swaps_left_and_right()
 def test_compare_labels_say_which_of_shape_colour_and_size_agree_and_the_pixels_show_it() -> None:
     """Each class name is three verdicts; the two objects drawn must agree exactly where it says
     "same" and differ where it says "diff", sit apart, and be painted where the generator put them
-    (a circle leaves its bounding box's corner to the background, a square fills it)."""
+    (a triangle leaves its bounding box's corner to the background, a square fills it)."""
     for label, name in enumerate(COMPARE_CLASSES):
         verdicts = dict(part.split("-") for part in name.split("_"))
         for index in range(40):

@@ -154,6 +154,8 @@ COMPARE_CLASSES = tuple(
     f"shape-{a}_colour-{b}_size-{c}" for a in ("same", "diff") for b in ("same", "diff") for c in ("same", "diff")
 )
 RADII = (3, 6)  # small, large: twice apart, so "same size" needs no fine judgement
+# Triangle and square, not circle and square: at radius 3 a circle differs from a square in four
+# corner pixels, and every model (the reference CNN too) answered "same shape?" at chance.
 
 
 def _two_apart(rng: Rng, r1: int, r2: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -172,7 +174,7 @@ def _pair(rng: Rng, same: bool, choices: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Shape:
-    kind: str  # "circle" or "square"
+    kind: str  # "triangle" or "square"
     colour: int  # index into PALETTE
     radius: int
     centre: tuple[int, int]
@@ -184,7 +186,7 @@ def compare_shapes(rng: Rng, label: int) -> tuple[Shape, Shape]:
     kinds, colours = _pair(rng, same_shape, 2), _pair(rng, same_colour, len(PALETTE))
     radii = tuple(RADII[i] for i in _pair(rng, same_size, 2))
     centres = _two_apart(rng, radii[0], radii[1])
-    first, second = (Shape(("circle", "square")[kinds[i]], colours[i], radii[i], centres[i]) for i in range(2))
+    first, second = (Shape(("triangle", "square")[kinds[i]], colours[i], radii[i], centres[i]) for i in range(2))
     return first, second
 
 
@@ -195,8 +197,11 @@ def draw_compare(rng: Rng, label: int) -> Image.Image:
     for shape in shapes:
         fill = np.clip(np.array(PALETTE[shape.colour]) + rng.integers(-12, 13, size=3), 0, 255)
         (x, y), r = shape.centre, shape.radius
-        paint = draw.ellipse if shape.kind == "circle" else draw.rectangle
-        paint((x - r, y - r, x + r, y + r), fill=tuple(int(v) for v in fill))
+        colour = tuple(int(v) for v in fill)
+        if shape.kind == "square":
+            draw.rectangle((x - r, y - r, x + r, y + r), fill=colour)
+        else:  # apex up: half the square's area, a different outline at either size
+            draw.polygon([(x, y - r), (x - r, y + r), (x + r, y + r)], fill=colour)
     return img
 
 
