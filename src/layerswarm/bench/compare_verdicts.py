@@ -1,0 +1,71 @@
+"""Which of its three verdicts a model gets right on the generated `compare` task.
+
+A `compare` class is three verdicts at once (same shape? same colour? same size?), so an accuracy of
+0.5 may be two verdicts solved and one at chance. This splits a model's predictions (in order, on a
+test folder) into the three, to show which one a family of models shares as a blind spot: where every
+member fails the same verdict, their ensemble has nothing to add.
+
+    python -m layerswarm.bench.compare_verdicts TEST_FOLDER MODEL_DIR... --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from layerswarm.models.checkpoint import load_model
+from layerswarm.models.data import iterate_batches, load_dataset
+
+VERDICTS = ("shape", "colour", "size")
+
+
+def parse_verdicts(class_name: str) -> dict[str, bool]:
+    """'shape-same_colour-diff_size-same' -> {'shape': True, 'colour': False, 'size': True}."""
+    parts = dict(part.split("-", 1) for part in class_name.split("_"))
+    if set(parts) != set(VERDICTS) or not set(parts.values()) <= {"same", "diff"}:
+        raise ValueError(f"{class_name!r} is not a compare class (shape-*_colour-*_size-*)")
+    return {what: parts[what] == "same" for what in VERDICTS}
+
+
+def verdict_accuracy(predicted: torch.Tensor, truth: torch.Tensor, class_names: tuple[str, ...]) -> dict[str, float]:
+    """Accuracy of each verdict and of the whole class, from (N,) class indices."""
+    table = torch.tensor([[parse_verdicts(name)[what] for what in VERDICTS] for name in class_names])  # (C, 3)
+    hits = table[predicted] == table[truth]  # (N, 3)
+    out = {what: float(hits[:, i].float().mean()) for i, what in enumerate(VERDICTS)}
+    out["all"] = float((predicted == truth).float().mean())
+    return out
+
+
+@torch.inference_mode()
+def predictions(
+    model_dir: str, test_folder: Path, batch: int = 250
+) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
+    model, _ = load_model(model_dir)
+    data = load_dataset(f"imagefolder:{test_folder}")
+    n = len(data.test_y)
+    chunks = [torch.arange(i, min(i + batch, n)) for i in range(0, n, batch)]
+    logits = torch.cat([model(images) for images in iterate_batches(data.test_x, chunks)])
+    return logits.argmax(-1), data.test_y, data.class_names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("test_folder", type=Path, help="a `layerswarm datasets compare` folder (its val/ split)")
+    parser.add_argument("models", nargs="+", help="model directories")
+    parser.add_argument("--json", type=Path, required=True, help="where to write the per-model verdicts")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    report = {}
+    for model_dir in args.models:
+        report[model_dir] = {
+            k: round(v, 4) for k, v in verdict_accuracy(*predictions(model_dir, args.test_folder)).items()
+        }
+        print(model_dir, report[model_dir], flush=True)
+    args.json.write_text(json.dumps({"test_folder": str(args.test_folder), "models": report}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
