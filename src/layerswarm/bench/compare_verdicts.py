@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from layerswarm.models.checkpoint import load_model
+from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.data import iterate_batches, load_dataset
 
 VERDICTS = ("shape", "colour", "size")
@@ -57,6 +57,11 @@ def main() -> None:
     parser.add_argument("models", nargs="+", help="model directories")
     parser.add_argument("--json", type=Path, required=True, help="where to write the per-model verdicts")
     args = parser.parse_args()
+    for model_dir in args.models:  # every directory checked before minutes of work, named if not a model
+        try:
+            read_manifest(model_dir)
+        except ValueError as err:
+            parser.error(str(err))
     torch.set_num_threads(1)
     report = {}
     for model_dir in args.models:

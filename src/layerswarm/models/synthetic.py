@@ -13,7 +13,8 @@ user's own data would be:
 - `counting`: one to eight small blobs of random colour and size on a cluttered background.
 - `compare`: two objects far apart; the class says whether they have the same shape, the same colour
   and the same size (three comparisons between distant tokens, the classic same-different problem).
-  Unlike the textures it is far from its ceiling, so members of a family still make different mistakes.
+  Each question is learnt in a sudden jump, if at all: runs often stop near 0.5 with one of the
+  three at chance, which one depending on the run (README, "Your own data").
 
 Every image is a pure function of (task, seed, split, index): rerunning writes the same files.
 """
