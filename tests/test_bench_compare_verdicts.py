@@ -9,6 +9,8 @@ import torch
 
 from layerswarm.bench.compare_verdicts import parse_verdicts, predictions, verdict_accuracy
 from layerswarm.cli import main
+from layerswarm.models.checkpoint import load_model
+from layerswarm.models.data import load_dataset
 from layerswarm.models.synthetic import COMPARE_CLASSES, write
 
 
@@ -37,8 +39,13 @@ def test_predictions_come_from_the_model_in_order(tmp_path: Path) -> None:
     argv = ["train", "--data", f"imagefolder:{tmp_path / 'data'}", "--out", str(tmp_path / "m"), "--epochs", "1"]
     argv += ["--depth", "2", "--dim", "16", "--heads", "2", "--no-reference", "--workers", "0"]
     assert main(argv) == 0
-    predicted, truth, names = predictions(str(tmp_path / "m"), tmp_path / "data", batch=10)
+    data = load_dataset(f"imagefolder:{tmp_path / 'data'}")
+    predicted = predictions(str(tmp_path / "m"), data, batch=10)
+    truth, names = data.test_y, data.class_names
     assert predicted.shape == truth.shape == (32,) and sorted(names) == sorted(COMPARE_CLASSES)
+    model, _ = load_model(tmp_path / "m")
+    with torch.inference_mode():
+        assert torch.equal(predicted, model(data.test_x).argmax(-1))  # batching changes nothing
     scores = verdict_accuracy(predicted, truth, names)
     assert all(0 <= v <= 1 for v in scores.values()) and scores["all"] <= min(
         scores[w] for w in ("shape", "colour", "size")

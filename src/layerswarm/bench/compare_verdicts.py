@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from layerswarm.models.checkpoint import load_model, read_manifest
-from layerswarm.models.data import iterate_batches, load_dataset
+from layerswarm.models.data import Dataset, iterate_batches, load_dataset
 
 VERDICTS = ("shape", "colour", "size")
 
@@ -40,15 +40,12 @@ def verdict_accuracy(predicted: torch.Tensor, truth: torch.Tensor, class_names: 
 
 
 @torch.inference_mode()
-def predictions(
-    model_dir: str, test_folder: Path, batch: int = 250
-) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
+def predictions(model_dir: str, data: Dataset, batch: int = 250) -> torch.Tensor:
+    """(N,) class indices of `model_dir` on `data`'s test split, blocks in order."""
     model, _ = load_model(model_dir)
-    data = load_dataset(f"imagefolder:{test_folder}")
     n = len(data.test_y)
     chunks = [torch.arange(i, min(i + batch, n)) for i in range(0, n, batch)]
-    logits = torch.cat([model(images) for images in iterate_batches(data.test_x, chunks)])
-    return logits.argmax(-1), data.test_y, data.class_names
+    return torch.cat([model(images).argmax(-1) for images in iterate_batches(data.test_x, chunks)])
 
 
 def main() -> None:
@@ -63,11 +60,11 @@ def main() -> None:
         except ValueError as err:
             parser.error(str(err))
     torch.set_num_threads(1)
+    data = load_dataset(f"imagefolder:{args.test_folder}")  # decoded once for every model
     report = {}
     for model_dir in args.models:
-        report[model_dir] = {
-            k: round(v, 4) for k, v in verdict_accuracy(*predictions(model_dir, args.test_folder)).items()
-        }
+        scores = verdict_accuracy(predictions(model_dir, data), data.test_y, data.class_names)
+        report[model_dir] = {k: round(v, 4) for k, v in scores.items()}
         print(model_dir, report[model_dir], flush=True)
     args.json.write_text(json.dumps({"test_folder": str(args.test_folder), "models": report}, indent=1) + "\n")
 
