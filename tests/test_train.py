@@ -429,3 +429,26 @@ def test_bootstrap_resamples_the_training_split_only_one_resample_per_seed(data,
     assert set(drawn) <= set(plain.train_idx.tolist()) and not set(drawn) & set(first.val_idx.tolist())
     assert drawn == again.train_idx.tolist() and drawn != other.train_idx.tolist()
     assert first.steps_per_epoch == plain.steps_per_epoch
+
+
+def test_weight_decay_is_decoupled_and_shrinks_only_the_weight_matrices(data) -> None:  # type: ignore[no-untyped-def]
+    """With zero gradients, decoupled decay (AdamW) scales each matrix by exactly 1 - lr x wd; Adam's L2
+    would have moved it by about lr per element instead. Biases, norms, the position embedding and the
+    class token are not decayed."""
+    from layerswarm.models.train import make_optimizer
+
+    model, _ = build_model(data, "layershuffle", None, ARCH, seed=0)
+    recipe = TrainRecipe(lr=0.1, weight_decay=0.5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = make_optimizer(model, recipe)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for name, p in model.named_parameters():
+        matrix = p.ndim >= 2 and not name.endswith(("pos_embed", "cls_token"))
+        expected = before[name] * (1 - 0.1 * 0.5) if matrix else before[name]
+        assert torch.allclose(p, expected, atol=1e-7), name
+    assert {"blocks.0.attn.qkv.weight", "head.classifier.weight"} <= {
+        n for n, p in model.named_parameters() if p.ndim >= 2
+    }
+    assert len(make_optimizer(model, TrainRecipe()).param_groups) == 1  # no decay: as every earlier run

@@ -126,7 +126,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--batch-size", type=positive_int, default=R.batch_size, help="examples per step")
     p.add_argument("--lr", type=positive_float, default=R.lr, help="Adam learning rate, cosine-decayed after warm-up")
     p.add_argument("--warmup-steps", type=non_negative_int, default=R.warmup_steps, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=non_negative_float, default=R.weight_decay, help="AdamW weight decay")
+    p.add_argument(
+        "--weight-decay",
+        type=non_negative_float,
+        default=R.weight_decay,
+        help="decoupled weight decay (AdamW) on the weight matrices; 0: plain Adam",
+    )
     p.add_argument("--no-augment", action="store_true", help="turn off augmentation (small shifts, and flips if asked)")
     p.add_argument(
         "--hflip",
