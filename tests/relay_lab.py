@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import torch
 
+from layerswarm.coordinator.clients import NodeClient
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
@@ -77,6 +78,36 @@ def tampering_onward(node: FaultyNode, tamper: Callable[[pb.RelayRequest], None]
         return peer
 
     pool.get = get_tampering  # type: ignore[method-assign]
+
+
+def last_step_forged(request: pb.RelayRequest) -> tuple[pb.RelayRequest, NodeClient]:
+    """The chain's last step as a node of the chain can forge it (its own input, at the last position;
+    the chain's MAC is valid), and a client to the last node that holds the swarm token."""
+    last = request.chain[-1]
+    forged = pb.RelayRequest()
+    forged.CopyFrom(request)
+    forged.index, forged.forward.position = len(request.chain) - 1, last.position
+    return forged, NodeClient(last.address, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
+
+
+def running_the_last_step_first(node: FaultyNode, times: int) -> None:
+    """Make `node`, on each chain, first run the chain's last step itself `times` times, directly on the
+    last node, with an activation of its choosing (its own input, at the wrong position): a valid MAC,
+    since it holds the chain, so the last node computes it. Then it goes on as an honest node."""
+    relay = node.relayer.relay
+
+    async def racing(request: pb.RelayRequest, handle: Any) -> Any:
+        forged, client = last_step_forged(request)
+        try:
+            await client.info(2.0)  # the node's proof first: we call only nodes that proved the token
+            for _ in range(times):
+                await client.relay(forged, 2.0)
+        finally:
+            await client.close()
+        async for event in relay(request, handle):
+            yield event
+
+    node.relayer.relay = racing  # type: ignore[method-assign]
 
 
 async def in_process_relay_swarm(

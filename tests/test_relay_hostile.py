@@ -25,7 +25,7 @@ from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .conftest import make_model_dir
-from .relay_lab import SEQ, TOKEN, images, in_process_relay_swarm, tampering_onward
+from .relay_lab import SEQ, TOKEN, images, in_process_relay_swarm, running_the_last_step_first, tampering_onward
 from .swarm import wait_until
 
 
@@ -445,30 +445,6 @@ async def test_a_node_clearing_collect_for_the_last_node_cannot_get_it_failed(tm
             await node.stop()
 
 
-def _racing_the_last_node(node: FaultyNode) -> None:
-    """Make `node`, on each chain, first run the chain's last step itself, directly on the last node,
-    with an activation of its choosing (its own input, at the wrong position): a valid MAC, since it
-    holds the chain, so the last node computes it and keeps that result for the coordinator's Collect
-    before the honest chain's arrives. Then it goes on as an honest node."""
-    relay = node.relayer.relay
-
-    async def racing(request: pb.RelayRequest, handle: Any) -> Any:
-        last = request.chain[-1]
-        forged = pb.RelayRequest()
-        forged.CopyFrom(request)
-        forged.index, forged.forward.position = len(request.chain) - 1, last.position
-        client = NodeClient(last.address, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
-        try:
-            await client.info(2.0)  # the node's proof first: we call only nodes that proved the token
-            await client.relay(forged, 2.0)
-        finally:
-            await client.close()
-        async for event in relay(request, handle):
-            yield event
-
-    node.relayer.relay = racing  # type: ignore[method-assign]
-
-
 async def test_a_node_racing_the_last_step_with_its_own_input_cannot_get_the_last_node_failed(
     tmp_path: Path,
 ) -> None:
@@ -482,7 +458,7 @@ async def test_a_node_racing_the_last_step_with_its_own_input_cannot_get_the_las
     try:
         reference = await coord.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
-        _racing_the_last_node(served[1])
+        running_the_last_step_first(served[1], times=1)
         for _ in range(3):
             result = await coord.classify(images(), SEQ)
             assert [h.outcome for h in result.path.hops] == ["relayed"] * 4, result.path

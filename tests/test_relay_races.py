@@ -9,10 +9,11 @@ from typing import Any
 
 from layerswarm.coordinator.clients import NodeClient
 from layerswarm.harness.faults import FaultSpec, FaultyNode
+from layerswarm.node.outbox import PER_REQUEST
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from .relay_lab import SEQ, TOKEN, images, in_process_relay_swarm
+from .relay_lab import SEQ, TOKEN, images, in_process_relay_swarm, last_step_forged, running_the_last_step_first
 
 
 def _racing_then_stealing(node: FaultyNode, stolen: list[Any]) -> None:
@@ -26,11 +27,7 @@ def _racing_then_stealing(node: FaultyNode, stolen: list[Any]) -> None:
     stealing: list[asyncio.Future[None]] = []
 
     async def racing(request: pb.RelayRequest, handle: Any) -> Any:
-        last = request.chain[-1]
-        forged = pb.RelayRequest()
-        forged.CopyFrom(request)
-        forged.index, forged.forward.position = len(request.chain) - 1, last.position
-        client = NodeClient(last.address, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
+        forged, client = last_step_forged(request)
         await client.info(2.0)
         await client.relay(forged, 2.0)
         await asyncio.sleep(0.05)  # the coordinator's waiting Collect has taken the racer's result
@@ -69,31 +66,6 @@ async def test_a_chain_node_taking_the_chains_result_first_cannot_get_the_last_n
             await node.stop()
 
 
-def _filling_the_last_nodes_runs(node: FaultyNode) -> None:
-    """On each chain, run the last step on the last node PER_REQUEST times first (a valid MAC: it holds
-    the chain), so the chain's own run there is refused ALREADY_EXISTS; then go on honestly."""
-    from layerswarm.node.outbox import PER_REQUEST
-
-    relay = node.relayer.relay
-
-    async def filling(request: pb.RelayRequest, handle: Any) -> Any:
-        last = request.chain[-1]
-        forged = pb.RelayRequest()
-        forged.CopyFrom(request)
-        forged.index, forged.forward.position = len(request.chain) - 1, last.position
-        client = NodeClient(last.address, 64 * 1024 * 1024, security=SecuritySettings(token=TOKEN))
-        try:
-            await client.info(2.0)
-            for _ in range(PER_REQUEST):
-                await client.relay(forged, 2.0)
-        finally:
-            await client.close()
-        async for event in relay(request, handle):
-            yield event
-
-    node.relayer.relay = filling  # type: ignore[method-assign]
-
-
 async def test_a_node_filling_the_last_nodes_runs_cannot_get_the_node_before_it_barred(tmp_path: Path) -> None:
     """The chain's own run at the last node is refused ALREADY_EXISTS; the honest node before it hands
     back. Before, the probe found the last node answering, the claim was contradicted, and after three
@@ -106,7 +78,7 @@ async def test_a_node_filling_the_last_nodes_runs_cannot_get_the_node_before_it_
     try:
         reference = await coord.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
-        _filling_the_last_nodes_runs(served[0])
+        running_the_last_step_first(served[0], times=PER_REQUEST)  # fills its runs: ALREADY_EXISTS next
         for _ in range(3):
             result = await coord.classify(images(), SEQ)
             await coord.handbacks.wait()
