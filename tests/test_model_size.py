@@ -108,4 +108,4 @@ def test_the_manifest_records_the_size_and_why_and_the_bench_reads_it(tmp_path: 
     assert (row["task"], row["train_images"], row["dim"], row["depth"], row["heads"]) == ("relations", 32, 48, 1, 3)
     assert row["block_params"] == block_params(48, 1) and row["epochs"] == 1
     assert row["test_sequential"] == manifest.metrics["test_sequential"] and "--size small" in row["command"]
-    assert "| relations | 32 | 48 x 1 (3) | 28,272 |" in render_runs([row])
+    assert "| relations | 32 | --epochs 1 --size small --depth 1 | 48 x 1 (3) | 28,272 |" in render_runs([row])

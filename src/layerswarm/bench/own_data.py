@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -174,14 +175,33 @@ def run_row(model_dir: Path) -> dict[str, Any]:
     }
 
 
+# Flags that say where a run reads and writes or how fast it goes, not what it trains: left out of the table.
+PLUMBING = {"--data": 1, "--out": 1, "--threads": 1, "--workers": 1, "--no-reference": 0, "--overwrite": 0}
+
+
+def training_flags(command: str | None) -> str:
+    """What a run's command asked for beyond the defaults ("defaults" when nothing): the table's way to
+    tell apart runs that differ by a flag."""
+    words = shlex.split(command or "")[2:]  # after `layerswarm train`
+    kept: list[str] = []
+    while words:
+        word = words.pop(0)
+        if word in PLUMBING:
+            del words[: PLUMBING[word]]
+        else:
+            kept.append(word)
+    return " ".join(kept) or "defaults"
+
+
 def render_runs(rows: list[dict[str, Any]]) -> str:
-    lines = ["| task | train images | D x blocks (heads) | block parameters | test seq / arb | best val loss "]
+    lines = ["| task | train images | flags | D x blocks (heads) | block parameters | test seq / arb | best val loss "]
     lines[0] += "| epochs, training | ended by |"
-    lines.append("| --- " * 8 + "|")
-    for r in sorted(rows, key=lambda r: (r["task"], r["train_images"], r["block_params"])):
+    lines.append("| --- " * 9 + "|")
+    for r in sorted(rows, key=lambda r: (r["task"], r["train_images"], r["block_params"], r["command"] or "")):
         ended = "early stop" if "improved" in (r["stopped"] or "") else "time budget"
         lines.append(
-            f"| {r['task']} | {r['train_images']:,} | {r['dim']} x {r['depth']} ({r['heads']}) | "
+            f"| {r['task']} | {r['train_images']:,} | {training_flags(r['command'])} | "
+            f"{r['dim']} x {r['depth']} ({r['heads']}) | "
             f"{r['block_params']:,} | {r['test_sequential']:.3f} / {r['test_arbitrary']:.3f} | "
             f"{r['best_val_loss']:.3f} | {r['epochs']}, {r['training_s']:.0f} s | {ended} |"
         )
