@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_only_compare_classes_parse() -> None:
             parse_verdicts(bad)
 
 
-def test_predictions_come_from_the_model_in_order(tmp_path: Path) -> None:
+def test_predictions_come_from_the_model_in_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write("compare", tmp_path / "data", train=64, val=32)
     argv = ["train", "--data", f"imagefolder:{tmp_path / 'data'}", "--out", str(tmp_path / "m"), "--epochs", "1"]
     argv += ["--depth", "2", "--dim", "16", "--heads", "2", "--no-reference", "--workers", "0"]
@@ -50,3 +51,16 @@ def test_predictions_come_from_the_model_in_order(tmp_path: Path) -> None:
     assert all(0 <= v <= 1 for v in scores.values()) and scores["all"] <= min(
         scores[w] for w in ("shape", "colour", "size")
     )
+    # The command: the report for a compare folder; another task's folder or no folder is named, no traceback.
+    from layerswarm.bench.compare_verdicts import main as verdicts
+
+    verdicts([str(tmp_path / "data"), str(tmp_path / "m"), "--json", str(tmp_path / "v.json")])
+    assert json.loads((tmp_path / "v.json").read_text())["models"][str(tmp_path / "m")]["all"] == round(
+        scores["all"], 4
+    )
+    write("relations", tmp_path / "relations", train=8, val=8)
+    for folder, reason in ((tmp_path / "relations", "not a compare class"), (tmp_path / "none", "test_folder")):
+        with pytest.raises(SystemExit) as exit_:
+            verdicts([str(folder), str(tmp_path / "m"), "--json", str(tmp_path / "bad.json")])
+        assert exit_.value.code == 2 and reason in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()

@@ -452,3 +452,18 @@ def test_weight_decay_is_decoupled_and_shrinks_only_the_weight_matrices(data) ->
         n for n, p in model.named_parameters() if p.ndim >= 2
     }
     assert len(make_optimizer(model, TrainRecipe()).param_groups) == 1  # no decay: as every earlier run
+
+
+def test_a_weight_decay_state_from_before_decoupling_is_refused_not_resumed(easy_data: Dataset, tmp_path: Path) -> None:
+    """A run with --weight-decay saved before it became AdamW's (one parameter group, Adam's L2) would go
+    on with another optimiser halfway; --resume names that instead (here: its record, made one-group)."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1, lr=3e-3, warmup_steps=5, batch_size=64, weight_decay=0.05)
+    model, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=0)
+    Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").fit()
+    path = tmp_path / "state" / "state.safetensors"
+    meta, tensors = read_state(path)
+    assert Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()  # as saved: fine
+    meta["sched"]["base_lrs"] = meta["sched"]["base_lrs"][:1]
+    save_file(tensors, str(path), metadata={"meta": json.dumps(meta)})
+    with pytest.raises(ValueError, match=r"cannot resume from .*: its optimiser state is from an earlier version"):
+        Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").load_state()

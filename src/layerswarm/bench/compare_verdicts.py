@@ -48,19 +48,24 @@ def predictions(model_dir: str, data: Dataset, batch: int = 250) -> torch.Tensor
     return torch.cat([model(images).argmax(-1) for images in iterate_batches(data.test_x, chunks)])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("test_folder", type=Path, help="a `layerswarm datasets compare` folder (its val/ split)")
     parser.add_argument("models", nargs="+", help="model directories")
     parser.add_argument("--json", type=Path, required=True, help="where to write the per-model verdicts")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for model_dir in args.models:  # every directory checked before minutes of work, named if not a model
         try:
             read_manifest(model_dir)
         except ValueError as err:
             parser.error(str(err))
     torch.set_num_threads(1)
-    data = load_dataset(f"imagefolder:{args.test_folder}")  # decoded once for every model
+    try:
+        data = load_dataset(f"imagefolder:{args.test_folder}")  # decoded once for every model
+        for name in data.class_names:
+            parse_verdicts(name)
+    except ValueError as err:
+        parser.error(f"test_folder {args.test_folder}: {err}")
     report = {}
     for model_dir in args.models:
         scores = verdict_accuracy(predictions(model_dir, data), data.test_y, data.class_names)

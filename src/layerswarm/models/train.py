@@ -41,17 +41,23 @@ VAL_ORDERS = 3  # random block orders behind the arbitrary-order validation accu
 NO_DECAY = ("pos_embed", "cls_token")
 
 
+def decays(name: str, param: Tensor) -> bool:
+    """Whether weight decay applies to this parameter: the weight matrices (and conv kernels) only."""
+    return param.ndim >= 2 and not name.endswith(NO_DECAY)
+
+
 def make_optimizer(model: ViT, recipe: TrainRecipe) -> torch.optim.Optimizer:
     """Adam as in the paper; with a weight decay, decoupled (AdamW, Loshchilov & Hutter 2019) and on the
     weight matrices only. One parameter group when there is none, as every run before had."""
-    adam = {"lr": recipe.lr, "betas": (0.9, 0.999), "eps": 1e-6}
     if not recipe.weight_decay:
-        return torch.optim.AdamW(model.parameters(), weight_decay=0.0, **adam)  # type: ignore[arg-type]
-    named = list(model.named_parameters())
-    decayed = [p for n, p in named if p.ndim >= 2 and not n.endswith(NO_DECAY)]
-    kept = [p for n, p in named if not (p.ndim >= 2 and not n.endswith(NO_DECAY))]
-    groups = [{"params": decayed, "weight_decay": recipe.weight_decay}, {"params": kept, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, **adam)  # type: ignore[arg-type]
+        groups: list[dict[str, Any]] = [{"params": list(model.parameters()), "weight_decay": 0.0}]
+    else:
+        named = list(model.named_parameters())
+        groups = [
+            {"params": [p for n, p in named if decays(n, p)], "weight_decay": recipe.weight_decay},
+            {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
+        ]
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.999), eps=1e-6)
 
 
 class Trainer:

@@ -92,6 +92,13 @@ def load_state(trainer: Trainer) -> bool:
                 f"cannot resume from {trainer.state_dir}: it was made with other {key} ({shown}); "
                 "use another --out, or train without --resume to start over there"
             )
+    if len(meta["sched"].get("base_lrs", [])) != len(trainer.opt.param_groups):
+        # Written before --weight-decay became decoupled and matrices-only (one group; Adam's L2 then):
+        # going on would change the optimiser halfway through the run.
+        raise ValueError(
+            f"cannot resume from {trainer.state_dir}: its optimiser state is from an earlier version (weight "
+            "decay was Adam's L2 then); train without --resume to start over"
+        )
     trainer.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
     trainer.best_state = best or None
