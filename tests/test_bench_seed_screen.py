@@ -1,0 +1,71 @@
+"""bench/seed_screen.py: real `layerswarm train` processes per recipe and seed, counted per recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from layerswarm.bench.seed_screen import main, outcome, parse_recipe, parse_seeds
+from layerswarm.models.synthetic import write
+
+TINY = "--depth 2 --dim 16 --heads 2"
+
+
+def test_seed_lists_and_recipes_parse_or_say_why() -> None:
+    assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
+    assert parse_recipe('in-order=--variant baseline --lr "2e-3"') == (
+        "in-order",
+        ["--variant", "baseline", "--lr", "2e-3"],
+    )
+    assert parse_recipe("default=") == ("default", [])
+    for bad in ("x", "0-", "a-b", "-1"):
+        with pytest.raises(ValueError, match="not a seed list"):
+            parse_seeds(bad)
+    for bad in ("--lr 2e-3", "a b=--lr 1", "../x=--lr 1"):
+        with pytest.raises(ValueError, match="not a recipe"):
+            parse_recipe(bad)
+
+
+def test_a_bad_recipe_is_a_usage_error_naming_the_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["shapes", "--epochs", "1", "--recipe", "no-equals-sign", "--work", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "--recipe" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["shapes", "--epochs", "1", "--recipe", "a=", "--work", str(tmp_path / "none"), "--collect"])
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_each_recipe_runs_over_the_seeds_and_is_counted(tmp_path: Path) -> None:
+    write("compare", tmp_path / "data", train=64, val=32)
+    work, report_path = tmp_path / "work", tmp_path / "screen.json"
+    recipes = ["--recipe", f"default={TINY}", "--recipe", f"in-order=--variant baseline {TINY}"]
+    argv = [f"imagefolder:{tmp_path / 'data'}", "--epochs", "1", "--seeds", "0-1", *recipes, "--parallel", "2"]
+    assert main([*argv, "--work", str(work), "--name", "t", "--threshold", "0", "--json", str(report_path)]) == 0
+
+    report = json.loads(report_path.read_text())
+    assert [(r["recipe"], r["runs"], r["past_threshold"]) for r in report["recipes"]] == [
+        ("default", 2, 2),
+        ("in-order", 2, 2),
+    ]
+    # The recipe's flags reached the trainer, with each run's own seed.
+    for recipe, variant in (("default", "layershuffle"), ("in-order", "baseline")):
+        for seed in (0, 1):
+            trained = json.loads((work / f"t-{recipe}-s{seed}" / "manifest.json").read_text())["recipe"]
+            assert (trained["variant"], trained["seed"], trained["epochs"]) == (variant, seed, 1)
+    # --collect reads the same runs back from their logs without starting any.
+    assert (
+        main([*argv, "--work", str(work), "--name", "t", "--threshold", "0", "--collect", "--json", str(report_path)])
+        == 0
+    )
+    assert json.loads(report_path.read_text())["runs"] == report["runs"]
+
+
+def test_a_run_that_never_finished_is_not_counted(tmp_path: Path) -> None:
+    log = tmp_path / "t-default-s0.log"
+    log.write_text("epoch 1/36: train loss 2.08\nepoch 2/36: train loss 2.07\n")
+    assert outcome(log) == {"epochs": 2, "finished": False}
+    log.write_text(log.read_text() + '{"event": "trained", "test_sequential": 0.5, "test_arbitrary": 0.25}\n')
+    assert outcome(log) == {"epochs": 2, "finished": True, "test_sequential": 0.5, "test_arbitrary": 0.25}
