@@ -63,6 +63,17 @@ def test_each_recipe_runs_over_the_seeds_and_is_counted(tmp_path: Path) -> None:
     assert json.loads(report_path.read_text())["runs"] == report["runs"]
 
 
+def test_a_run_that_fails_is_reported_not_counted(tmp_path: Path) -> None:
+    write("compare", tmp_path / "data", train=16, val=8)
+    recipes = ["--recipe", "typo=--no-such-flag", "--recipe", "bad-lr=--lr -1"]
+    argv = [f"imagefolder:{tmp_path / 'data'}", "--epochs", "1", "--seeds", "0", *recipes, "--work", str(tmp_path)]
+    assert main([*argv, "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["runs"], r["unfinished"]) for r in report["recipes"]] == [(0, 1), (0, 1)]
+    assert "1 unfinished: see the logs" in (tmp_path / "r.md").read_text()
+    assert "--no-such-flag" in (tmp_path / "screen-typo-s0.log").read_text()
+
+
 def test_a_run_that_never_finished_is_not_counted(tmp_path: Path) -> None:
     log = tmp_path / "t-default-s0.log"
     log.write_text("epoch 1/36: train loss 2.08\nepoch 2/36: train loss 2.07\n")

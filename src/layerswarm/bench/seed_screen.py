@@ -129,6 +129,7 @@ def summarize(args: argparse.Namespace, recipes: dict[str, list[str]], runs: lis
                 "recipe": recipe,
                 "flags": shlex.join(flags),
                 "runs": len(done),
+                "unfinished": sum(row["recipe"] == recipe and not row["finished"] for row in rows),
                 "past_threshold": sum(acc >= args.threshold for acc in accs),
                 "median_test_sequential": round(statistics.median(accs), 3) if accs else None,
                 "median_test_arbitrary": round(statistics.median(arb), 3) if arb else None,
@@ -149,6 +150,11 @@ def summarize(args: argparse.Namespace, recipes: dict[str, list[str]], runs: lis
     }
 
 
+def unfinished(recipe: dict[str, Any]) -> str:
+    """A note of the runs that ended without a model (see their logs), for the table."""
+    return f" ({recipe['unfinished']} unfinished: see the logs)" if recipe["unfinished"] else ""
+
+
 def render(report: dict[str, Any]) -> str:
     lines = [
         f"| recipe (flags) | runs | test >= {report['threshold']} (seeds) | test in order, each run "
@@ -158,7 +164,8 @@ def render(report: dict[str, Any]) -> str:
     for r in report["recipes"]:
         seeds = ", ".join(map(str, r["seeds_past"])) or "none"
         lines.append(
-            f"| {r['recipe']} (`{r['flags'] or 'default'}`) | {r['runs']} | {r['past_threshold']} ({seeds}) "
+            f"| {r['recipe']} (`{r['flags'] or 'default'}`) | {r['runs']}{unfinished(r)} "
+            f"| {r['past_threshold']} ({seeds}) "
             f"| {', '.join(f'{acc:.2f}' for acc in r['test_sequential_sorted'])} "
             f"| {r['median_test_sequential']} / {r['median_test_arbitrary']} |"
         )
@@ -168,20 +175,24 @@ def render(report: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m layerswarm.bench.seed_screen",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("data", help="layerswarm train's --data, e.g. imagefolder:PATH")
     parser.add_argument("--epochs", type=int, required=True, help="epochs per run (the step-matched schedule)")
-    parser.add_argument("--seeds", default="0-3", help="training seeds: 0-10 or 0,2,5")
+    parser.add_argument("--seeds", default="0-3", help="training seeds: 0-10 or 0,2,5 (default: 0-3)")
     parser.add_argument(
         "--recipe", action="append", required=True, help="NAME=FLAGS added to the default command (repeatable)"
     )
-    parser.add_argument("--device", default="cpu", help="layerswarm train's --device for every run")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at a time")
+    parser.add_argument("--device", default="cpu", help="layerswarm train's --device for every run (default: cpu)")
+    parser.add_argument(
+        "--parallel", type=int, default=2, help="runs at a time (default: 2; one core or a share of the GPU each)"
+    )
     parser.add_argument("--work", type=Path, required=True, help="folder for the runs' logs and models")
-    parser.add_argument("--name", default="screen", help="prefix of every run's name")
-    parser.add_argument("--threshold", type=float, default=0.9, help="test accuracy that counts as past")
+    parser.add_argument("--name", default="screen", help="prefix of every run's name (default: screen)")
+    parser.add_argument(
+        "--threshold", type=float, default=0.9, help="test accuracy that counts as past the plateau (default: 0.9)"
+    )
     parser.add_argument("--collect", action="store_true", help="start nothing: summarise the logs in --work")
     parser.add_argument("--machine", default="", help="the machine the runs ran on (default: this one)")
     parser.add_argument("--json", type=Path, help="write the report here")
