@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,3 +83,25 @@ def test_a_run_that_never_finished_is_not_counted(tmp_path: Path) -> None:
     assert outcome(log) == {"epochs": 2, "finished": False}
     log.write_text(log.read_text() + '{"event": "trained", "test_sequential": 0.5, "test_arbitrary": 0.25}\n')
     assert outcome(log) == {"epochs": 2, "finished": True, "test_sequential": 0.5, "test_arbitrary": 0.25}
+
+
+def test_a_screen_stopped_early_ends_the_runs_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerswarm.bench import seed_screen
+
+    sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
+    runs = [seed_screen.Run("r", seed, tmp_path / f"r-s{seed}.log", sleeper) for seed in range(3)]
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    def interrupt(_: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(seed_screen.subprocess, "Popen", popen)
+    monkeypatch.setattr(seed_screen.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        seed_screen.launch(runs, parallel=2)
+    assert len(started) == 2 and all(proc.poll() is not None for proc in started)  # ended and reaped

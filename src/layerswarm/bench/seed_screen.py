@@ -81,19 +81,27 @@ def plan(args: argparse.Namespace, recipes: dict[str, list[str]], seeds: list[in
 
 
 def launch(runs: list[Run], parallel: int) -> None:
-    """Every run, at most `parallel` at a time, each writing its log; returns when all have ended."""
-    pending, active = list(runs), list[subprocess.Popen[bytes]]()
-    with tqdm(total=len(runs), desc="runs", unit="run") as bar:
-        while pending or active:
-            while pending and len(active) < parallel:
-                run = pending.pop(0)
-                run.log.parent.mkdir(parents=True, exist_ok=True)
-                with run.log.open("w") as log:
-                    active.append(subprocess.Popen(run.argv, stdout=log, stderr=subprocess.STDOUT))
-            time.sleep(1.0)
-            ended = [proc for proc in active if proc.poll() is not None]
-            active = [proc for proc in active if proc.poll() is None]
-            bar.update(len(ended))
+    """Every run, at most `parallel` at a time, each writing its log; returns when all have ended. Stopped
+    early (Ctrl-C), it ends the runs it started rather than leaving them training on their own."""
+    pending = list(runs)
+    active: list[subprocess.Popen[bytes]] = []
+    try:
+        with tqdm(total=len(runs), desc="runs", unit="run") as bar:
+            while pending or active:
+                while pending and len(active) < parallel:
+                    run = pending.pop(0)
+                    run.log.parent.mkdir(parents=True, exist_ok=True)
+                    with run.log.open("w") as log:
+                        active.append(subprocess.Popen(run.argv, stdout=log, stderr=subprocess.STDOUT))
+                time.sleep(1.0)
+                running = [proc for proc in active if proc.poll() is None]
+                bar.update(len(active) - len(running))
+                active = running
+    finally:
+        for proc in active:
+            proc.terminate()
+        for proc in active:
+            proc.wait()
 
 
 def found_runs(work: Path, name: str, recipes: dict[str, list[str]]) -> list[Run]:
