@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +109,47 @@ def test_a_screen_stopped_early_ends_the_runs_it_started(tmp_path: Path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         seed_screen.launch(runs, parallel=2)
     assert len(started) == 2 and all(proc.poll() is not None for proc in started)  # ended and reaped
+
+
+TERMINATED_SCREEN = """
+import subprocess, sys, time
+from pathlib import Path
+from layerswarm.bench import seed_screen
+
+pids, real_popen = Path(sys.argv[1]), subprocess.Popen
+
+def popen(*args, **kwargs):
+    proc = real_popen(*args, **kwargs)
+    with pids.open("a") as out:
+        out.write(f"{proc.pid}\\n")
+    return proc
+
+seed_screen.subprocess.Popen = popen
+sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
+runs = [seed_screen.Run("r", seed, pids.parent / f"r-s{seed}.log", sleeper) for seed in range(3)]
+seed_screen.launch(runs, parallel=2)
+"""
+
+
+def test_a_screen_sent_sigterm_ends_the_runs_it_started(tmp_path: Path) -> None:
+    """`kill PID` (or a job runner's timeout) on a screen must not leave its runs training unowned."""
+    pids = tmp_path / "pids"
+    screen = subprocess.Popen([sys.executable, "-c", TERMINATED_SCREEN, str(pids)], stderr=subprocess.DEVNULL)
+    children: list[int] = []
+    try:
+        for _ in range(200):  # both runs started: at most 20 s
+            children = [int(line) for line in pids.read_text().split()] if pids.is_file() else []
+            if len(children) == 2:
+                break
+            time.sleep(0.1)
+        assert len(children) == 2
+        screen.send_signal(signal.SIGTERM)
+        assert screen.wait(timeout=30) == 128 + signal.SIGTERM
+        for pid in children:  # ended and reaped by the screen, so the pid is gone
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        screen.kill()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -23,6 +23,7 @@ import json
 import platform
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -80,11 +81,17 @@ def plan(args: argparse.Namespace, recipes: dict[str, list[str]], seeds: list[in
     return runs
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through launch's `finally`, which ends the runs
+
+
 def launch(runs: list[Run], parallel: int) -> None:
     """Every run, at most `parallel` at a time, each writing its log; returns when all have ended. Stopped
-    early (Ctrl-C), it ends the runs it started rather than leaving them training on their own."""
+    early (Ctrl-C, or SIGTERM from a job runner or `kill`), it ends the runs it started rather than leaving
+    them training on their own."""
     pending = list(runs)
     active: list[subprocess.Popen[bytes]] = []
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         with tqdm(total=len(runs), desc="runs", unit="run") as bar:
             while pending or active:
@@ -95,9 +102,11 @@ def launch(runs: list[Run], parallel: int) -> None:
                         active.append(subprocess.Popen(run.argv, stdout=log, stderr=subprocess.STDOUT))
                 time.sleep(1.0)
                 running = [proc for proc in active if proc.poll() is None]
-                bar.update(len(active) - len(running))
+                if ended := len(active) - len(running):  # no redraw otherwise: a log file gets a line per run
+                    bar.update(ended)
                 active = running
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for proc in active:
             proc.terminate()
         for proc in active:
