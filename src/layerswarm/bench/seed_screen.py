@@ -1,7 +1,7 @@
 """How often a recipe gets past a plateau: `layerswarm train` over many seeds and a few recipes, side by
 side, each run's test accuracy and, per recipe, how many runs got past a threshold.
 
-A plateau like `compare`'s (README, "A task the default command does not always learn") is left in a
+A plateau like `compare`'s (docs/own-data.md, "A task the default command does not always learn") is left in a
 sudden jump or not at all, so one run per recipe says little about a recipe; counts over seeds do.
 Runs are step-matched: each trains a fixed number of epochs with the time budget out of the way, so a
 GPU run takes the steps a CPU run takes in its budget (`compare` at 20,000 images on one core of the

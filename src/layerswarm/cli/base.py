@@ -146,6 +146,14 @@ def probability_below_one(text: str) -> float:
     return value
 
 
+def share_of_schedule(text: str) -> float:
+    """argparse type: a share in [0, 1]."""
+    value = _finite(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share from 0 to 1, got {text}")
+    return value
+
+
 def folder(text: str) -> Path:
     """argparse type: a folder, or a path where one can be made (neither it nor a parent is a file)."""
     path = Path(text)

@@ -28,7 +28,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--variant", choices=VARIANTS, default="layershuffle", help="training approach")
     # 10 passes at 1e-3 rather than 5 at 5e-4: members that drift further from the base err differently, and
     # their ensemble then beats the best member beyond a 5,000-image test set's noise on relations and
-    # counting while merging still keeps >= 0.99 (README "Your own data", 2026-11-26).
+    # counting while merging still keeps >= 0.99 (docs/own-data.md, 2026-11-26).
     p.add_argument("--epochs", type=positive_int, default=10, help="fine-tuning passes per member")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate")
     p.add_argument("--first-seed", type=non_negative_int, default=1, help="member i trains with seed FIRST_SEED + i")

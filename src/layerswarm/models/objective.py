@@ -16,10 +16,14 @@ from .data import Images, iterate_batches
 from .vit import Block, ViT
 
 
-def batch_order(model: ViT, variant: str, gen: torch.Generator) -> list[int]:
-    """The block order for one training batch."""
+def batch_order(model: ViT, variant: str, gen: torch.Generator, shuffle_chance: float = 1.0) -> list[int]:
+    """The block order for one training batch: for a shuffle-robust variant a random order, or with
+    probability 1 - shuffle_chance (during a shuffle ramp) the blocks in order."""
     depth = len(model.blocks)
     if is_shuffle_robust(variant):
+        # Drawn only while ramping, so a run without a ramp draws exactly what it always drew.
+        if shuffle_chance < 1.0 and float(torch.rand((), generator=gen)) >= shuffle_chance:
+            return list(range(depth))
         return torch.randperm(depth, generator=gen).tolist()
     if variant == "layerdrop":
         keep = torch.rand(depth, generator=gen) >= model.cfg.layerdrop

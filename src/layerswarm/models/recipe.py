@@ -8,6 +8,9 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+# `layerswarm train`'s --shuffle-ramp for an image model trained from scratch (TrainRecipe.shuffle_ramp).
+FROM_SCRATCH_SHUFFLE_RAMP = 0.0
+
 
 @dataclass
 class TrainRecipe:
@@ -27,14 +30,19 @@ class TrainRecipe:
     label_smoothing: float = 0.1  # images: softens the targets, which small models on small data overfit
     # Stochastic depth: the probability that a sample skips a block's attention or MLP branch in training.
     # Off by default: on the generated own-data tasks it cost accuracy in order and gained nothing in
-    # arbitrary order (README "Your own data", bench/results/own-data-drop-path.json).
+    # arbitrary order (docs/own-data.md, bench/results/own-data-drop-path.json).
     drop_path: float = 0.0
     # Mixup (images only): each training batch is blended with a shuffled copy of itself, x = lam * x +
     # (1 - lam) * x[perm], and the loss weighs the two label sets by lam and 1 - lam; lam ~ Beta(a, a) per
     # batch, a this value (0: off). Validation and test never mix. Off by default: at 0.2 it cost accuracy on
-    # the generated own-data tasks with the default early stopping and did not win without it (README "Your
-    # own data", bench/results/own-data-mixup.json).
+    # the generated own-data tasks with the default early stopping and did not win without it
+    # (docs/own-data.md, bench/results/own-data-mixup.json).
     mixup: float = 0.0
+    # LayerShuffle from scratch: the share of the step schedule over which the chance that a batch runs its
+    # blocks in a random order (not in order) rises linearly from 0 to 1; shuffled throughout after it. 0:
+    # every batch shuffled from the first step. Only a model trained from scratch ramps (a fine-tune's base
+    # already learnt the task), and the model kept is chosen after the ramp. See SHUFFLE_RAMP.
+    shuffle_ramp: float = 0.0
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -63,6 +71,8 @@ class TrainRecipe:
             raise ValueError(f"epochs and batch size must be at least 1, got {self.epochs} and {self.batch_size}")
         if self.time_budget_s <= 0 or self.patience < 0 or not 0 <= self.label_smoothing < 1:
             raise ValueError("time budget must be positive, patience at least 0, label smoothing in [0, 1)")
+        if not 0 <= self.shuffle_ramp <= 1:
+            raise ValueError(f"shuffle ramp must be a share of the schedule in [0, 1], got {self.shuffle_ramp}")
         if not 0 <= self.drop_path < 1:
             raise ValueError(f"drop path must be in [0, 1), got {self.drop_path}")
         if not 0 <= self.mixup < math.inf:  # nan fails every comparison
@@ -95,6 +105,10 @@ def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
         *("threads", "exit_loss", "bootstrap"),
         *("time_budget_s", "patience", "label_smoothing", "drop_path", "mixup"),
     )
+    ramp = getattr(args, "shuffle_ramp", None)
+    if ramp is None:  # not asked: an image model from scratch ramps, a fine-tune's base has learnt already
+        ramp = FROM_SCRATCH_SHUFFLE_RAMP if getattr(args, "init", None) is None else 0.0
+    overrides = {"shuffle_ramp": ramp, **overrides}
     if getattr(args, "token_depth", None):
         overrides = {"token_depth": args.token_depth, **overrides}
     return TrainRecipe(**{name: getattr(args, name) for name in fields}, **overrides)

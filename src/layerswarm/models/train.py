@@ -20,7 +20,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .checkpoint import Lineage, Manifest, load_model, read_manifest
-from .config import ViTConfig
+from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, iterate_batches
 from .objective import augment, batch_order, evaluate_loss, mixup_batch, training_loss
 from .recipe import TrainRecipe
@@ -141,6 +141,20 @@ class Trainer:
     def schedule_done(self) -> bool:
         return int(self.sched.last_epoch) >= self.total_steps
 
+    def shuffle_chance(self) -> float:
+        """The chance that this step's batch is shuffled: rising linearly over the first `shuffle_ramp` of
+        the step schedule (as planned now), then 1."""
+        ramp = self.recipe.shuffle_ramp
+        if ramp == 0.0:
+            return 1.0
+        return min(1.0, int(self.sched.last_epoch) / (ramp * self.total_steps))
+
+    def ramping(self) -> bool:
+        """Whether some batches still run in order. A model chosen then would be chosen by its accuracy in
+        order (the validation loss), which says nothing of the orders the swarm will run it in: the kept
+        model and early stopping wait for the ramp's end, as patience waits for the warm-up's."""
+        return is_shuffle_robust(self.recipe.variant) and self.shuffle_chance() < 1.0
+
     def warming_up(self) -> bool:
         """Whether the learning rate is still rising. A validation loss that did not fall then says nothing
         of overfitting, so patience does not count it: on a few hundred images an epoch is one or two steps,
@@ -164,11 +178,8 @@ class Trainer:
             self._plan_steps()  # with this epoch's seconds in the history
             record["planned_steps"] = self.total_steps
             log.info("%s", describe_epoch(record, self.recipe.epochs))
-            if record["val_loss"] < self.best_val:
-                self.best_val, self.stale = record["val_loss"], 0
-                self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            elif not self.warming_up():
-                self.stale += 1
+            if not self.ramping():  # the kept model and patience wait for the ramp's end: see ramping()
+                self._keep_if_best(record["val_loss"])
             self.epoch = epoch + 1
             self.save_state()
             if on_epoch:
@@ -181,6 +192,13 @@ class Trainer:
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
         return self.history[-1] if self.history else {}
+
+    def _keep_if_best(self, val_loss: float) -> None:
+        if val_loss < self.best_val:
+            self.best_val, self.stale = val_loss, 0
+            self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        elif not self.warming_up():
+            self.stale += 1
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
@@ -202,7 +220,7 @@ class Trainer:
         )
         for step, (idx, batch) in enumerate(bar):
             images = augment(batch, self.gen, self.recipe.hflip) if self.recipe.augment else batch
-            order = batch_order(self.model, self.recipe.variant, self.gen)
+            order = batch_order(self.model, self.recipe.variant, self.gen, self.shuffle_chance())
             labels = self.data.train_y[idx].to(self.device)
             mix = None
             if self.recipe.mixup:  # after the shifts: a blend of two shifted images; 0 draws nothing

@@ -75,7 +75,9 @@ def text_train_main(args: argparse.Namespace) -> int:
         model, lineage = TextEncoder(cfg), Lineage(source="scratch")
     if getattr(args, "token_depth", None):
         model.token_depth_table = _init_depth_table(args, model.cfg.vocab_size)
-    recipe = recipe_from_args(args, augment=False)  # image flips and shifts would scramble word order
+    # No shuffle ramp unless asked: measured on images only (docs/own-data.md). No image flips and shifts
+    # either: they would scramble word order.
+    recipe = recipe_from_args(args, augment=False, shuffle_ramp=args.shuffle_ramp or 0.0)
     trainer = Trainer(model, data, recipe, pick_train_device(args.device), args.out / TRAIN_STATE)
     if args.resume:
         trainer.load_state()

@@ -1,0 +1,97 @@
+"""The shuffle ramp (`train --shuffle-ramp`): in-order batches giving way to shuffled ones over a share of
+the step schedule, the kept model chosen only after it, and who gets a ramp by default."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from layerswarm.cli import main
+from layerswarm.models.data import Dataset
+from layerswarm.models.objective import batch_order
+from layerswarm.models.recipe import FROM_SCRATCH_SHUFFLE_RAMP, recipe_from_args
+from layerswarm.models.train import Trainer, TrainRecipe, build_model
+
+ARCH = {"depth": 4, "dim": 16, "heads": 2, "patch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def colours() -> Dataset:
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 4, (320,), generator=gen)
+    palette = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
+    images = palette[labels][:, :, None, None] * 0.6 + torch.rand(320, 3, 32, 32, generator=gen) * 0.4
+    return Dataset("colours", "test", images[:256], labels[:256], images[256:], labels[256:], ("r", "g", "b", "y"))
+
+
+def test_the_chance_of_a_shuffled_batch_decides_between_in_order_and_a_random_order(colours: Dataset) -> None:
+    model, _ = build_model(colours, "layershuffle", None, ARCH, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    assert all(batch_order(model, "layershuffle", gen, 0.0) == [0, 1, 2, 3] for _ in range(20))
+    half = [batch_order(model, "layershuffle", gen, 0.5) for _ in range(200)]
+    in_order = sum(order == [0, 1, 2, 3] for order in half)
+    assert 70 <= in_order <= 140  # about half in order, plus the random orders that happen to be (1 in 24)
+    assert batch_order(model, "baseline", gen, 0.5) == [0, 1, 2, 3]
+
+
+def test_without_a_ramp_the_orders_drawn_are_the_ones_always_drawn(colours: Dataset) -> None:
+    """No extra draw when every batch is shuffled: runs and resumes from before the ramp stay exact."""
+    model, _ = build_model(colours, "layershuffle", None, ARCH, seed=0)
+    gen, same = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    drawn = [batch_order(model, "layershuffle", gen) for _ in range(10)]
+    assert drawn == [torch.randperm(4, generator=same).tolist() for _ in range(10)]
+
+
+def trainer(data: Dataset, tmp_path: Path, ramp: float, epochs: int = 4) -> Trainer:
+    model, _ = build_model(data, "layershuffle", None, ARCH, seed=0)
+    recipe = TrainRecipe(epochs=epochs, batch_size=64, warmup_steps=1, shuffle_ramp=ramp, time_budget_s=1e6)
+    return Trainer(model, data, recipe, torch.device("cpu"), tmp_path / "state")
+
+
+def test_the_chance_rises_over_the_ramp_share_of_the_schedule(colours: Dataset, tmp_path: Path) -> None:
+    run = trainer(colours, tmp_path, ramp=0.5)  # 4 steps an epoch, 16 in all: shuffled from step 8
+    chances = []
+    for _ in range(run.total_steps):
+        chances.append(run.shuffle_chance())
+        run.sched.step()
+    assert chances[0] == 0.0 and chances[4] == pytest.approx(0.5) and chances[8:] == [1.0] * 8
+    assert trainer(colours, tmp_path / "none", ramp=0.0).shuffle_chance() == 1.0
+
+
+def test_the_kept_model_is_chosen_after_the_ramp_not_during_it(colours: Dataset, tmp_path: Path) -> None:
+    """During the ramp the validation loss is in-order accuracy: a model kept then could fail in the orders
+    the swarm runs it in. A ramp over the whole schedule keeps no earlier epoch and counts no patience."""
+    whole = trainer(colours, tmp_path / "whole", ramp=1.0)
+    whole.fit()
+    assert whole.best_state is None and whole.stale == 0 and len(whole.history) == 4
+    half = trainer(colours, tmp_path / "half", ramp=0.5)
+    half.fit()
+    assert half.best_state is not None  # chosen once the ramp is over, from the end of epoch 2 on
+
+
+def args_for(init: str | None, asked: float | None) -> argparse.Namespace:
+    fields = ("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "split_seed")
+    fields += ("threads", "exit_loss", "bootstrap", "time_budget_s", "patience", "label_smoothing")
+    values = {name: getattr(TrainRecipe(), name) for name in (*fields, "drop_path", "mixup")}
+    return argparse.Namespace(**values, init=init, shuffle_ramp=asked)
+
+
+def test_a_model_from_scratch_ramps_by_default_a_fine_tune_does_not_and_an_asked_share_wins() -> None:
+    assert recipe_from_args(args_for(None, None)).shuffle_ramp == FROM_SCRATCH_SHUFFLE_RAMP
+    assert recipe_from_args(args_for("models/base", None)).shuffle_ramp == 0.0
+    assert recipe_from_args(args_for("models/base", 0.3)).shuffle_ramp == 0.3
+    assert recipe_from_args(args_for(None, 0.0)).shuffle_ramp == 0.0
+
+
+def test_a_share_outside_0_to_1_is_a_usage_error_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--data", "shapes", "--out", str(tmp_path / "m"), "--shuffle-ramp", "1.5"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--shuffle-ramp" in err and "Traceback" not in err
+    assert not (tmp_path / "m").exists()
