@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from PIL import Image
 
 from layerswarm.models.data import check_spec, iterate_batches, load_dataset
-from layerswarm.models.folders import ImageFiles
+from layerswarm.models.folders import ImageFiles, usable_workers
 
 
 def test_shapes_are_deterministic_and_balanced() -> None:
@@ -139,6 +141,25 @@ def test_streamed_folder_decodes_in_workers_to_the_same_images(tmp_path: Path) -
     ):
         assert torch.equal(got, want)
     assert torch.equal(torch.stack(list(streamed.test_x)), held.test_x)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_decoding_workers_never_outnumber_the_cores_this_process_may_use(tmp_path: Path) -> None:
+    """Pinned to one core (taskset, a container's cpuset), two workers asked: PyTorch warned twice per
+    training run that they outnumber the cores; now the loaders get one."""
+    _write_folder(tmp_path, {"a": (200, 20, 20), "b": (20, 20, 200)}, 6)
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        assert usable_workers(2) == 1 and usable_workers(0) == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the worker-count warning would fail the test
+            held = load_dataset(f"imagefolder:{tmp_path}", image_size=24, workers=2)
+            streamed = load_dataset(f"imagefolder:{tmp_path}", image_size=24, workers=2, memory_limit_bytes=0)
+            batches = list(iterate_batches(streamed.train_x, [torch.arange(4)], workers=2))
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert torch.equal(batches[0], held.train_x[:4])
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,8 @@ from layerswarm.models.recipe import TrainRecipe
 from layerswarm.models.train import Trainer
 from layerswarm.models.vit import ViT
 
+from .colour_data import colour_images
+
 CLASSES = 4
 
 
@@ -35,10 +37,8 @@ def _model(variant: str = "layershuffle") -> ViT:
 
 def _batch(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
     """Each class its own colour, plus noise."""
-    gen = torch.Generator().manual_seed(1)
     labels = torch.arange(n) % CLASSES
-    colours = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
-    return colours[labels][:, :, None, None] * 0.6 + torch.rand(n, 3, 16, 16, generator=gen) * 0.4, labels
+    return colour_images(labels, 16, torch.Generator().manual_seed(1)), labels
 
 
 def _told_apart() -> ViT:

@@ -32,6 +32,8 @@ from layerswarm.models.synthetic import (
 )
 from layerswarm.models.train import TrainRecipe
 
+from .colour_data import colour_dataset
+
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_generated_tasks_are_deterministic_balanced_and_read_as_image_folders(task: str, tmp_path: Path) -> None:
@@ -121,11 +123,8 @@ def test_flips_are_off_by_default_and_on_when_asked() -> None:
 
 
 def test_reference_cnn_learns_and_the_far_behind_warning_fires(tmp_path: Path) -> None:
-    gen = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 4, (384,), generator=gen)
-    colours = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
-    images = colours[labels][:, :, None, None] * 0.6 + torch.rand(384, 3, 16, 16, generator=gen) * 0.4
-    result = train_reference((images[:256], labels[:256]), (images[256:], labels[256:]), 4, budget_s=3.0)
+    data = colour_dataset(384, train=256, size=16)
+    result = train_reference((data.train_x, data.train_y), (data.test_x, data.test_y), 4, budget_s=3.0)
     assert result.val_acc > 0.9 and result.steps > 0
     warning = far_behind_warning({"val_sequential": 0.5}, result)
     assert warning and "below 90% of a small CNN" in warning

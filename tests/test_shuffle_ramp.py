@@ -11,20 +11,20 @@ import torch
 
 from layerswarm.cli import main
 from layerswarm.models.data import Dataset
+from layerswarm.models.learned import kept_accuracies
 from layerswarm.models.objective import batch_order
 from layerswarm.models.recipe import FROM_SCRATCH_SHUFFLE_RAMP, recipe_from_args
 from layerswarm.models.train import Trainer, TrainRecipe, build_model
+from layerswarm.models.train_report import best_epoch, near_chance_warning
+
+from .colour_data import colour_dataset
 
 ARCH = {"depth": 4, "dim": 16, "heads": 2, "patch_size": 8}
 
 
 @pytest.fixture(scope="module")
 def colours() -> Dataset:
-    gen = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 4, (320,), generator=gen)
-    palette = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
-    images = palette[labels][:, :, None, None] * 0.6 + torch.rand(320, 3, 32, 32, generator=gen) * 0.4
-    return Dataset("colours", "test", images[:256], labels[:256], images[256:], labels[256:], ("r", "g", "b", "y"))
+    return colour_dataset(320, train=256)
 
 
 def test_the_chance_of_a_shuffled_batch_decides_between_in_order_and_a_random_order(colours: Dataset) -> None:
@@ -70,6 +70,26 @@ def test_the_kept_model_is_chosen_after_the_ramp_not_during_it(colours: Dataset,
     half = trainer(colours, tmp_path / "half", ramp=0.5)
     half.fit()
     assert half.best_state is not None  # chosen once the ramp is over, from the end of epoch 2 on
+    assert [r["kept"] for r in whole.history] == [0.0] * 4 and best_epoch(whole.history) == 4  # its last weights
+    assert [r["kept"] for r in half.history[:1]] == [0.0] and best_epoch(half.history) in (2, 3, 4)
+    kept = next(r for r in half.history if r["epoch"] == best_epoch(half.history))
+    assert kept["kept"] == 1.0 and kept_accuracies(half)["val_sequential"] == kept["val_acc"]
+
+
+def test_the_reports_name_the_epoch_the_trainer_kept_not_the_lowest_in_order_loss() -> None:
+    """An in-order batch lowers the in-order validation loss: during a ramp the lowest loss is often an
+    epoch the trainer never keeps. The table's `best`, the near-chance warning and the reference ratio
+    read the trainer's mark (they read the lowest loss, so a ramp run's ratio was a ramp epoch's)."""
+
+    def epoch(n: int, loss: float, acc: float, kept: float | None) -> dict[str, float]:
+        record = {"epoch": n, "val_loss": loss, "val_acc": acc, "val_acc_arbitrary": acc}
+        return record if kept is None else {**record, "kept": kept}
+
+    ramp_then_kept = [epoch(1, 0.3, 0.9, 0.0), epoch(2, 0.5, 0.27, 1.0), epoch(3, 0.6, 0.2, 0.0)]
+    assert best_epoch(ramp_then_kept) == 2
+    assert near_chance_warning(ramp_then_kept, 4, shuffle_robust=True)  # the kept 0.27 is near chance, 0.9 not
+    assert best_epoch([epoch(1, 0.3, 0.9, 0.0), epoch(2, 0.5, 0.3, 0.0)]) == 2  # none kept: the last weights
+    assert best_epoch([epoch(1, 0.5, 0.3, None), epoch(2, 0.3, 0.9, None)]) == 2  # a history from before the mark
 
 
 def args_for(init: str | None, asked: float | None) -> argparse.Namespace:

@@ -17,6 +17,8 @@ from layerswarm.models.objective import batch_order, evaluate_loss
 from layerswarm.models.train import Trainer, TrainRecipe, build_model
 from layerswarm.models.train_state import read_state
 
+from .colour_data import colour_dataset
+
 ARCH = {"depth": 3, "dim": 32, "heads": 2, "patch_size": 8}
 
 
@@ -28,11 +30,7 @@ def data():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def easy_data() -> Dataset:
     """Four classes told apart by colour alone: any variant must learn them in a few dozen steps."""
-    gen = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 4, (640,), generator=gen)
-    colours = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
-    images = colours[labels][:, :, None, None] * 0.6 + torch.rand(640, 3, 32, 32, generator=gen) * 0.4
-    return Dataset("colours", "test", images[:512], labels[:512], images[512:], labels[512:], ("r", "g", "b", "y"))
+    return colour_dataset(640, train=512)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

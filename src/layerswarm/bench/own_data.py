@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from layerswarm.models.size import block_params
+from layerswarm.models.train_report import best_epoch
 
 from . import emit_table
 
@@ -153,7 +154,8 @@ def run_row(model_dir: Path) -> dict[str, Any]:
     manifest = json.loads((model_dir / "manifest.json").read_text())
     recipe, config, metrics = manifest["recipe"], manifest["config"], manifest["metrics"]
     history = recipe.get("history", [])
-    kept = min(history, key=lambda h: h["val_loss"]) if history else {}
+    epoch = best_epoch(history)
+    kept = next(h for h in history if int(h["epoch"]) == epoch) if history else {}
     data_dir = Path(manifest["dataset"]["spec"].split(":", 1)[1])
     return {
         "task": data_dir.parent.name.rsplit("-", 1)[0],  # the folders are TASK-N/data

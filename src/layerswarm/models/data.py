@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from .folders import DEFAULT_MEMORY_LIMIT_BYTES, ImageFiles, load_imagefolder
+from .folders import DEFAULT_MEMORY_LIMIT_BYTES, ImageFiles, load_imagefolder, usable_workers
 from .images import IMAGE_SUFFIXES, decode_image, png_bytes
 
 __all__ = ["IMAGE_SUFFIXES", "Dataset", "Images", "decode_image", "iterate_batches", "labelled_samples", "load_dataset"]
@@ -148,7 +148,9 @@ def iterate_batches(images: Images, index_batches: Sequence[torch.Tensor], worke
         for idx in index_batches:
             yield images[idx]
         return
-    loader = DataLoader(images, sampler=list(index_batches), batch_size=None, num_workers=workers, prefetch_factor=2)
+    loader = DataLoader(
+        images, sampler=list(index_batches), batch_size=None, num_workers=usable_workers(workers), prefetch_factor=2
+    )
     yield from loader
 
 

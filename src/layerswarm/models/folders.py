@@ -131,12 +131,20 @@ def load_imagefolder(
     return decode_all(train_files, workers), train_y, decode_all(test_files, workers), test_y, tuple(classes)
 
 
+def usable_workers(asked: int) -> int:
+    """Decoding processes: as many as asked, but no more than the cores this process may run on. More
+    only queue for the same cores, and under `taskset` or a container's cpuset PyTorch warns about each
+    loader made with more (twice per training run, in the user's log)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(asked, cores)
+
+
 def decode_all(files: ImageFiles, workers: int, batch: int = 64) -> torch.Tensor:
     """Every file decoded into one tensor, by `workers` processes (0: in this one)."""
     chunks = [torch.arange(i, min(i + batch, len(files))) for i in range(0, len(files), batch)]
     if workers <= 0:
         return torch.cat([files[c] for c in chunks])
-    loader = DataLoader(files, sampler=chunks, batch_size=None, num_workers=workers)
+    loader = DataLoader(files, sampler=chunks, batch_size=None, num_workers=usable_workers(workers))
     return torch.cat(list(loader))
 
 

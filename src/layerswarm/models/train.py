@@ -178,8 +178,9 @@ class Trainer:
             self._plan_steps()  # with this epoch's seconds in the history
             record["planned_steps"] = self.total_steps
             log.info("%s", describe_epoch(record, self.recipe.epochs))
-            if not self.ramping():  # the kept model and patience wait for the ramp's end: see ramping()
-                self._keep_if_best(record["val_loss"])
+            # The kept model and patience wait for the ramp's end (see ramping()); the mark tells the
+            # reports which epoch's weights these are, which need not be the lowest validation loss.
+            record["kept"] = 0.0 if self.ramping() else float(self._keep_if_best(record["val_loss"]))
             self.epoch = epoch + 1
             self.save_state()
             if on_epoch:
@@ -193,12 +194,15 @@ class Trainer:
             self.model.load_state_dict(self.best_state)
         return self.history[-1] if self.history else {}
 
-    def _keep_if_best(self, val_loss: float) -> None:
+    def _keep_if_best(self, val_loss: float) -> bool:
+        """Keep this epoch's weights if its validation loss is the lowest yet; whether it was kept."""
         if val_loss < self.best_val:
             self.best_val, self.stale = val_loss, 0
             self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        elif not self.warming_up():
+            return True
+        if not self.warming_up():
             self.stale += 1
+        return False
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()

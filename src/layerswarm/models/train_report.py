@@ -49,8 +49,15 @@ def render_history(history: Sequence[dict[str, float]], best_epoch: int | None) 
 
 
 def best_epoch(history: Sequence[dict[str, float]]) -> int | None:
-    """The epoch whose weights are kept: the lowest validation loss, as the trainer picks."""
-    return int(min(history, key=lambda r: r["val_loss"])["epoch"]) if history else None
+    """The epoch whose weights the trainer kept: the last it marked `kept`. An epoch of a shuffle ramp
+    is never kept, however low its (in-order) validation loss; with none marked (a ramp over the whole
+    run) the last epoch's weights are the model. A history from before the mark: the lowest loss."""
+    if not history:
+        return None
+    if not any("kept" in r for r in history):
+        return int(min(history, key=lambda r: r["val_loss"])["epoch"])
+    kept = [r for r in history if r.get("kept")]
+    return int((kept or history)[-1]["epoch"])
 
 
 def near_chance_warning(
