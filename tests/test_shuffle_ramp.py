@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from layerswarm.bench.own_data import kept_record
 from layerswarm.cli import main
 from layerswarm.models.data import Dataset
 from layerswarm.models.learned import kept_accuracies
@@ -115,3 +116,16 @@ def test_a_share_outside_0_to_1_is_a_usage_error_naming_the_flag(
     err = capsys.readouterr().err
     assert "--shuffle-ramp" in err and "Traceback" not in err
     assert not (tmp_path / "m").exists()
+
+
+def test_the_bench_table_rebuilds_the_kept_epoch_of_a_ramp_run_from_before_the_mark() -> None:
+    """Ramp runs made before the trainer marked its kept epoch are read back as the trainer chose: the
+    lowest loss once the ramp was over (10 steps an epoch, 40 planned, a half ramp: over after epoch 2)."""
+    history = [
+        {"epoch": n, "val_loss": loss, "seconds": 1.0, "step_s": 0.1, "planned_steps": 40}
+        for n, loss in ((1, 0.1), (2, 0.5), (3, 0.4), (4, 0.6))
+    ]
+    assert kept_record({"history": history, "shuffle_ramp": 0.5})["epoch"] == 3
+    assert kept_record({"history": history, "shuffle_ramp": 0.0})["epoch"] == 1
+    marked = [{**h, "kept": float(h["epoch"] == 2)} for h in history]
+    assert kept_record({"history": marked, "shuffle_ramp": 0.5})["epoch"] == 2

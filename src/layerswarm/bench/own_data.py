@@ -154,8 +154,8 @@ def run_row(model_dir: Path) -> dict[str, Any]:
     manifest = json.loads((model_dir / "manifest.json").read_text())
     recipe, config, metrics = manifest["recipe"], manifest["config"], manifest["metrics"]
     history = recipe.get("history", [])
-    epoch = best_epoch(history)
-    kept = next(h for h in history if int(h["epoch"]) == epoch) if history else {}
+    kept = kept_record(recipe)
+    reference = metrics.get("learned", {}).get("reference")
     data_dir = Path(manifest["dataset"]["spec"].split(":", 1)[1])
     return {
         "task": data_dir.parent.name.rsplit("-", 1)[0],  # the folders are TASK-N/data
@@ -170,11 +170,29 @@ def run_row(model_dir: Path) -> dict[str, Any]:
         "best_val_loss": round(kept["val_loss"], 4) if kept else None,
         "best_val_acc": kept.get("val_acc"),
         "best_val_acc_arbitrary": kept.get("val_acc_arbitrary"),
+        "reference_val": reference["val_acc"] if reference else None,
+        "reference_seconds": reference["seconds"] if reference else None,
+        "ratio_sequential": round(kept["val_acc"] / reference["val_acc"], 3) if reference and kept else None,
         "epochs": len(history),
         "planned_steps": history[-1].get("planned_steps") if history else None,
         "training_s": round(sum(h.get("seconds", 0.0) for h in history), 1),
         "stopped": recipe.get("stopped"),
     }
+
+
+def kept_record(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The history record of the epoch whose weights the run kept. A shuffle-ramp run from before the
+    trainer marked it (2026-11-26) kept the lowest validation loss among the epochs after which the ramp
+    was over (steps done >= share x planned steps, as Trainer.ramping decided), rebuilt here."""
+    history, share = recipe.get("history", []), recipe.get("shuffle_ramp", 0.0)
+    if not history:
+        return {}
+    if share and not any("kept" in h for h in history):
+        steps_per_epoch = round(history[0]["seconds"] / history[0]["step_s"])
+        past = [h for h in history if h["epoch"] * steps_per_epoch >= share * h["planned_steps"]]
+        return min(past, key=lambda h: h["val_loss"]) if past else history[-1]
+    epoch = best_epoch(history)
+    return next(h for h in history if int(h["epoch"]) == epoch)
 
 
 # Flags that say where a run reads and writes or how fast it goes, not what it trains: left out of the table.
@@ -197,17 +215,24 @@ def training_flags(command: str | None) -> str:
 
 def render_runs(rows: list[dict[str, Any]]) -> str:
     lines = ["| task | train images | flags | D x blocks (heads) | block parameters | test seq / arb | best val loss "]
-    lines[0] += "| epochs, training | ended by |"
-    lines.append("| --- " * 9 + "|")
+    lines[0] += "| epochs, training | ended by | kept val seq / arb | reference CNN val (s) | ratio |"
+    lines.append("| --- " * 12 + "|")
     for r in sorted(rows, key=lambda r: (r["task"], r["train_images"], r["block_params"], r["command"] or "")):
         ended = "early stop" if "improved" in (r["stopped"] or "") else "time budget"
         lines.append(
             f"| {r['task']} | {r['train_images']:,} | {training_flags(r['command'])} | "
             f"{r['dim']} x {r['depth']} ({r['heads']}) | "
             f"{r['block_params']:,} | {r['test_sequential']:.3f} / {r['test_arbitrary']:.3f} | "
-            f"{r['best_val_loss']:.3f} | {r['epochs']}, {r['training_s']:.0f} s | {ended} |"
+            f"{r['best_val_loss']:.3f} | {r['epochs']}, {r['training_s']:.0f} s | {ended} | "
+            f"{r['best_val_acc']:.3f} / {r['best_val_acc_arbitrary']:.3f} | {_reference(r)} |"
         )
     return "\n".join(lines)
+
+
+def _reference(row: dict[str, Any]) -> str:
+    if row["reference_val"] is None:
+        return "- | -"
+    return f"{row['reference_val']:.3f} ({row['reference_seconds']:.0f} s) | **{row['ratio_sequential']:.2f}**"
 
 
 def main(argv: list[str] | None = None) -> int:
