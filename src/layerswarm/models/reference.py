@@ -114,7 +114,6 @@ def far_behind_warning(vit_acc: dict[str, float], reference: ReferenceResult) ->
         f"warning: the ViT's validation accuracy ({shown}) is below {FAR_BEHIND:.0%} of a small CNN trained on the "
         f"same split for the same {reference.seconds:.0f} s ({reference.val_acc:.3f}): it has not learned what the "
         "data allows; train longer (--time-budget), or again with another --seed (a task learnt in a sudden jump, "
-        "such as comparing distant objects, is left stuck by some seeds and not others), with in-order batches "
-        "first (--shuffle-ramp 0.67), or in order (--variant baseline) and then `layerswarm family --base` it, "
-        "or start from a pretrained ViT (--init hf:PATH)"
+        "such as comparing distant objects, is left stuck by some seeds and not others), or in order "
+        "(--variant baseline) and then `layerswarm family --base` it, or start from a pretrained ViT (--init hf:PATH)"
     )
