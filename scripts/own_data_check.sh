@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The own-data comparison of the README, rerunnable: for one generated task (relations, textures or
 # counting) at one training-set size, write the PNG folders, train with the bare default command
-# (LayerShuffle ViT, conv stem, 600 s step schedule, early stopping, reference CNN for the same time),
+# (LayerShuffle ViT after an in-order ramp, conv stem, 600 s step schedule, early stopping, reference CNN
+# for the same time),
 # and with FAMILY=1 also fine-tune a family from it (`layerswarm family`, defaults), train a
 # conventional baseline with the default command, and evaluate the family targets (`layerswarm eval`).
 # Usage: scripts/own_data_check.sh TASK TRAIN_IMAGES WORKDIR      (FAMILY=1 for the family part)

@@ -52,7 +52,7 @@ def trainer(data: Dataset, tmp_path: Path, ramp: float, epochs: int = 4) -> Trai
     return Trainer(model, data, recipe, torch.device("cpu"), tmp_path / "state")
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")  # stepped alone on purpose
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step:UserWarning")  # stepped alone on purpose
 def test_the_chance_rises_over_the_ramp_share_of_the_schedule(colours: Dataset, tmp_path: Path) -> None:
     run = trainer(colours, tmp_path, ramp=0.5)  # 4 steps an epoch, 16 in all: shuffled from step 8
     chances = []

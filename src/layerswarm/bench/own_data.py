@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import time
@@ -29,13 +30,16 @@ from . import emit_table
 
 TARGET_RATIO = 0.9  # the ViT against the reference CNN, same split, same time
 
+# Where the summary is written, which for these runs is where they trained (the runs record no machine).
+MACHINE = f"{platform.machine()}, {platform.processor() or 'cpu'}, {os.cpu_count()} cores, no GPU"
+
 
 def summarize(work: Path) -> dict[str, Any]:
     rows = [row for folder in work.iterdir() if (row := _row(folder)) is not None]
     rows.sort(key=lambda r: (r["task"], r["train_images"] or 0))
     return {
         "work_dir": str(work),
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, no GPU",
+        "machine": MACHINE,
         "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "target_ratio": TARGET_RATIO,
         "rows": rows,
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs:
         rows = [run_row(d) for d in args.runs]
-        report = {"written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": rows}
+        report = {"written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": MACHINE, "runs": rows}
         return emit_table(report, render_runs(rows), args.json, args.markdown)
     if args.work is None:
         parser.error("give the work folder, or --runs")
