@@ -43,7 +43,8 @@ class TrainRecipe:
     # LayerShuffle from scratch: the share of the step schedule over which the chance that a batch runs its
     # blocks in a random order (not in order) rises linearly from 0 to 1; shuffled throughout after it. 0:
     # every batch shuffled from the first step. Only a model trained from scratch ramps (a fine-tune's base
-    # already learnt the task), and the model kept is chosen after the ramp. See SHUFFLE_RAMP.
+    # already learnt the task), and the model kept is chosen after the ramp (Trainer.ramping). 0 here;
+    # `layerswarm train` from scratch asks for FROM_SCRATCH_SHUFFLE_RAMP (recipe_from_args).
     shuffle_ramp: float = 0.0
     batch_size: int = 128
     lr: float = 1e-3
