@@ -3,6 +3,7 @@ what a trained ViT learned against chance and a reference CNN trained for the sa
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -14,10 +15,11 @@ from PIL import Image
 
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.commands import inherited_augmentation
+from layerswarm.models.commands import image_time_budget, inherited_augmentation
 from layerswarm.models.config import patch_size_for
 from layerswarm.models.data import load_dataset
 from layerswarm.models.objective import augment
+from layerswarm.models.recipe import from_scratch_time_budget
 from layerswarm.models.reference import ReferenceResult, compare, far_behind_warning, train_reference
 from layerswarm.models.synthetic import (
     COMPARE_CLASSES,
@@ -156,8 +158,27 @@ def test_train_reports_chance_and_reference_in_the_manifest(tmp_path: Path, caps
     assert manifest.config.stem == "conv" and manifest.config.patch_size == 8  # from 32 x 32, for a conv stem
     recipe = manifest.recipe
     assert recipe["stem"] == "conv" and recipe["label_smoothing"] > 0 and recipe["patience"] > 0
-    assert recipe["time_budget_s"] > 0 and "stopped" in recipe and recipe["history"][-1]["planned_steps"] >= 1
+    assert recipe["time_budget_s"] == 600.0  # 160 images from scratch: the short end of the data-derived budget
+    assert recipe["size"]["size_inputs"]["time_budget_s"] == 600.0  # what --size auto was told
+    assert "stopped" in recipe and recipe["history"][-1]["planned_steps"] >= 1
     json.dumps(learned)  # plain JSON in the manifest
+
+
+def test_the_default_time_budget_grows_with_the_images_up_to_fifteen_minutes() -> None:
+    budgets = [from_scratch_time_budget(n) for n in (1, 800, 4_000, 6_000, 10_000, 15_000, 20_000, 10**6)]
+    assert budgets[:3] == [600.0, 600.0, 600.0] and budgets[-2:] == [900.0, 900.0]
+    assert budgets == sorted(budgets) and 600 < budgets[3] < budgets[4] < budgets[5] < 900
+    assert budgets[4] == 771.0  # 10,000 images: 600 + 300 x log(2.5) / log(5), along the log of the count
+
+
+def test_an_asked_time_budget_wins_and_a_fine_tune_keeps_the_short_one() -> None:
+    def asked(budget: float | None, init: str | None = None) -> argparse.Namespace:
+        return argparse.Namespace(time_budget_s=budget, init=init)
+
+    assert image_time_budget(asked(None), 20_000) == 900.0
+    assert image_time_budget(asked(None), 4_000) == 600.0
+    assert image_time_budget(asked(120.0), 20_000) == 120.0  # the command line's, whatever the data
+    assert image_time_budget(asked(None, init="models/base"), 20_000) == TrainRecipe.time_budget_s == 600.0
 
 
 def test_family_members_inherit_the_bases_augmentation() -> None:

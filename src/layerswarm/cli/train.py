@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from layerswarm.models.config import VARIANTS  # torch-free: building the parser stays fast
-from layerswarm.models.recipe import FROM_SCRATCH_SHUFFLE_RAMP
+from layerswarm.models.recipe import (
+    BUDGET_FEW_IMAGES,
+    BUDGET_FEW_S,
+    BUDGET_MANY_IMAGES,
+    BUDGET_MANY_S,
+    FROM_SCRATCH_SHUFFLE_RAMP,
+)
 from layerswarm.models.recipe import TrainRecipe as R  # every training default, stated once
 from layerswarm.models.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
 
@@ -63,9 +69,12 @@ def register(sub: Subparsers) -> None:
         "--time-budget",
         dest="time_budget_s",
         type=positive_float,
-        default=R.time_budget_s,
+        default=None,
+        metavar="SECONDS",
         help="seconds of training at most; the learning rate anneals to this budget or the last epoch, whichever "
-        "comes first",
+        f"comes first. Default for images from scratch: {BUDGET_FEW_S:.0f} s up to {BUDGET_FEW_IMAGES:,} training "
+        f"images, {BUDGET_MANY_S:.0f} s from {BUDGET_MANY_IMAGES:,} (between them along the log of the count: more "
+        f"data needs more steps); {R.time_budget_s:.0f} s for a fine-tune (--init) and for text",
     )
     p.add_argument(
         "--patience",

@@ -27,7 +27,7 @@ from .learned import (
     majority_baseline,
 )
 from .objective import evaluate_loss
-from .recipe import recipe_from_args
+from .recipe import TrainRecipe, from_scratch_time_budget, recipe_from_args
 from .size import AUTO, choose_size
 from .train import Trainer, build_model, init_image_size
 from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
@@ -70,11 +70,14 @@ def train_main(args: argparse.Namespace) -> int:
         patch_size = patch_size_for(data.image_shape[1], args.stem)
     if getattr(args, "token_depth", None):
         raise ValueError("--token-depth is for text models (per-token depth); this is image data")
-    size = chosen_size(args, train_images=len(data.train_y), image_size=data.image_shape[1])
+    budget_s = image_time_budget(args, len(data.train_y))
+    size = chosen_size(args, train_images=len(data.train_y), image_size=data.image_shape[1], time_budget_s=budget_s)
     arch = {"depth": size["depth"], "dim": size["dim"], "heads": size["heads"], "patch_size": patch_size}
     arch["stem"] = args.stem
     model, lineage = build_model(data, args.variant, args.init, arch, args.seed)
-    recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip, stem=model.cfg.stem)
+    recipe = recipe_from_args(
+        args, augment=not args.no_augment, hflip=args.hflip, stem=model.cfg.stem, time_budget_s=budget_s
+    )
     trainer = Trainer(model, data, recipe, device, args.out / TRAIN_STATE, workers=args.workers)
     if args.resume:
         trainer.load_state()
@@ -169,7 +172,20 @@ def _quick_metrics(model: ViT, data: Dataset, workers: int, orders: int = 5) -> 
     return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
 
 
-def chosen_size(args: argparse.Namespace, train_images: int | None, image_size: int | None) -> dict[str, Any]:
+def image_time_budget(args: argparse.Namespace, train_images: int) -> float:
+    """--time-budget if given; else, from scratch, the longer budget more images need
+    (recipe.from_scratch_time_budget), and for a fine-tune the recipe's default (its epochs end it)."""
+    if args.time_budget_s is not None:
+        return float(args.time_budget_s)
+    return from_scratch_time_budget(train_images) if args.init is None else TrainRecipe.time_budget_s
+
+
+def chosen_size(
+    args: argparse.Namespace,
+    train_images: int | None,
+    image_size: int | None,
+    time_budget_s: float,
+) -> dict[str, Any]:
     """--size (auto: from the data) with any of --dim/--depth/--heads in its place; a ValueError (the CLI's
     exit 2) names the flags when they do not fit together."""
     return choose_size(
@@ -179,7 +195,7 @@ def chosen_size(args: argparse.Namespace, train_images: int | None, image_size: 
         args.heads,
         train_images=train_images,
         image_size=image_size,
-        time_budget_s=args.time_budget_s,
+        time_budget_s=time_budget_s,
     )
 
 

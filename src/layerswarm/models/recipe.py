@@ -13,6 +13,14 @@ from typing import Any
 # generated tasks (docs/own-data.md): as good or better on each, and `compare` past its plateau far more often.
 FROM_SCRATCH_SHUFFLE_RAMP = 0.67
 
+# `layerswarm train`'s --time-budget for an image model trained from scratch (from_scratch_time_budget):
+# 600 s up to 4,000 training images, 900 s (the 15 minutes a model may take) from 20,000, in between along
+# the log of the count. At 20,000 images 600 s was three passes in four of what the data needed: the
+# runs ended on the budget while still learning, and `compare`'s default seed stayed on its plateau
+# (0.73 x the reference CNN); with 900 s it got past it (docs/own-data.md, "More images, more time").
+BUDGET_FEW_IMAGES, BUDGET_MANY_IMAGES = 4_000, 20_000
+BUDGET_FEW_S, BUDGET_MANY_S = 600.0, 900.0
+
 
 @dataclass
 class TrainRecipe:
@@ -24,8 +32,9 @@ class TrainRecipe:
     epochs: int = 200
     # Wall-clock seconds of training steps at most. The schedule is in optimizer steps: after the first epoch
     # it is cut to the steps this budget allows at that epoch's pace (never more than epochs x steps per
-    # epoch), so the cosine still ends at a low rate when the budget, not the epochs, ends the run.
-    time_budget_s: float = 600.0
+    # epoch), so the cosine still ends at a low rate when the budget, not the epochs, ends the run. 600 s
+    # here; `layerswarm train` gives an image model from scratch from_scratch_time_budget(its images).
+    time_budget_s: float = BUDGET_FEW_S
     # Stop when this many validations in a row did not lower the validation loss (0: never stop early),
     # counting from the end of the warm-up (Trainer.warming_up); the weights of the best validation are kept.
     patience: int = 8
@@ -84,6 +93,15 @@ class TrainRecipe:
             )
 
 
+def from_scratch_time_budget(train_images: int) -> float:
+    """The default time budget of an image model trained from scratch on `train_images` images: a longer
+    schedule for more data, since the steps a run needs grow with it (whole seconds, so the manifest and a
+    resume agree)."""
+    span = math.log(BUDGET_MANY_IMAGES / BUDGET_FEW_IMAGES)
+    share = min(1.0, max(0.0, math.log(max(train_images, 1) / BUDGET_FEW_IMAGES) / span))
+    return float(round(BUDGET_FEW_S + share * (BUDGET_MANY_S - BUDGET_FEW_S)))
+
+
 def recipe_changes(saved: dict[str, Any], recipe: TrainRecipe) -> list[str]:
     """How `recipe` differs from a `saved` one, one "field: saved -> now" line each (empty: the same).
 
@@ -102,7 +120,8 @@ def recipe_changes(saved: dict[str, Any], recipe: TrainRecipe) -> list[str]:
 
 
 def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
-    """The recipe a `layerswarm train` command line asks for (`overrides`: what the data and model decide)."""
+    """The recipe a `layerswarm train` command line asks for (`overrides`: what the data and model decide,
+    in place of the command line's; a --time-budget not given is the recipe's default unless overridden)."""
     fields = (
         *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "split_seed"),
         *("threads", "exit_loss", "bootstrap"),
@@ -111,7 +130,10 @@ def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
     ramp = getattr(args, "shuffle_ramp", None)
     if ramp is None:  # not asked: an image model from scratch ramps, a fine-tune's base has learnt already
         ramp = FROM_SCRATCH_SHUFFLE_RAMP if getattr(args, "init", None) is None else 0.0
+    asked = {name: getattr(args, name) for name in fields}
+    if asked["time_budget_s"] is None:
+        asked["time_budget_s"] = TrainRecipe.time_budget_s
     overrides = {"shuffle_ramp": ramp, **overrides}
     if getattr(args, "token_depth", None):
         overrides = {"token_depth": args.token_depth, **overrides}
-    return TrainRecipe(**{name: getattr(args, name) for name in fields}, **overrides)
+    return TrainRecipe(**{**asked, **overrides})

@@ -24,7 +24,7 @@ from ..checkpoint import TOKENIZER, Lineage, Manifest, load_model, read_manifest
 from ..config import ViTConfig
 from ..evaluate import EvalPlan, check_targets, evaluate_models, min_useful_depth
 from ..policy import MIN_BLOCKS, write_entry
-from ..recipe import recipe_from_args
+from ..recipe import TrainRecipe, recipe_from_args
 from ..train import Trainer
 from ..train_report import describe_epoch
 from ..train_state import TRAIN_STATE
@@ -59,7 +59,8 @@ def text_train_main(args: argparse.Namespace) -> int:
     else:
         tok = train_tokenizer(corpus.train_texts, vocab_size=args.vocab_size)
         data = encode_corpus(corpus, tok, args.max_tokens)
-        size = chosen_size(args, train_images=len(data.train_y), image_size=None)  # auto: base for text
+        budget_s = args.time_budget_s or TrainRecipe.time_budget_s  # text: no data-derived budget (not measured)
+        size = chosen_size(args, len(data.train_y), image_size=None, time_budget_s=budget_s)  # auto: base for text
         torch.manual_seed(args.seed)
         cfg = ViTConfig(
             kind="text",
