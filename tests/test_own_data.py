@@ -287,3 +287,20 @@ def test_a_member_without_its_own_reference_is_compared_with_its_bases(tmp_path:
     )
     assert main(["train", *tiny, "--epochs", "1", "--no-reference", "--out", str(tmp_path / "scratch")]) == 0
     assert "learned" not in read_manifest(tmp_path / "scratch").metrics  # nothing inherited, nothing claimed
+
+
+def test_a_screen_without_a_reference_gets_one_on_its_own_split(tmp_path: Path) -> None:
+    """bench/reference_cnn.py: the CNN `train --no-reference` skipped, on the run's split, against its kept epoch."""
+    from layerswarm.bench.reference_cnn import main as reference_main
+
+    write("textures", tmp_path / "data", train=96, val=16)
+    argv = ["train", "--data", f"imagefolder:{tmp_path / 'data'}", "--out", str(tmp_path / "m"), "--epochs", "1"]
+    assert main([*argv, "--depth", "2", "--dim", "16", "--heads", "2", "--no-reference", "--workers", "0"]) == 0
+    assert "learned" not in read_manifest(tmp_path / "m").metrics
+    assert reference_main([str(tmp_path / "m"), "--seconds", "1", "--json", str(tmp_path / "r.json")]) == 0
+    record = json.loads((tmp_path / "r.json").read_text())
+    kept = read_manifest(tmp_path / "m").recipe["history"][-1]
+    assert record["vit_val_sequential"] == kept["val_acc"] and record["reference"]["seconds"] >= 1.0
+    ref = record["reference"]["val_acc"]  # a CNN of one second on 9 images may score 0: then no ratio
+    assert record["ratio_val_sequential"] == (round(kept["val_acc"] / ref, 3) if ref else None)
+    assert record["machine"]

@@ -15,9 +15,9 @@ FROM_SCRATCH_SHUFFLE_RAMP = 0.67
 
 # `layerswarm train`'s --time-budget for an image model trained from scratch (from_scratch_time_budget):
 # 600 s up to 4,000 training images, 900 s (the 15 minutes a model may take) from 20,000, in between along
-# the log of the count. At 20,000 images 600 s was three passes in four of what the data needed: the
-# runs ended on the budget while still learning, and `compare`'s default seed stayed on its plateau
-# (0.73 x the reference CNN); with 900 s it got past it (docs/own-data.md, "More images, more time").
+# the log of the count. At 20,000 images four of five generated tasks ended on a 600 s budget, not by
+# early stopping, and `compare`'s default seed stayed on its plateau (0.73 x the reference CNN); with
+# 900 s it got past it, another stuck seed did not (docs/own-data.md, "More images, more time").
 BUDGET_FEW_IMAGES, BUDGET_MANY_IMAGES = 4_000, 20_000
 BUDGET_FEW_S, BUDGET_MANY_S = 600.0, 900.0
 
