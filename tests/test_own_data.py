@@ -179,6 +179,9 @@ def test_an_asked_time_budget_wins_and_a_fine_tune_keeps_the_short_one() -> None
     assert image_time_budget(asked(None), 4_000) == 600.0
     assert image_time_budget(asked(120.0), 20_000) == 120.0  # the command line's, whatever the data
     assert image_time_budget(asked(None, init="models/base"), 20_000) == TrainRecipe.time_budget_s == 600.0
+    # --resume without --time-budget goes on with the budget its run started with, not today's default
+    assert image_time_budget(asked(None), 20_000, saved=600.0) == 600.0
+    assert image_time_budget(asked(300.0), 20_000, saved=600.0) == 300.0  # asked: then the refusal names it
 
 
 def test_family_members_inherit_the_bases_augmentation() -> None:

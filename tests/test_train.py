@@ -15,7 +15,7 @@ from layerswarm.models.config import VARIANTS
 from layerswarm.models.data import Dataset, load_dataset
 from layerswarm.models.objective import batch_order, evaluate_loss
 from layerswarm.models.train import Trainer, TrainRecipe, build_model
-from layerswarm.models.train_state import read_state
+from layerswarm.models.train_state import read_state, saved_time_budget
 
 from .colour_data import colour_dataset
 
@@ -372,6 +372,18 @@ def test_resume_reads_a_setting_added_later_as_its_default(data, tmp_path: Path)
     changed = TrainRecipe(variant="layershuffle", epochs=1, warmup_steps=2, batch_size=64, mixup=0.2)
     with pytest.raises(ValueError, match=r"mixup: 0.0 -> 0.2"):
         Trainer(again, data, changed, torch.device("cpu"), tmp_path / "state").load_state()
+
+
+def test_a_resume_reads_the_time_budget_its_run_started_with(easy_data: Dataset, tmp_path: Path) -> None:
+    """The default budget grows with the data since 2026-11-27: a run started before, resumed without
+    --time-budget, goes on with its own (read here) instead of being refused for a budget it never asked."""
+    recipe = TrainRecipe(variant="layershuffle", epochs=1, warmup_steps=2, batch_size=64, time_budget_s=77.0)
+    model, _ = build_model(easy_data, "layershuffle", None, ARCH, seed=0)
+    Trainer(model, easy_data, recipe, torch.device("cpu"), tmp_path / "state").fit()
+    assert saved_time_budget(tmp_path / "state") == 77.0
+    assert saved_time_budget(tmp_path / "none") is None
+    (tmp_path / "state" / "state.safetensors").write_bytes(b"torn")
+    assert saved_time_budget(tmp_path / "state") is None  # unreadable: load_state names it
 
 
 def test_a_validation_split_too_small_to_mean_anything_is_named(

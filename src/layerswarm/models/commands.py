@@ -31,7 +31,7 @@ from .recipe import TrainRecipe, from_scratch_time_budget, recipe_from_args
 from .size import AUTO, choose_size
 from .train import Trainer, build_model, init_image_size
 from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
-from .train_state import TRAIN_STATE
+from .train_state import TRAIN_STATE, saved_time_budget
 from .vit import ViT
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ def train_main(args: argparse.Namespace) -> int:
         patch_size = patch_size_for(data.image_shape[1], args.stem)
     if getattr(args, "token_depth", None):
         raise ValueError("--token-depth is for text models (per-token depth); this is image data")
-    budget_s = image_time_budget(args, len(data.train_y))
+    saved_s = saved_time_budget(args.out / TRAIN_STATE) if args.resume else None
+    budget_s = image_time_budget(args, len(data.train_y), saved_s)
     size = chosen_size(args, train_images=len(data.train_y), image_size=data.image_shape[1], time_budget_s=budget_s)
     arch = {"depth": size["depth"], "dim": size["dim"], "heads": size["heads"], "patch_size": patch_size}
     arch["stem"] = args.stem
@@ -172,11 +173,14 @@ def _quick_metrics(model: ViT, data: Dataset, workers: int, orders: int = 5) -> 
     return {"test_sequential": round(seq, 4), "test_arbitrary": round(sum(arb) / len(arb), 4)}
 
 
-def image_time_budget(args: argparse.Namespace, train_images: int) -> float:
-    """--time-budget if given; else, from scratch, the longer budget more images need
-    (recipe.from_scratch_time_budget), and for a fine-tune the recipe's default (its epochs end it)."""
+def image_time_budget(args: argparse.Namespace, train_images: int, saved: float | None = None) -> float:
+    """--time-budget if given; else a resumed run's own (`saved`); else, from scratch, the longer budget
+    more images need (recipe.from_scratch_time_budget), and for a fine-tune the recipe's default (its
+    epochs end it)."""
     if args.time_budget_s is not None:
         return float(args.time_budget_s)
+    if saved is not None:
+        return saved
     return from_scratch_time_budget(train_images) if args.init is None else TrainRecipe.time_budget_s
 
 

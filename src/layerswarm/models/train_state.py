@@ -66,6 +66,20 @@ def _made_with(trainer: Trainer) -> dict[str, Any]:
     return json.loads(json.dumps({"data": data, "model": trainer.model.cfg.to_dict()}))
 
 
+def saved_time_budget(state_dir: Path) -> float | None:
+    """The time budget of the run a train state in `state_dir` was saved from (None: no readable state,
+    which load_state then names): a --resume without --time-budget goes on with it, as the run started,
+    though the data-derived default may have changed since."""
+    path = state_dir / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        budget = read_state(path)[0].get("recipe", {}).get("time_budget_s")
+    except (OSError, ValueError, KeyError, SafetensorError):
+        return None
+    return float(budget) if isinstance(budget, int | float) else None
+
+
 def load_state(trainer: Trainer) -> bool:
     path = trainer.state_dir / STATE_FILE
     if not path.is_file():
