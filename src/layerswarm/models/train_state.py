@@ -74,9 +74,10 @@ def saved_time_budget(state_dir: Path) -> float | None:
     if not path.is_file():
         return None
     try:
-        budget = read_state(path)[0].get("recipe", {}).get("time_budget_s")
+        recipe = read_state_record(path)["recipe"]
     except (OSError, ValueError, KeyError, SafetensorError):
         return None
+    budget = recipe.get("time_budget_s") if isinstance(recipe, dict) else None
     return float(budget) if isinstance(budget, int | float) else None
 
 
@@ -133,11 +134,16 @@ def load_state(trainer: Trainer) -> bool:
 
 
 def read_state(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """A train state's record and tensors: the record from the file's own metadata, else (states written
-    before it moved in) from state.json beside it."""
+    """A train state's record and tensors."""
+    return read_state_record(path), load_file(str(path))
+
+
+def read_state_record(path: Path) -> dict[str, Any]:
+    """A train state's record alone (the file's header, not its tensors): from the file's own metadata,
+    else (states written before it moved in) from state.json beside it."""
     with safe_open(str(path), framework="pt") as f:
         text = (f.metadata() or {}).get("meta")
     meta = json.loads(text if text is not None else (path.parent / "state.json").read_text())
     if not isinstance(meta, dict) or "recipe" not in meta:
         raise ValueError("no training record in it")
-    return meta, load_file(str(path))
+    return meta
