@@ -292,7 +292,9 @@ def test_a_member_without_its_own_reference_is_compared_with_its_bases(tmp_path:
     assert "learned" not in read_manifest(tmp_path / "scratch").metrics  # nothing inherited, nothing claimed
 
 
-def test_a_screen_without_a_reference_gets_one_on_its_own_split(tmp_path: Path) -> None:
+def test_a_screen_without_a_reference_gets_one_on_its_own_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """bench/reference_cnn.py: the CNN `train --no-reference` skipped, on the run's split, against its kept epoch."""
     from layerswarm.bench.reference_cnn import main as reference_main
 
@@ -306,4 +308,7 @@ def test_a_screen_without_a_reference_gets_one_on_its_own_split(tmp_path: Path) 
     assert record["vit_val_sequential"] == kept["val_acc"] and record["reference"]["seconds"] >= 1.0
     ref = record["reference"]["val_acc"]  # a CNN of one second on 9 images may score 0: then no ratio
     assert record["ratio_val_sequential"] == (round(kept["val_acc"] / ref, 3) if ref else None)
-    assert record["machine"]
+    assert record["machine"] and record["validation_images"] == 9  # the trainer's split: 10% of 96
+    with pytest.raises(SystemExit) as refused:  # not a model directory: the flag named, no traceback
+        reference_main([str(tmp_path / "nothing"), "--seconds", "1"])
+    assert refused.value.code == 2 and "model_dir" in capsys.readouterr().err

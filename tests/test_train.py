@@ -14,6 +14,7 @@ from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.config import VARIANTS
 from layerswarm.models.data import Dataset, load_dataset
 from layerswarm.models.objective import batch_order, evaluate_loss
+from layerswarm.models.split import validation_split
 from layerswarm.models.train import Trainer, TrainRecipe, build_model
 from layerswarm.models.train_state import read_state, saved_time_budget
 
@@ -422,6 +423,8 @@ def test_the_validation_split_follows_the_split_seed_not_the_training_seed(data,
     base = val_idx(seed=0)
     assert val_idx(seed=5, split_seed=0) == base
     assert val_idx(seed=5) != base  # without it, the split is the training seed's (a base's own run)
+    # The one rule the reference CNN of a screen (bench.reference_cnn) splits by too.
+    assert sorted(validation_split(data.train_y, TrainRecipe.val_fraction, 5, 0)[0].tolist()) == base
 
 
 def test_bootstrap_resamples_the_training_split_only_one_resample_per_seed(data, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from layerswarm.models.size import block_params
-from layerswarm.models.train_report import best_epoch
+from layerswarm.models.train_report import kept_record as kept_epoch_record
 
 from . import emit_table
 
@@ -195,8 +195,7 @@ def kept_record(recipe: dict[str, Any]) -> dict[str, Any]:
         steps_per_epoch = round(history[0]["seconds"] / history[0]["step_s"])
         past = [h for h in history if h["epoch"] * steps_per_epoch >= share * h["planned_steps"]]
         return min(past, key=lambda h: h["val_loss"]) if past else history[-1]
-    epoch = best_epoch(history)
-    return next(h for h in history if int(h["epoch"]) == epoch)
+    return kept_epoch_record(history) or {}
 
 
 # Flags that say where a run reads and writes or how fast it goes, not what it trains: left out of the table.

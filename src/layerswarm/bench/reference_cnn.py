@@ -19,14 +19,13 @@ from typing import Any
 
 import torch
 
-from layerswarm.models.checkpoint import read_manifest
+from layerswarm.models.checkpoint import ModelDirError, read_manifest
 from layerswarm.models.data import load_dataset
 from layerswarm.models.recipe import TrainRecipe
 from layerswarm.models.reference import train_reference
-from layerswarm.models.split import held_out_split
-from layerswarm.models.train_report import best_epoch
+from layerswarm.models.split import validation_split
 
-from .own_data import MACHINE
+from .own_data import MACHINE, kept_record
 
 
 def reference_for(model_dir: Path, seconds: float, workers: int = 0) -> dict[str, Any]:
@@ -35,9 +34,12 @@ def reference_for(model_dir: Path, seconds: float, workers: int = 0) -> dict[str
     recipe = manifest.recipe
     data = load_dataset(manifest.dataset["spec"], seed=int(manifest.dataset.get("data_seed", 0)), workers=workers)
     split_seed = recipe.get("split_seed")
-    split_seed = int(recipe.get("seed", 0) if split_seed is None else split_seed)
-    n_val = max(1, int(len(data.train_y) * float(recipe.get("val_fraction", TrainRecipe.val_fraction))))
-    val_idx, train_idx = held_out_split(data.train_y, n_val, split_seed)
+    val_idx, train_idx = validation_split(
+        data.train_y,
+        float(recipe.get("val_fraction", TrainRecipe.val_fraction)),
+        int(recipe.get("seed", TrainRecipe.seed)),
+        None if split_seed is None else int(split_seed),
+    )
     x = data.train_x
 
     def subset(idx: torch.Tensor) -> Any:
@@ -50,11 +52,13 @@ def reference_for(model_dir: Path, seconds: float, workers: int = 0) -> dict[str
         seconds,
         workers=workers,
     )
-    history = recipe.get("history", [])
-    kept = next(h for h in history if int(h["epoch"]) == best_epoch(history))
+    kept = kept_record(recipe)
+    if not kept:
+        raise ModelDirError(f"{model_dir}: its manifest records no training history to compare with")
     return {
         "model_dir": str(model_dir),
         "reference": asdict(reference),
+        "validation_images": len(val_idx),
         "vit_val_sequential": kept["val_acc"],
         "vit_val_arbitrary": kept.get("val_acc_arbitrary"),
         "ratio_val_sequential": round(kept["val_acc"] / reference.val_acc, 3) if reference.val_acc else None,
@@ -71,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0:
         parser.error(f"--seconds must be above 0, got {args.seconds}")
     torch.set_num_threads(args.threads)
-    record = reference_for(args.model_dir, args.seconds)
+    try:
+        record = reference_for(args.model_dir, args.seconds)
+    except ValueError as exc:  # not a model directory, or its data is gone or unreadable: say which
+        parser.error(f"model_dir: {exc}")
     record = {"written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": MACHINE, **record}
     text = json.dumps(record, indent=1)
     print(text)

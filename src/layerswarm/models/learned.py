@@ -15,7 +15,7 @@ from .checkpoint import read_manifest
 from .data import Dataset
 from .reference import ReferenceResult, compare, far_behind_warning, train_reference
 from .train import Trainer
-from .train_report import best_epoch
+from .train_report import kept_record
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ def against_inherited(trainer: Trainer, reference: ReferenceResult, init: str, c
 
 def kept_accuracies(trainer: Trainer) -> dict[str, float]:
     """Validation accuracy of the kept epoch: in order, and in arbitrary order for shuffle-robust variants."""
-    kept = next(r for r in trainer.history if int(r["epoch"]) == best_epoch(trainer.history))
+    kept = kept_record(trainer.history)
+    if kept is None:
+        raise ValueError("no epoch was trained: nothing to compare with the reference")
     vit = {"val_sequential": kept["val_acc"]}
     if trainer.model.cfg.shuffle_robust:
         vit["val_arbitrary"] = kept["val_acc_arbitrary"]

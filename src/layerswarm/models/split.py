@@ -33,3 +33,13 @@ def held_out_split(labels: torch.Tensor, n_held: int, seed: int) -> tuple[torch.
     if untrained:
         log.warning("class(es) %s have no image left to train on after the held-out split", untrained)
     return held, kept
+
+
+def validation_split(
+    labels: torch.Tensor, val_fraction: float, seed: int, split_seed: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(validation indices, training indices) of a training folder, as every run splits it: a share
+    `val_fraction` (at least one image) held out by `split_seed`, or by the training seed without one.
+    The trainer and anything that must see the same split (bench.reference_cnn) call this one rule."""
+    n_val = max(1, int(len(labels) * val_fraction))
+    return held_out_split(labels, n_val, seed if split_seed is None else split_seed)

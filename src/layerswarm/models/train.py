@@ -24,7 +24,7 @@ from .config import ViTConfig, is_shuffle_robust
 from .data import Dataset, iterate_batches
 from .objective import augment, batch_order, evaluate_loss, mixup_batch, training_loss
 from .recipe import TrainRecipe
-from .split import held_out_split
+from .split import validation_split
 from .train_report import describe_epoch, peak_memory_mb
 from .train_state import load_state, save_state
 from .vit import ViT
@@ -77,9 +77,9 @@ class Trainer:
         if recipe.mixup and getattr(model, "training_loss", None) is not None:
             raise ValueError("--mixup is for images: text batches are token ids, which do not blend")
         self.state_dir, self.workers = state_dir, workers
-        n_val = max(1, int(len(data.train_y) * recipe.val_fraction))
-        split_seed = recipe.seed if recipe.split_seed is None else recipe.split_seed
-        self.val_idx, self.train_idx = held_out_split(data.train_y, n_val, split_seed)
+        self.val_idx, self.train_idx = validation_split(
+            data.train_y, recipe.val_fraction, recipe.seed, recipe.split_seed
+        )
         if len(self.train_idx) == 0:
             raise ValueError(f"{len(data.train_y)} training image(s) leave none to train on after the validation split")
         if recipe.bootstrap:  # after the split: the validation images stay out of every resample
@@ -87,6 +87,7 @@ class Trainer:
                 len(self.train_idx), (len(self.train_idx),), generator=torch.Generator().manual_seed(recipe.seed)
             )
             self.train_idx = self.train_idx[draws]
+        n_val = len(self.val_idx)
         if n_val < FEW_VALIDATION:
             log.warning(
                 "the validation split holds %d image(s): one image moves its accuracy by %.0f points, so early "

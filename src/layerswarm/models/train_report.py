@@ -60,15 +60,20 @@ def best_epoch(history: Sequence[dict[str, float]]) -> int | None:
     return int((kept or history)[-1]["epoch"])
 
 
+def kept_record(history: Sequence[dict[str, float]]) -> dict[str, float] | None:
+    """The history record of the epoch whose weights the trainer kept (best_epoch's); None without history."""
+    epoch = best_epoch(history)
+    return None if epoch is None else next(r for r in history if int(r["epoch"]) == epoch)
+
+
 def near_chance_warning(
     history: Sequence[dict[str, float]], num_classes: int, shuffle_robust: bool, points: float = NEAR_CHANCE_POINTS
 ) -> str | None:
     """A warning when the kept epoch's validation accuracy (arbitrary order for shuffle-robust variants,
     the order they will be served in) is within `points` of chance; None otherwise."""
-    epoch = best_epoch(history)
-    if epoch is None:
+    record = kept_record(history)
+    if record is None:
         return None
-    record = next(r for r in history if int(r["epoch"]) == epoch)
     key, order = ("val_acc_arbitrary", "arbitrary-order") if shuffle_robust else ("val_acc", "sequential")
     chance = 1.0 / num_classes
     if record[key] > chance + points:
@@ -91,10 +96,9 @@ def below_majority_warning(
     """A warning when the classes are so unequal that always answering the most common training class
     (`baseline`: its share of the validation images) is well above chance and the kept model is not
     `points` above it: chance (1 / classes) alone made a model that only ever said "big" look learned."""
-    epoch = best_epoch(history)
-    if epoch is None or baseline <= 1.0 / num_classes + points:
+    record = kept_record(history)
+    if record is None or baseline <= 1.0 / num_classes + points:
         return None  # near_chance_warning speaks for balanced classes
-    record = next(r for r in history if int(r["epoch"]) == epoch)
     key, order = ("val_acc_arbitrary", "arbitrary-order") if shuffle_robust else ("val_acc", "sequential")
     if record[key] > baseline + points:
         return None
