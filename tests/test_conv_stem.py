@@ -16,26 +16,27 @@ from layerswarm.models.data import Dataset
 from layerswarm.models.objective import random_translate
 from layerswarm.models.recipe import TrainRecipe
 from layerswarm.models.train import Trainer
-from layerswarm.models.vit import ViT, run_blocks
+from layerswarm.models.vit import ShallowConvEmbed, ViT, run_blocks
 
 ZOO_MODEL = Path(__file__).parent.parent / "src" / "layerswarm" / "models" / "zoo" / "shapes" / "layershuffle-0"
 
 
-def _conv_model() -> ViT:
+def _conv_model(stem: str = "conv") -> ViT:
     torch.manual_seed(0)
-    return ViT(ViTConfig(image_size=16, patch_size=4, num_classes=3, dim=32, depth=2, heads=2, stem="conv"))
+    return ViT(ViTConfig(image_size=16, patch_size=4, num_classes=3, dim=32, depth=2, heads=2, stem=stem))
 
 
-def test_conv_stem_round_trips_through_save_load_and_the_coordinators_stem(tmp_path: Path) -> None:
-    model = _conv_model()
+@pytest.mark.parametrize("stem", ["conv", "shallow"])
+def test_conv_stem_round_trips_through_save_load_and_the_coordinators_stem(tmp_path: Path, stem: str) -> None:
+    model = _conv_model(stem)
     images = torch.rand(5, 3, 16, 16)
     with torch.no_grad():  # a few training steps' worth of BatchNorm statistics, so they must be saved too
         model.train()(torch.rand(32, 3, 16, 16) * 2)
     model.eval()
     manifest = save_model(model, tmp_path / "m", Lineage(source="scratch"))
-    assert manifest.config.stem == "conv" and '"stem": "conv"' in (tmp_path / "m" / "manifest.json").read_text()
+    assert manifest.config.stem == stem and f'"stem": "{stem}"' in (tmp_path / "m" / "manifest.json").read_text()
     loaded, _ = load_model(tmp_path / "m")
-    assert loaded.cfg.stem == "conv"
+    assert loaded.cfg.stem == stem
     with torch.no_grad():
         expected = model(images)
         assert torch.equal(loaded.eval()(images), expected)
@@ -43,6 +44,36 @@ def test_conv_stem_round_trips_through_save_load_and_the_coordinators_stem(tmp_p
         assert torch.equal(head(run_blocks(list(loaded.blocks), stem.eval()(images))), expected)
     assert any("running_mean" in k for k in stem.state_dict())
     assert stem(images).shape == (5, 1 + 16, 32)  # (B, 1 + (16/4)^2, D): the tokens a patch stem makes
+
+
+def test_the_shallow_stem_is_one_full_resolution_conv_then_the_patch_embedding() -> None:
+    """`--stem shallow`: each token sees its patch and one pixel around it (a 3x3 conv, then a PxP stride-P
+    conv), where ConvEmbed's stride-2 convs give it a wider view: what a token sees is what the blocks are
+    left to compose. Measured by the receptive field: a pixel changed two columns left of the second 4 x 4
+    patch (columns 4-7) moves ConvEmbed's token for that patch (it sees columns 1-7) and not the shallow
+    stem's (columns 3-8)."""
+    images = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    moved = images.clone()
+    moved[0, :, 5, 2] += 1.0
+    reach = {}
+    for stem in ("conv", "shallow"):
+        model = _conv_model(stem).eval()
+        embed = model.stem.conv_embed
+        with torch.no_grad():
+            reach[stem] = bool((embed(moved) - embed(images))[0, :, 1, 1].abs().max() > 0)
+    convs = [m for m in _conv_model("shallow").stem.conv_embed.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.kernel_size, c.stride) for c in convs] == [((3, 3), (1, 1)), ((4, 4), (4, 4))]
+    assert reach == {"conv": True, "shallow": False}
+
+
+def test_train_with_the_shallow_stem_writes_it_into_config_and_recipe(tmp_path: Path) -> None:
+    from layerswarm.cli import main
+
+    tiny = ["--depth", "2", "--dim", "16", "--heads", "2", "--epochs", "1", "--no-reference", "--workers", "0"]
+    assert main(["train", "--data", "shapes:64:16", "--stem", "shallow", *tiny, "--out", str(tmp_path / "m")]) == 0
+    model, manifest = load_model(tmp_path / "m")
+    assert manifest.config.stem == "shallow" and manifest.recipe["stem"] == "shallow"
+    assert manifest.config.patch_size == 8 and isinstance(model.stem.conv_embed, ShallowConvEmbed)  # 4 x 4 tokens
 
 
 def test_config_refuses_a_bad_stem() -> None:

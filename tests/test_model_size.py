@@ -109,3 +109,7 @@ def test_the_manifest_records_the_size_and_why_and_the_bench_reads_it(tmp_path: 
     assert row["block_params"] == block_params(48, 1) and row["epochs"] == 1
     assert row["test_sequential"] == manifest.metrics["test_sequential"] and "--size small" in row["command"]
     assert "| relations | 32 | --epochs 1 --size small --depth 1 | 48 x 1 (3) | 28,272 |" in render_runs([row])
+    (tmp_path / "rel32").symlink_to(data)  # a data folder not named data/: its own name is the task's
+    argv = ["train", "--data", f"imagefolder:{tmp_path / 'rel32'}", "--out", str(tmp_path / "n"), "--epochs", "1"]
+    assert main([*argv, "--size", "small", "--depth", "1", "--no-reference", "--threads", "1", "--workers", "0"]) == 0
+    assert run_row(tmp_path / "n")["task"] == "rel32"

@@ -162,7 +162,8 @@ def run_row(model_dir: Path) -> dict[str, Any]:
     reference = metrics.get("learned", {}).get("reference")
     data_dir = Path(manifest["dataset"]["spec"].split(":", 1)[1])
     return {
-        "task": data_dir.parent.name.rsplit("-", 1)[0],  # the folders are TASK-N/data
+        # scripts/own_data_check.sh's folders are TASK-N/data; any other data folder is named by itself.
+        "task": data_dir.parent.name.rsplit("-", 1)[0] if data_dir.name == "data" else data_dir.name,
         "train_images": manifest["dataset"]["train"],
         "dim": config["dim"],
         "depth": config["depth"],
@@ -246,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     if args.runs:
+        if missing := [str(d) for d in args.runs if not (d / "manifest.json").is_file()]:
+            parser.error(f"--runs: not model directories (no manifest.json): {', '.join(missing)}")
         rows = [run_row(d) for d in args.runs]
         report = {"written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": MACHINE, "runs": rows}
         return emit_table(report, render_runs(rows), args.json, args.markdown)

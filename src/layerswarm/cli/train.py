@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from layerswarm.models.config import VARIANTS  # torch-free: building the parser stays fast
+from layerswarm.models.config import STEMS, VARIANTS  # torch-free: building the parser stays fast
 from layerswarm.models.recipe import (
     BUDGET_FEW_IMAGES,
     BUDGET_FEW_S,
@@ -122,10 +122,13 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--stem",
-        choices=("conv", "patch"),
+        choices=STEMS,
         default=R.stem,
         help="how images become tokens (from scratch only): conv (a few 3x3 stride-2 convolutions; a small ViT "
-        "learns far more from little data) or patch (one strided convolution, the classic ViT stem)",
+        "learns far more from little data), patch (one strided convolution, the classic ViT stem) or shallow (one "
+        "3x3 convolution, then a strided one: the blocks, not the stem, find and relate the objects, so a "
+        "conventionally trained --variant baseline collapses in arbitrary order as in the paper, at a few points "
+        "of accuracy; docs/own-data.md)",
     )
     p.add_argument(
         "--seed", type=non_negative_int, default=R.seed, help="training seed (order of batches, block orders, init)"
@@ -185,7 +188,7 @@ def register(sub: Subparsers) -> None:
         "--patch-size",
         type=positive_int,
         help="patch side P (from scratch only; none: from the image size, the largest of 16, 8, 4, 2 leaving at "
-        "least 7 patches a side, 4 for a conv stem: 32 x 32 -> 8 (conv), 4 (patch))",
+        "least 7 patches a side, 4 for a conv or shallow stem: 32 x 32 -> 8 (conv, shallow), 4 (patch))",
     )
     p.add_argument(
         "--max-tokens", type=int_at_least(2), default=32, help="text: longest sequence, [CLS] included (from scratch)"

@@ -9,7 +9,9 @@ from typing import Any
 KINDS = ("image", "text")
 # Fields only a text model has: left out of an image config's dict, so image model ids stay unchanged.
 TEXT_FIELDS = ("kind", "vocab_size", "max_tokens")
-STEMS = ("patch", "conv")  # how images become tokens: one strided conv, or a few 3x3 convs (vit.ConvEmbed)
+# How images become tokens: one strided conv; a few 3x3 stride-2 convs (vit.ConvEmbed); or one 3x3 conv at
+# full resolution before the strided one (vit.ShallowConvEmbed).
+STEMS = ("patch", "conv", "shallow")
 VARIANTS = ("baseline", "layershuffle", "layershuffle-position", "layershuffle-predict", "layerdrop")
 # Variants whose blocks were trained to work at any position (the coordinator may shuffle them).
 SHUFFLE_ROBUST_VARIANTS = frozenset({"layershuffle", "layershuffle-position", "layershuffle-predict"})
@@ -29,8 +31,8 @@ CONV_MIN_PATCHES_A_SIDE = 4
 def patch_size_for(image_size: int, stem: str = "patch") -> int:
     """The patch side a from-scratch model of this image size gets: the largest of 16, 8, 4, 2 that divides
     it and leaves at least MIN_PATCHES_A_SIDE patches a side (32 -> 4, 16 -> 2, 64 -> 8, 224 -> 16), or
-    CONV_MIN_PATCHES_A_SIDE for a conv stem (32 -> 8, 16 -> 4, 64 -> 16, 224 -> 16)."""
-    least = CONV_MIN_PATCHES_A_SIDE if stem == "conv" else MIN_PATCHES_A_SIDE
+    CONV_MIN_PATCHES_A_SIDE for a conv or shallow stem (32 -> 8, 16 -> 4, 64 -> 16, 224 -> 16)."""
+    least = MIN_PATCHES_A_SIDE if stem == "patch" else CONV_MIN_PATCHES_A_SIDE
     for patch in (16, 8, 4, 2):
         if image_size % patch == 0 and image_size // patch >= least:
             return patch

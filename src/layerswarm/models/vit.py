@@ -38,9 +38,34 @@ class ConvEmbed(nn.Module):
         return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
 
 
+class ShallowConvEmbed(nn.Module):
+    """One 3x3 convolution at full resolution (BatchNorm, ReLU), then the patch embedding's PxP strided conv:
+    the tokens ConvEmbed makes, from far less work before the blocks. Each token sees its patch and a pixel
+    around it, no more, so the blocks (not the stem) find and relate the objects, and a conventionally
+    trained model then depends on its block order (docs/own-data.md, "A stem that leaves the work to the
+    blocks")."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        width = max(8, cfg.dim // 2)
+        self.layers = nn.Sequential(
+            nn.Conv2d(cfg.in_channels, width, 3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size),
+        )
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
+
+
+# The convolutional stems, by ViTConfig.stem; "patch" is the plain strided conv, kept apart for its weight key.
+CONV_EMBEDS: dict[str, type[nn.Module]] = {"conv": ConvEmbed, "shallow": ShallowConvEmbed}
+
+
 class Stem(nn.Module):
-    """Normalisation, patch embedding (a strided conv, or a ConvEmbed), class token and learned position
-    embedding.
+    """Normalisation, patch embedding (a strided conv, a ConvEmbed or a ShallowConvEmbed), class token and
+    learned position embedding.
 
     Takes images in [0, 1]; the mean and std come from the config, so every caller agrees on them."""
 
@@ -51,9 +76,9 @@ class Stem(nn.Module):
         self.register_buffer("mean", torch.tensor(cfg.image_mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg.image_std).view(1, -1, 1, 1), persistent=False)
         # The attribute name is the weight-file key: a patch stem keeps the name every shipped model has.
-        self.embed_name = "conv_embed" if cfg.stem == "conv" else "patch_embed"
-        if cfg.stem == "conv":
-            self.conv_embed = ConvEmbed(cfg)
+        self.embed_name = "conv_embed" if cfg.stem in CONV_EMBEDS else "patch_embed"
+        if cfg.stem in CONV_EMBEDS:
+            self.conv_embed = CONV_EMBEDS[cfg.stem](cfg)
         else:
             self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
