@@ -11,7 +11,6 @@ not record; pass the figure a comparable run's reference got (`metrics.learned.r
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +24,7 @@ from layerswarm.models.recipe import TrainRecipe
 from layerswarm.models.reference import train_reference
 from layerswarm.models.split import validation_split
 
+from . import emit_report
 from .own_data import MACHINE, kept_record
 
 
@@ -80,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # not a model directory, or its data is gone or unreadable: say which
         parser.error(f"model_dir: {exc}")
     record = {"written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": MACHINE, **record}
-    text = json.dumps(record, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    return emit_report(record, args.json)
 
 
 if __name__ == "__main__":

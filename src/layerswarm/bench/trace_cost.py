@@ -9,7 +9,6 @@ chain's trace. The edge LAN bench reports it beside the relay figures that inclu
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from layerswarm.wire.trace_check import entry_problem
 from layerswarm.wire.trace_sign import TraceSigner, hop_signed_by, rest_digest, rest_digests
 from layerswarm.wire.v1 import block_pb2 as pb
 
+from . import emit_report
 from .fixtures import median_ms
 
 
@@ -117,11 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict[str, Any] = {"environment": environment()}
     report.update(trace_signature_cost())
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    return emit_report(report, args.json)
 
 
 if __name__ == "__main__":
