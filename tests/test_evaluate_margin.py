@@ -1,5 +1,5 @@
-"""The ensemble's margin over its best member: a paired bootstrap interval, and a verdict that calls a
-margin inside the test set's noise what it is."""
+"""The eval's verdicts: the ensemble's margin over its best member (a paired bootstrap interval, and a
+verdict that calls a margin inside the test set's noise what it is), and whether a baseline collapsed."""
 
 from __future__ import annotations
 
@@ -64,8 +64,36 @@ def test_a_report_from_before_the_interval_gets_no_verdict() -> None:
     assert "ensemble_vs_best_member" not in targets and targets["ensemble_minus_best_member"] == pytest.approx(0.005)
 
 
+def _baseline(sequential: float, arbitrary: float) -> dict:  # type: ignore[type-arg]
+    model = {"variant": "baseline", "sequential": sequential, "arbitrary": {"mean": arbitrary}}
+    model["pruned"] = {"1": {"arbitrary": 0.2}, "2": {"arbitrary": arbitrary}}
+    return {"groups": {}, "models": {"baseline": model}}
+
+
+@pytest.mark.parametrize(
+    ("sequential", "arbitrary", "chance", "kept", "collapsed"),
+    [
+        (0.8261, 0.0013, 0.001, 0.0004, True),  # the paper's ViT-B/16
+        (0.536, 0.148, 0.125, 0.056, True),  # near chance
+        (0.878, 0.652, 0.125, 0.700, False),  # lost a quarter: far below in-order, not a collapse
+        (0.5, 0.4, 0.1, 0.75, False),
+    ],
+)
+def test_a_baseline_collapses_when_it_keeps_a_tenth_of_what_it_learnt(
+    sequential: float, arbitrary: float, chance: float, kept: float, collapsed: bool
+) -> None:
+    targets = check_targets(_baseline(sequential, arbitrary), chance=chance)["baseline"]
+    assert targets["baseline_kept_above_chance"] == pytest.approx(kept, abs=5e-4)
+    assert targets["baseline_collapsed"] is collapsed
+
+
+def test_a_baseline_that_learnt_nothing_has_nothing_to_lose() -> None:
+    targets = check_targets(_baseline(0.1, 0.1), chance=0.1)["baseline"]
+    assert targets["baseline_kept_above_chance"] == 1.0 and not targets["baseline_collapsed"]
+
+
 def test_the_own_data_table_shows_the_interval_and_the_verdict() -> None:
-    from layerswarm.bench.own_data import _family, _margin
+    from layerswarm.bench.own_data import _collapse, _family, _margin
 
     group = {
         "arbitrary_over_sequential": 1.0,
@@ -81,5 +109,8 @@ def test_the_own_data_table_shows_the_interval_and_the_verdict() -> None:
         "chance": 0.125,
     }
     assert _margin(_family(report)) == "+0.50 points [-0.40, +1.40], within noise"
+    assert _collapse(_family(report)) == "0.41, not collapsed"  # (0.4 - 0.125) / (0.8 - 0.125)
+    report["models"]["baseline"]["arbitrary"]["mean"] = 0.15
+    assert _collapse(_family(report)) == "0.04, **collapsed**"
     del group["ensemble_minus_best_member_ci95"], group["ensemble_vs_best_member"]  # a report from before
     assert _margin(_family(report)) == "+0.50 points"

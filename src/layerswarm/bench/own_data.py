@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from layerswarm.models.evaluate import COLLAPSED_AT, kept_above_chance
 from layerswarm.models.size import block_params
 from layerswarm.models.train_report import kept_record as kept_epoch_record
 
@@ -124,8 +125,8 @@ def render(summary: dict[str, Any]) -> str:
         lines += [
             "",
             "| task | arbitrary / sequential | merged / arbitrary | ensemble - best member | pruning monotone "
-            "| baseline seq / arb (chance) |",
-            "| --- " * 6 + "|",
+            "| baseline seq / arb (chance) | baseline keeps above chance |",
+            "| --- " * 7 + "|",
         ]
         for r in families:
             f = r["family"]
@@ -133,9 +134,16 @@ def render(summary: dict[str, Any]) -> str:
                 f"| {r['task']} ({r['train_images']:,}) | {f['arbitrary_over_sequential']:.3f} | "
                 f"{f['merged_over_arbitrary']:.3f} | {_margin(f)} | "
                 f"{f['pruning_monotone_arbitrary']} | {f['baseline_sequential']:.3f} / {f['baseline_arbitrary']:.3f} "
-                f"({f['chance']:.3f}) |"
+                f"({f['chance']:.3f}) | {_collapse(f)} |"
             )
     return "\n".join(lines)
+
+
+def _collapse(family: dict[str, Any]) -> str:
+    """The share of its in-order accuracy above chance the baseline keeps in arbitrary order, and whether
+    that is a collapse (models.evaluate.COLLAPSED_AT)."""
+    kept = kept_above_chance(family["baseline_sequential"], family["baseline_arbitrary"], family["chance"])
+    return f"{kept:.2f}, " + ("**collapsed**" if kept <= COLLAPSED_AT else "not collapsed")
 
 
 def _margin(family: dict[str, Any]) -> str:
