@@ -38,6 +38,13 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--no-write", action="store_true", help="evaluate only, leave the model directories as they are")
     p.add_argument(
+        "--policy-out",
+        type=Path,
+        metavar="DIR",
+        help="write the depth tables into copies of the model directories under DIR (needed for shipped "
+        "models, which are never written: they belong to the installed package)",
+    )
+    p.add_argument(
         "--limit",
         type=int_at_least(10),
         help="evaluate on the first N test sentences only (default: all)",
@@ -55,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
     from layerswarm.models.text.commands import text_depth_main
 
+    from .model_dirs import policy_targets
+
+    if not args.no_write and not args.existing:
+        args.model_dirs = policy_targets(args.model_dirs, args.policy_out, no_write_flag="--no-write")
     status = text_depth_main(args)
     if args.swarm:
         from layerswarm.bench.text_depth import run_swarm_bench

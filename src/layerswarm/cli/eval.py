@@ -62,6 +62,13 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="do not write min depth and activation statistics into the model directories' manifests",
     )
+    p.add_argument(
+        "--policy-out",
+        type=Path,
+        metavar="DIR",
+        help="write what is measured into copies of the model directories under DIR (needed for shipped "
+        "models, which are never written: they belong to the installed package)",
+    )
 
 
 def percentage_points(text: str) -> float:
@@ -72,7 +79,18 @@ def percentage_points(text: str) -> float:
     return value
 
 
+def writes_policy(args: argparse.Namespace) -> bool:
+    """Whether this run writes into the model directories (min depth and statistics, or calibration)."""
+    experiments = not args.calibrate_only and not args.no_policy
+    calibration = (args.calibrate or args.calibrate_only) and not args.no_write_policy and not args.test_noise
+    return experiments or calibration
+
+
 def run(args: argparse.Namespace) -> int:
     from layerswarm.models.eval_command import eval_main
 
+    from .model_dirs import policy_targets
+
+    if writes_policy(args):
+        args.model_dirs = policy_targets(args.model_dirs, args.policy_out, no_write_flag="--no-policy")
     return eval_main(args)

@@ -84,6 +84,10 @@ class Manifest:
     # outside the hashed ids on purpose, so it can be (re)measured without renaming the model; read and
     # write it with models/policy.py. A coordinator trusts only the policy in its own model dirs.
     policy: dict[str, Any] = field(default_factory=dict)
+    # Files beside the weights that hold more policy (adaptive.json), by name -> {"sha256": ...}: kept
+    # through every rewrite of the manifest, or the file they list is refused as "written by hand"
+    # (models/adaptive_policy.py writes and checks them).
+    policy_files: dict[str, Any] = field(default_factory=dict)
 
     @property
     def variant(self) -> str:
@@ -105,6 +109,7 @@ class Manifest:
             "dataset": self.dataset,
             "metrics": self.metrics,
             "policy": self.policy,
+            **({"policy_files": self.policy_files} if self.policy_files else {}),
             "files": {name: {"sha256": sha} for name, sha in sorted(self.files.items())},
         }
 
@@ -180,6 +185,7 @@ def rehash_model_dir(model_dir: str | os.PathLike[str]) -> Manifest:
         raw.get("dataset", {}),
         raw.get("metrics", {}),
         raw.get("policy", {}),
+        raw.get("policy_files", {}),
     )
     write_manifest(path, manifest)
     return manifest
@@ -208,6 +214,7 @@ def read_manifest(model_dir: str | os.PathLike[str]) -> Manifest:
             dataset=raw.get("dataset", {}),
             metrics=raw.get("metrics", {}),
             policy=raw.get("policy", {}),
+            policy_files=raw.get("policy_files", {}),
         )
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
         if isinstance(exc, ModelDirError):

@@ -51,3 +51,13 @@ def model_dirs(root: Path) -> list[tuple[Path, Manifest]]:
 def robust_members(root: Path) -> list[Path]:
     """The shuffle-robust members of a family folder (the ones a swarm can mix and reorder)."""
     return [p for p, m in model_dirs(root) if m.config.shuffle_robust]
+
+
+def is_shipped(path: Path) -> bool:
+    """Whether `path` is (inside) the shipped zoo: the installed package's own files, which commands that
+    write measurements (eval, depth) must leave alone; an editable install's zoo is tracked by git."""
+    try:
+        Path(path).resolve().relative_to(zoo_root().resolve())
+    except ValueError:
+        return False
+    return True
