@@ -13,6 +13,8 @@ from layerswarm.models.lm.generate import Sampling, generate, next_token_probs
 from layerswarm.models.lm.model import DecoderLM
 from layerswarm.models.lm.speculative import SpeculationStats, speculative_generate
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TOL = 1e-5  # fp32: measured max abs differences are ~2e-7 (cached vs full) and ~5e-7 (batched vs alone)
 
 
@@ -82,6 +84,16 @@ def test_rows_of_different_lengths_batch_like_single_streams() -> None:
     batched = run(model, torch.stack([s[-3:] for s in seqs]), caches)
     diff = max((batched[row] - alone[row]).abs().max().item() for row in range(3))
     assert diff < TOL, diff
+    # the same through one BatchKVCache per block (no loop over rows): same logits, same lengths
+    buffers = [block.new_batch_cache(3) for block in model.route()]
+    run(model, prompts, buffers, new_tokens=torch.tensor(lengths))  # type: ignore[arg-type]
+    assert buffers[0].lengths.tolist() == lengths
+    in_buffers = run(model, torch.stack([s[-3:] for s in seqs]), buffers)  # type: ignore[arg-type]
+    assert (in_buffers - batched).abs().max().item() < TOL
+    for buffer in buffers:  # roll every row back by the 3 verified tokens, and verify them again
+        buffer.truncate(buffer.lengths - 3)
+    again = run(model, torch.stack([s[-3:] for s in seqs]), buffers)  # type: ignore[arg-type]
+    assert (again - batched).abs().max().item() < TOL
 
 
 @torch.no_grad()

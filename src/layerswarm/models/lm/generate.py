@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from .cache import KVCache
+from .cache import BatchKVCache, KVCache
 
 
 class CachedBlock(Protocol):
@@ -26,11 +26,13 @@ class CachedBlock(Protocol):
 
     def new_cache(self) -> KVCache: ...
 
+    def new_batch_cache(self, rows: int) -> BatchKVCache: ...
+
     def __call__(
         self,
         x: Tensor,
         start: Tensor | None = None,
-        caches: Sequence[KVCache] | None = None,
+        caches: Sequence[KVCache] | BatchKVCache | None = None,
         new_tokens: Tensor | None = None,
     ) -> Tensor: ...
 
@@ -105,16 +107,13 @@ def empty_caches(blocks: Sequence[CachedBlock], rows: int) -> list[list[KVCache]
 
 
 class Route:
-    """A batch of streams through one list of blocks, with their caches: prefill once, then step."""
+    """A batch of streams through one list of blocks, with their caches (one BatchKVCache per block):
+    prefill once, then step."""
 
     def __init__(self, stem: nn.Module, blocks: Sequence[CachedBlock], head: nn.Module, rows: int) -> None:
         self.stem, self.blocks, self.head = stem, list(blocks), head
-        self.caches = empty_caches(self.blocks, rows)
+        self.caches = [block.new_batch_cache(rows) for block in self.blocks]
         self.context = min(b.max_seq_len for b in self.blocks) if self.blocks else 1 << 30
-
-    @property
-    def lengths(self) -> list[int]:
-        return [c.length for c in self.caches[0]] if self.caches else []
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> Tensor:
         """Every prompt's tokens through the blocks -> (B, V) logits after each prompt's last token."""

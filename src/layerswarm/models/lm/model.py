@@ -21,9 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import KVCache
+from .cache import BatchKVCache, KVCache
 from .config import LMConfig
 from .generate import Sampling, generate
+
+Caches = Sequence[KVCache] | BatchKVCache  # one cache per row, or one buffer for every row
 
 INIT_STD = 0.02  # nanoGPT / GPT-2: every weight N(0, 0.02), residual projections scaled by 1/sqrt(2 x depth)
 
@@ -83,7 +85,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_size).transpose(1, 2)
         return apply_rotary(k, cos, sin), v
 
-    def forward(self, x: Tensor, positions: Tensor, caches: Sequence[KVCache] | None, new_tokens: Tensor) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor, caches: Caches | None, new_tokens: Tensor) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_size).transpose(1, 2)  # (B, H, T, hs)
         cos, sin = rotary(positions, self.head_size, self.rope_theta)
@@ -91,6 +93,11 @@ class Attention(nn.Module):
         k, v = self.keys_values(x, cos, sin)  # (B, KV, T, hs)
         if caches is None:  # the tokens of x are the whole context: plain causal attention
             out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=True)
+        elif isinstance(caches, BatchKVCache):
+            caches.append(k, v, new_tokens)
+            keys, values = caches.keys, caches.values
+            seen = _context_mask(positions[:, 0], t, caches.lengths.to(x.device), keys.shape[2])
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen, enable_gqa=True)
         else:
             keys, values, mask = _cached_context(k, v, positions[:, 0], caches, new_tokens)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
@@ -116,11 +123,15 @@ def _cached_context(
     for row, cache in enumerate(caches):
         keys[row, :, : totals[row]] = cache.keys
         values[row, :, : totals[row]] = cache.values
-    slots = torch.arange(span, device=k.device)
-    query_pos = start[:, None] + torch.arange(t, device=k.device)  # (B, T)
-    held = torch.tensor(totals, device=k.device)[:, None, None]
-    mask = (slots[None, None, :] <= query_pos[:, :, None]) & (slots[None, None, :] < held)  # (B, T, S)
-    return keys, values, mask[:, None]
+    return keys, values, _context_mask(start, t, torch.tensor(totals, device=k.device), span)
+
+
+def _context_mask(start: Tensor, t: int, held: Tensor, span: int) -> Tensor:
+    """(B, 1, T, S): row b's query t (position start[b] + t) sees its own keys at slots <= its position."""
+    slots = torch.arange(span, device=start.device)
+    query_pos = start[:, None] + torch.arange(t, device=start.device)  # (B, T)
+    mask = (slots[None, None, :] <= query_pos[:, :, None]) & (slots[None, None, :] < held[:, None, None])
+    return mask[:, None]
 
 
 class SwiGLU(nn.Module):
@@ -149,11 +160,15 @@ class DecoderBlock(nn.Module):
         """An empty cache for one stream at this block."""
         return KVCache(self.self_attn.kv_heads, self.self_attn.head_size)
 
+    def new_batch_cache(self, rows: int) -> BatchKVCache:
+        """An empty cache for `rows` streams stepped together at this block."""
+        return BatchKVCache(rows, self.self_attn.kv_heads, self.self_attn.head_size)
+
     def forward(
         self,
         x: Tensor,
         start: Tensor | None = None,
-        caches: Sequence[KVCache] | None = None,
+        caches: Caches | None = None,
         new_tokens: Tensor | None = None,
     ) -> Tensor:
         """x (B, T, D): T new tokens per row -> (B, T, D).
@@ -161,7 +176,8 @@ class DecoderBlock(nn.Module):
         start (B,): tokens each row already has (its cache length before this call); row b's tokens sit at
             positions start[b] .. start[b] + T - 1. None: the caches' lengths, or 0 without caches.
         caches: one KVCache per row, which gets the new tokens' keys and values appended (rows may hold
-            different lengths: padded and masked), or None to attend within x only (training, full forward).
+            different lengths: padded and masked; or one BatchKVCache for all rows, the same without a loop over
+            rows), or None to attend within x only (training, full forward).
         new_tokens (B,): how many of the T tokens are real in each row (right padding); None: all T.
             Only real tokens reach a cache; the outputs at padded places are meaningless.
         """
@@ -170,19 +186,22 @@ class DecoderBlock(nn.Module):
         h = x + self.self_attn(self.input_layernorm(x), positions, caches, new_tokens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def append_kv(self, x: Tensor, caches: Sequence[KVCache], new_tokens: Tensor | None = None) -> None:
+    def append_kv(self, x: Tensor, caches: Caches, new_tokens: Tensor | None = None) -> None:
         """Only the keys and values of x (B, T, D) into the caches, no output: what an early exit (CALM)
         leaves in the blocks it skips, computed from the state the token exited with."""
         start, new_tokens = self._rows(x, None, caches, new_tokens)
         positions = start[:, None] + torch.arange(x.shape[1], device=x.device)
         cos, sin = rotary(positions, self.self_attn.head_size, self.self_attn.rope_theta)
         k, v = self.self_attn.keys_values(self.input_layernorm(x), cos, sin)
+        if isinstance(caches, BatchKVCache):
+            caches.append(k, v, new_tokens)
+            return
         for row, cache in enumerate(caches):
             n = int(new_tokens[row])
             cache.append(k[row, :, :n], v[row, :, :n])
 
     def _rows(
-        self, x: Tensor, start: Tensor | None, caches: Sequence[KVCache] | None, new_tokens: Tensor | None
+        self, x: Tensor, start: Tensor | None, caches: Caches | None, new_tokens: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """start and new_tokens per row, checked: what a node must refuse rather than compute."""
         if x.dim() != 3:
@@ -190,7 +209,11 @@ class DecoderBlock(nn.Module):
         b, t, _ = x.shape
         if caches is not None and len(caches) != b:
             raise ValueError(f"{len(caches)} caches for {b} rows: one per row")
-        held = torch.tensor([c.length for c in caches], device=x.device) if caches is not None else None
+        held = None
+        if isinstance(caches, BatchKVCache):
+            held = caches.lengths.to(x.device)
+        elif caches is not None:
+            held = torch.tensor([c.length for c in caches], device=x.device)
         if start is None:
             start = held if held is not None else torch.zeros(b, dtype=torch.long, device=x.device)
         start = check_rows("start", start, b)
