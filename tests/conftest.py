@@ -23,6 +23,16 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         yield
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread for this test: tiny models gain nothing from two, and on a machine shared with
+    other work, two threads waiting on each other turned a 2 s test into minutes."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 TINY = {"image_size": 16, "patch_size": 8, "dim": 32, "depth": 3, "heads": 2, "num_classes": 4}
 
 

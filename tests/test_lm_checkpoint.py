@@ -28,6 +28,8 @@ from layerswarm.models.lm.tokenizer import TOKENIZER_FILE
 from layerswarm.models.zoo import family_root
 from layerswarm.training.lm.tokenizer import train_bpe
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def save_tiny(path: Path, tie: bool = True, seed: int = 0, lineage: Lineage | None = None) -> DecoderLM:
     torch.manual_seed(seed)

@@ -13,6 +13,8 @@ from layerswarm.training.lm.data import encode, load_corpus, parse_spec
 from layerswarm.training.lm.tasks import make_examples
 from layerswarm.training.lm.tokenizer import train_bpe
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def test_generated_answers_are_right_and_test_prompts_unseen() -> None:
     train, test = make_examples(2000, 200, seed=3)

@@ -15,6 +15,8 @@ from layerswarm.models.lm.generate import generate
 from layerswarm.models.lm.hf_import import HFImportError, hf_lm_config
 from layerswarm.training.lm.tokenizer import train_bpe
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 transformers = pytest.importorskip("transformers")
 
 # Measured (fp32): max abs difference 0.0 for every layout below: the same operations in the same order.

@@ -15,6 +15,8 @@ from layerswarm.models.lm.model import DecoderLM
 from layerswarm.training.lm.data import TokenRows
 from layerswarm.training.lm.objective import batch_order, next_token_loss
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = ["--dim", "32", "--depth", "3", "--heads", "2", "--vocab-size", "300", "--context", "48", "--text-len", "32"]
 TINY += ["--val-every", "20"]
 

@@ -41,7 +41,7 @@ from layerswarm.models.lm.tokenizer import TOKENIZER_FILE, check_tokenizer, load
 from layerswarm.models.policy import write_entry
 
 from .data import LMData, encode, load_corpus
-from .draft_eval import calibrate_early_exit, draft_table
+from .draft_eval import EXIT_PROMPTS, calibrate_early_exit, draft_table
 from .evaluate import LMEvalPlan, Member, evaluate_members
 from .metrics import Answers, Parts, route_scores
 from .recipe import LMRecipe
@@ -292,7 +292,11 @@ def eval_lm(req: EvalLMRequest) -> dict[str, Any]:
     started = time.perf_counter()
     report = evaluate_members(members, data, tok, req.plan)
     if req.drafts and data.test_examples:
-        report["drafting"] = {m.name: _drafting(m, data, tok, req.max_em_loss) for m in members}
+        report["drafting"] = {}
+        for m in members:
+            began = time.perf_counter()
+            report["drafting"][m.name] = _drafting(m, data, tok, req.max_em_loss)
+            log.info("%s: drafts and early exits measured in %.0f s", m.name, time.perf_counter() - began)
     report["seconds"] = round(time.perf_counter() - started, 1)
     if req.write_policy:
         _write_policies(req.model_dirs, members, report, req.min_depth_margin)
@@ -305,7 +309,7 @@ def eval_lm(req: EvalLMRequest) -> dict[str, Any]:
 def _drafting(m: Member, data: LMData, tok: Tokenizer, max_em_loss: float) -> dict[str, Any]:
     cfg = m.model.cfg
     test = Answers(data.test_examples, tok, cfg)
-    val = Answers(data.val_examples[: len(data.test_examples)], tok, cfg)
+    val = Answers(data.val_examples[:EXIT_PROMPTS], tok, cfg)
     return {"draft": draft_table(m.model, test), "early_exit": calibrate_early_exit(m.model, val, test, max_em_loss)}
 
 

@@ -32,8 +32,9 @@ DRAFT_KS = (2, 4, 8)
 # A local block evaluation at the coordinator in network hops: a block of a shipped model computes one
 # token in about 0.1 ms here, a loopback gRPC hop takes about 1 ms (docs/ARCHITECTURE.md's node figures).
 LOCAL_BLOCK_COST = 0.1
-EXIT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
-DRAFT_PROMPTS = 200  # prompts per (d, k): enough for the acceptance rate to two digits
+EXIT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999)
+DRAFT_PROMPTS = 100  # prompts per (d, k): several hundred drafted tokens, the acceptance rate to about 0.03
+EXIT_PROMPTS = 500  # validation prompts the exit threshold is chosen on
 
 
 @torch.no_grad()

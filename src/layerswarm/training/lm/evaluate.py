@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,9 +94,13 @@ def evaluate_members(members: Sequence[Member], data: LMData, tok: Tokenizer, pl
         "groups": {},
     }
     for m in tqdm(members, desc="models", unit="model", disable=None):
+        began = time.perf_counter()
         report["models"][m.name] = _evaluate_one(m, data, answers, plan, rng)
+        log.info("%s: orders and pruning evaluated in %.0f s", m.name, time.perf_counter() - began)
     for key, group in _groups(members).items():
+        began = time.perf_counter()
         report["groups"][key] = _evaluate_group(group, report["models"], data, answers, plan, rng)
+        log.info("%s: merges and ensembles evaluated in %.0f s", key, time.perf_counter() - began)
     report["targets"] = check_targets(report)
     return report
 
