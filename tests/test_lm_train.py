@@ -70,7 +70,8 @@ def test_train_family_and_eval_a_tiny_decoder(tmp_path: Path, capsys: pytest.Cap
         group["merged"]
     )
     assert set(report["models"]["base"]["pruned"]) == {"1", "2"}
-    assert all(d["draft"]["table"]["1/2"]["identical"] == 1.0 for d in report["drafting"].values())
+    tables = [d["draft"]["table"]["1/2"] for d in report["drafting"].values()]
+    assert all(t["tasks"]["identical"] == t["text"]["identical"] == 1.0 for t in tables)
     policy = read_lm_manifest(members[0]).policy
     assert {"draft", "early_exit", "min_blocks"} <= set(policy)
     assert read_lm_manifest(members[0]).model_id == read_lm_manifest(members[0]).model_id  # policy: ids unchanged

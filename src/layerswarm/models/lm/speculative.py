@@ -30,7 +30,7 @@ class SpeculationStats:
     trips: int = 0  # verify passes through blocks[d:] (plain decoding makes one per token)
     drafted: int = 0
     accepted: int = 0
-    emitted: int = 0
+    emitted: int = 0  # tokens the stream got, the eos that ended it included (plain decoding: one per trip)
 
     @property
     def acceptance(self) -> float:
@@ -68,7 +68,8 @@ def speculative_generate(
     last = int(head(x[:, -1]).argmax(-1))  # the first new token: the full route's, no draft yet
     stats.trips += 1
     out: list[int] = []
-    while room > 0 and last != eos_id:
+    ended = last == eos_id  # the stream ended with eos (a token it got, though not returned)
+    while room > 0 and not ended:
         out.append(last)
         room -= 1
         if room == 0:
@@ -86,15 +87,14 @@ def speculative_generate(
         for cache in caches:
             cache[0].truncate(keep)
         for token in drafts[:accepted]:
-            if token == eos_id or room == 0:
-                room = 0
+            if token == eos_id:
+                ended = True
                 break
             out.append(token)
             room -= 1
         last = int(verified[accepted])
-        if room == 0:
-            break
-    stats.emitted += len(out)
+        ended = ended or last == eos_id
+    stats.emitted += len(out) + ended
     return out
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from layerswarm.models.checkpoint import (
-    MANIFEST,
     TOKENIZER,
     Lineage,
     Manifest,
@@ -310,7 +308,9 @@ def _drafting(m: Member, data: LMData, tok: Tokenizer, max_em_loss: float) -> di
     cfg = m.model.cfg
     test = Answers(data.test_examples, tok, cfg)
     val = Answers(data.val_examples[:EXIT_PROMPTS], tok, cfg)
-    return {"draft": draft_table(m.model, test), "early_exit": calibrate_early_exit(m.model, val, test, max_em_loss)}
+    text = next((rows for rows in data.test if rows.source == "text"), None)
+    draft = draft_table(m.model, test, text)
+    return {"draft": draft, "early_exit": calibrate_early_exit(m.model, val, test, max_em_loss)}
 
 
 def _write_policies(model_dirs: list[Path], members: list[Member], report: dict[str, Any], margin: float) -> None:
@@ -387,14 +387,7 @@ def render_table(report: dict[str, Any]) -> str:
         )
         lines.append(
             f"\n{name}: best draft depth {best['draft_depth']} k {best['k']}: acceptance {best['acceptance']}, "
-            f"{best['tokens_per_trip']} tokens per trip, {best['speedup_over_plain']}x; early exit {exit_line}"
+            f"{best['tokens_per_trip']} tokens per trip, {best['speedup']}x fewer hop-equivalents per token than "
+            f"plain decoding with the same {best['draft_depth']} blocks local; early exit {exit_line}"
         )
     return "\n".join(lines)
-
-
-def copy_model(src: Path, dst: Path) -> None:
-    """A whole model directory (weights, tokenizer, manifest), e.g. into the zoo."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.tmp", ".train_state*"))
-
-
-__all__ = ["MANIFEST"]

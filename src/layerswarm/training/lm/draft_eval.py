@@ -2,12 +2,14 @@
 saves, so a family ships with its best draft depth and a calibrated exit threshold in its policy.
 
 Drafting (lossless): self-speculative greedy decoding (models/lm/speculative.py) with the first d blocks
-of the route in order, k tokens a trip, on held-out task prompts: the share of drafted tokens accepted,
-tokens per verify trip, and swarm hops per token ((depth - d) per trip; plain decoding: depth per token).
-Every output is compared with plain greedy decoding: `identical` must be 1.0, or the drafting is wrong.
-The best draft is the (d, k) with the lowest cost per token, a trip costing its depth - d hops plus
-(k + 1) x d local block evaluations at LOCAL_BLOCK_COST hops each; d at most half the depth (the
-coordinator holds "a few" blocks, the swarm the rest).
+of the route in order, k tokens a trip, on held-out task prompts (short answers) and text prompts (the first
+TEXT_PROMPT tokens of held-out paragraphs, TEXT_NEW tokens generated): the share of drafted tokens accepted
+and the tokens a verify trip yields. Every output is compared with plain greedy decoding: `identical` must
+be 1.0, or the drafting is wrong. Cost per token, in network hops: the coordinator computes the first d
+blocks itself either way (they are the draft), the swarm the other depth - d; a local block evaluation
+costs LOCAL_BLOCK_COST hops. Plain decoding: (depth - d) + d x LOCAL_BLOCK_COST per token; speculation:
+((depth - d) + (k + 1) x d x LOCAL_BLOCK_COST) per trip over tokens per trip. The best draft is the (d, k)
+with the largest ratio, d at most half the depth (the coordinator holds "a few" blocks, the swarm the rest).
 
 Early exit (lossy, CALM): for each confidence threshold, exact match and the share of block-hops saved on
 the validation prompts; the threshold chosen is the lowest one that loses at most `max_em_loss` of exact
@@ -26,52 +28,57 @@ from layerswarm.models.lm.generate import generate
 from layerswarm.models.lm.model import DecoderLM
 from layerswarm.models.lm.speculative import SpeculationStats, speculative_generate
 
+from .data import TokenRows
 from .metrics import Answers
 
-DRAFT_KS = (2, 4, 8)
+DRAFT_KS = (2, 4)
 # A local block evaluation at the coordinator in network hops: a block of a shipped model computes one
 # token in about 0.1 ms here, a loopback gRPC hop takes about 1 ms (docs/ARCHITECTURE.md's node figures).
 LOCAL_BLOCK_COST = 0.1
 EXIT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999)
-DRAFT_PROMPTS = 100  # prompts per (d, k): several hundred drafted tokens, the acceptance rate to about 0.03
+DRAFT_PROMPTS = 60  # task prompts per (d, k): a few hundred drafted tokens with the text prompts
+TEXT_PROMPTS, TEXT_PROMPT, TEXT_NEW = 24, 16, 32  # text prompts per (d, k), their tokens, tokens generated
 EXIT_PROMPTS = 500  # validation prompts the exit threshold is chosen on
 
 
 @torch.no_grad()
 def draft_table(
-    model: DecoderLM, answers: Answers, ks: Sequence[int] = DRAFT_KS, limit: int = DRAFT_PROMPTS
+    model: DecoderLM,
+    answers: Answers,
+    text: TokenRows | None = None,
+    ks: Sequence[int] = DRAFT_KS,
+    limit: int = DRAFT_PROMPTS,
 ) -> dict[str, Any]:
-    blocks, depth = model.route(), model.cfg.depth
-    prompts = answers.prompts[:limit]
-    plain = generate(model.stem, blocks, model.head, prompts, answers.max_new, model.cfg.eos_id)
+    depth, eos = model.cfg.depth, model.cfg.eos_id
+    sources = {"tasks": (answers.prompts[:limit], answers.max_new)}
+    if text is not None:
+        sources["text"] = ([row[:TEXT_PROMPT].tolist() for row in text.ids[:TEXT_PROMPTS]], TEXT_NEW)
+    blocks = model.route()
+    plain = {name: generate(model.stem, blocks, model.head, p, n, eos) for name, (p, n) in sources.items()}
     rows: dict[str, Any] = {}
     for d in range(1, depth):
         for k in ks:
-            stats, same = SpeculationStats(), 0
-            for prompt, reference in zip(prompts, plain, strict=True):
-                out = speculative_generate(
-                    model.stem, blocks, model.head, prompt, answers.max_new, d, k, model.cfg.eos_id, stats
-                )
-                same += out == reference
-            hops_per_trip = (depth - d) + (k + 1) * d * LOCAL_BLOCK_COST
-            rows[f"{d}/{k}"] = {
-                "draft_depth": d,
-                "k": k,
-                "acceptance": round(stats.acceptance, 4),
-                "tokens_per_trip": round(stats.tokens_per_trip, 4),
-                "swarm_hops_per_token": round((depth - d) / max(stats.tokens_per_trip, 1e-9), 3),
-                "cost_per_token": round(hops_per_trip / max(stats.tokens_per_trip, 1e-9), 3),
-                "identical": same / len(prompts),
-            }
-    allowed = [r for r in rows.values() if r["draft_depth"] <= depth // 2]
-    best = min(allowed, key=lambda r: r["cost_per_token"])
-    return {
-        "prompts": len(prompts),
-        "plain_hops_per_token": depth,
-        "local_block_cost": LOCAL_BLOCK_COST,
-        "table": rows,
-        "best": {**best, "speedup_over_plain": round(depth / best["cost_per_token"], 3)},
-    }
+            row: dict[str, Any] = {"draft_depth": d, "k": k}
+            total = SpeculationStats()
+            for name, (prompts, max_new) in sources.items():
+                stats, same = SpeculationStats(), 0
+                for prompt, reference in zip(prompts, plain[name], strict=True):
+                    out = speculative_generate(model.stem, blocks, model.head, prompt, max_new, d, k, eos, stats)
+                    same += out == reference
+                row[name] = _summary(stats) | {"identical": same / len(prompts)}
+                for field in ("trips", "drafted", "accepted", "emitted"):
+                    setattr(total, field, getattr(total, field) + getattr(stats, field))
+            plain_cost = (depth - d) + d * LOCAL_BLOCK_COST
+            trip_cost = (depth - d) + (k + 1) * d * LOCAL_BLOCK_COST
+            row.update(_summary(total))
+            row["speedup"] = round(plain_cost * total.tokens_per_trip / trip_cost, 3)
+            rows[f"{d}/{k}"] = row
+    best = max((r for r in rows.values() if r["draft_depth"] <= depth // 2), key=lambda r: r["speedup"])
+    return {"local_block_cost": LOCAL_BLOCK_COST, "table": rows, "best": best}
+
+
+def _summary(stats: SpeculationStats) -> dict[str, float]:
+    return {"acceptance": round(stats.acceptance, 4), "tokens_per_trip": round(stats.tokens_per_trip, 4)}
 
 
 @torch.no_grad()
