@@ -34,7 +34,7 @@ def test_the_ladder_grows_and_base_is_the_long_standing_size() -> None:
 def test_auto_is_base_everywhere_as_measured_and_records_its_inputs(
     images: int | None, side: int | None, budget: float
 ) -> None:
-    """Measured (bench/results/own-data-size.json): small and large both learned less than base on the
+    """Measured (docs/results/own-data-size.json): small and large both learned less than base on the
     generated tasks; nothing measured supports another size for any data yet."""
     assert auto_size(images, side, budget)[0] == DEFAULT
     chosen = choose_size(AUTO, train_images=images, image_size=side, time_budget_s=budget)

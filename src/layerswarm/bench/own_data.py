@@ -6,7 +6,7 @@ validation accuracy against chance and against the reference CNN trained on the 
 same wall-clock time), the test accuracy, what ended training, the time; and where the family part ran
 (FAMILY=1), `layerswarm eval`'s targets for the LayerShuffle members and the conventional baseline.
 
-    python -m layerswarm.bench.own_data WORK_DIR --json bench/results/own-data.json --markdown bench/results/own-data.md
+    python -m layerswarm.bench.own_data WORK_DIR --json docs/results/own-data.json --markdown docs/results/own-data.md
 
 With --runs, one row per model directory instead (a comparison of flags, such as scripts/own_data_check.sh's
 SIZES ladder): the command, width and depth, test accuracy, the kept epoch, what ended training.

@@ -1,7 +1,7 @@
 """Rogue nodes on the shipped family: accuracy with liars present, with verification off and on; how many
 requests and seconds until each liar is quarantined; what verification costs.
 
-    python -m layerswarm.bench.rogue [--requests 40] [--only NAME] [--json bench/results/rogue.json]
+    python -m layerswarm.bench.rogue [--requests 40] [--only NAME] [--json docs/results/rogue.json]
 
 Sixteen real gRPC nodes on loopback, in this process (members 0 and 1, every block; four more honest
 replicas of member 0's blocks 0-3 in the "peers" scenarios, where replicas referee); in a rogue

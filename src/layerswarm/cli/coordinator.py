@@ -70,7 +70,7 @@ def register(sub: Subparsers) -> None:
 
 
 def add_http_limit_flags(f: SettingsFlags) -> None:
-    """The HTTP front door: what each limit stops is in the README (Trust > HTTP front door)."""
+    """The HTTP front door: what each limit stops is in docs/http-api.md ("The front door")."""
     f.add("--max-image-pixels", "max_image_pixels", type=int)
     f.add("--max-body-reads", "max_body_reads", type=int)
     f.add("--max-connections", "max_connections", type=int)

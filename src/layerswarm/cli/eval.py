@@ -16,7 +16,7 @@ def register(sub: Subparsers) -> None:
         run,
         help="the paper's experiments: orders, pruning, merging, ensembles",
         description="Sequential and arbitrary-order accuracy, pruning, merged models and ensembles, as JSON "
-        "(and plots). An ensemble's margin over its best member comes with a paired bootstrap 95%% interval "
+        "(and plots). An ensemble's margin over its best member comes with a paired bootstrap 95% interval "
         "over the test images and a verdict (above, within noise, below): on 1,000 test images a margin of "
         "half a point is noise; --data with a larger held-out folder narrows the interval.",
     )

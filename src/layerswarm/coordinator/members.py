@@ -1,7 +1,7 @@
 """The family members whose stem and head the coordinator holds, for ensembles over members.
 
 Routes of one model in other random orders are not diverse enough to pay on hard inputs (on the
-noisy split of the shipped family two such routes gain little, README "Adaptive compute"); routes
+noisy split of the shipped family two such routes gain little, docs/adaptive.md); routes
 through *other members* (their own stem, blocks and head: independently trained models) are. The
 coordinator already holds every `--family-dir` (its verifier and strict admission read them), so an
 ensemble route i >= 1 can run member i's stem, prefer member i's nodes, and read member i's head.

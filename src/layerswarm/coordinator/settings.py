@@ -138,7 +138,7 @@ class CoordinatorSettings(ProcessSettings):
     )
     # Answered from the headers, before any body is read (and again by the serving layer, for every API).
     max_concurrent_requests: int = Field(default=64, ge=1, description="past this many in flight: 429 busy")
-    # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
+    # The HTTP front door (what each limit stops: docs/http-api.md, "The front door")
     max_image_pixels: int = Field(
         default=4096 * 1024,
         ge=1,

@@ -41,13 +41,13 @@ class TrainRecipe:
     label_smoothing: float = 0.1  # images: softens the targets, which small models on small data overfit
     # Stochastic depth: the probability that a sample skips a block's attention or MLP branch in training.
     # Off by default: on the generated own-data tasks it cost accuracy in order and gained nothing in
-    # arbitrary order (docs/own-data.md, bench/results/own-data-drop-path.json).
+    # arbitrary order (docs/own-data.md, docs/results/own-data-drop-path.json).
     drop_path: float = 0.0
     # Mixup (images only): each training batch is blended with a shuffled copy of itself, x = lam * x +
     # (1 - lam) * x[perm], and the loss weighs the two label sets by lam and 1 - lam; lam ~ Beta(a, a) per
     # batch, a this value (0: off). Validation and test never mix. Off by default: at 0.2 it cost accuracy on
     # the generated own-data tasks with the default early stopping and did not win without it
-    # (docs/own-data.md, bench/results/own-data-mixup.json).
+    # (docs/own-data.md, docs/results/own-data-mixup.json).
     mixup: float = 0.0
     # LayerShuffle from scratch: the share of the step schedule over which the chance that a batch runs its
     # blocks in a random order (not in order) rises linearly from 0 to 1; shuffled throughout after it. 0:

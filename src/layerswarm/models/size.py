@@ -45,7 +45,7 @@ SIZE_CHOICES = (AUTO, *BY_NAME)
 DEFAULT = BY_NAME["base"]
 
 
-# What `--size auto` chose from, measured (docs/own-data.md, bench/results/own-data-size.json): with the
+# What `--size auto` chose from, measured (docs/own-data.md, docs/results/own-data-size.json): with the
 # default command, base beat small and large on relations and counting at 4,000 images and large on counting
 # at 20,000 (small lacks the capacity; large gets about half the steps in the 600 s budget and learned
 # less); D 64 x 8 was no better than x 6.

@@ -14,7 +14,7 @@ user's own data would be:
 - `compare`: two objects far apart; the class says whether they have the same shape, the same colour
   and the same size (three comparisons between distant tokens, the classic same-different problem).
   Each question is learnt in a sudden jump, if at all: runs often stop near 0.5 with one of the
-  three at chance, which one depending on the run (README, "Your own data").
+  three at chance, which one depending on the run (docs/own-data.md).
 
 Every image is a pure function of (task, seed, split, index): rerunning writes the same files.
 """
@@ -126,7 +126,7 @@ def draw_faint_texture(rng: Rng, label: int) -> Image.Image:
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
-FAINT_DIFF, FAINT_NOISE = (20.0, 50.0), 16.0  # per-channel colour difference, noise sigma (calibrated: see README)
+FAINT_DIFF, FAINT_NOISE = (20.0, 50.0), 16.0  # colour difference per channel, noise sigma (tuned: docs/own-data.md)
 
 
 # --- counting ----------------------------------------------------------------------------------------
