@@ -112,4 +112,5 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "push-nodes: ${#failed[@]} node(s) not started: ${failed[*]}" >&2
   exit 1
 fi
+if [ -n "${DRY_RUN:-}" ]; then echo "push-nodes: dry run, nothing sent"; exit 0; fi
 echo "push-nodes: every node of $plan pushed; start the coordinator with --token-file $token_file"
