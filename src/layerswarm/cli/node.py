@@ -7,7 +7,7 @@ import argparse
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire.memory import keep_large_buffers
 
-from .base import SettingsFlags, Subparsers, add_command, ensure_can_listen, load_settings
+from .base import SettingsFlags, Subparsers, UsageError, add_command, ensure_can_listen, load_settings
 from .security import add_security_flags
 
 
@@ -52,11 +52,17 @@ def register(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from layerswarm.node.advertise import advertised_addresses
     from layerswarm.node.server import run as serve
 
     settings: NodeSettings = load_settings(args)
     ensure_can_listen(settings.host, settings.port, "--host", "--port")
     ensure_can_listen(settings.host, settings.metrics_port, "--host", "--metrics-port")
+    if settings.advertise:
+        try:  # the rule the node applies once it serves, here so that a bad value is a usage error
+            advertised_addresses(settings.host, settings.advertise_address)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
     return serve(settings)

@@ -2,8 +2,9 @@
 
     from layerswarm.client import SwarmClient
 
-    with SwarmClient("http://127.0.0.1:8080") as swarm:
-        result = swarm.classify("image.png", top_k=3, policy="shuffle")
+    # api_key: one line of the coordinator's --api-key-file (leave it out when the API has no keys)
+    with SwarmClient("http://127.0.0.1:8080", api_key=key) as swarm:
+        result = swarm.classify("image.png", top_k=3, policy="shuffle", deadline_ms=200)
         print(result.prediction, result.depth, [h.block for h in result.trace.hops])
 
 Connect errors, 429 (busy) and 503 (too few blocks reachable right now) are retried with exponential

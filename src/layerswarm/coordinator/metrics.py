@@ -35,6 +35,12 @@ class _SwarmCollector(Collector):
         depth = GaugeMetricFamily("layerswarm_reachable_depth", "Distinct block indices routable now")
         depth.add_metric([], self.swarm.reachable_depth())
         yield depth
+        # Per block index, so an alert can say which one lost its spare (deploy/prometheus/alerts.yml).
+        per_block = GaugeMetricFamily("layerswarm_block_nodes", "Routable nodes per block index", labels=["block"])
+        routable = self.swarm.routable_by_block()
+        for block in range(self.swarm.family.depth):
+            per_block.add_metric([str(block)], len(routable.get(block, ())))
+        yield per_block
         # Beside it, so an alert can compare the two without knowing the model (deploy/prometheus/alerts.yml).
         yield GaugeMetricFamily("layerswarm_model_depth", "Blocks in the served model", self.swarm.family.depth)
 

@@ -22,7 +22,7 @@ from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
 from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
-from .advertise import Advertiser, routable_addresses
+from .advertise import Advertised, Advertiser, advertised_addresses
 from .metrics import NodeMetrics
 from .relay import Relayer
 from .runtime import BlockRuntime, pick_device
@@ -81,6 +81,7 @@ class Node:
         self.port = 0
         self.service: BlockService | None = None
         self.advertiser: Advertiser | None = None
+        self.advertised: Advertised | None = None  # what the mDNS record says, and why (in the ready line)
         self._metrics_server: tuple[Any, Any] | None = None
 
     def make_runtime(self, device: torch.device) -> BlockRuntime:
@@ -121,8 +122,16 @@ class Node:
                 boot=self.boot_id,
                 sha=self.manifest.block_sha256(s.block)[:16],
             )
-            addresses = [s.advertise_address] if s.advertise_address else routable_addresses(s.host)
-            self.advertiser = Advertiser(advert, self.manifest.model_id, self.port, addresses, s.mdns_interfaces)
+            self.advertised = advertised_addresses(s.host, s.advertise_address)
+            log.info(
+                "advertising %s port %d over mDNS: %s",
+                ", ".join(self.advertised.addresses),
+                self.port,
+                self.advertised.rule,
+            )
+            self.advertiser = Advertiser(
+                advert, self.manifest.model_id, self.port, self.advertised.addresses, s.mdns_interfaces
+            )
             await self.advertiser.start()
 
     async def stop(self) -> None:
@@ -150,6 +159,9 @@ class Node:
                 "model_id": self.manifest.model_id,
                 "family_id": self.manifest.family_id,
                 "boot_id": self.boot_id,
+                # Where peers are told to dial (none: --no-advertise), and the rule that chose it.
+                "advertised": self.advertised.addresses if self.advertised else [],
+                "advertised_by": self.advertised.rule if self.advertised else None,
             }
         )
 

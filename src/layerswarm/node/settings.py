@@ -40,7 +40,9 @@ class NodeSettings(ProcessSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
     advertise: bool = True  # mDNS (DNS-SD) announcement
     advertise_address: str | None = Field(
-        default=None, description="address to put in the mDNS record (none: the bound host)"
+        default=None,
+        description="IPv4 address, or interface name (wlan0), to put in the mDNS record; none: the bound host, "
+        "or with --host 0.0.0.0 the source address of the default route (else of the mDNS group's route)",
     )
     mdns_interfaces: tuple[str, ...] = Field(
         default=(), description="IP of an interface for mDNS (repeatable; none: all)"
