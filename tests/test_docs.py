@@ -216,6 +216,10 @@ def _value_for(action: argparse.Action, value: str, workdir: Path) -> str:
     kind = getattr(action.type, "__name__", "")
     if kind == "existing_file":
         return _make(value, workdir, folder=False)
+    if kind == "api_keys":  # read at parse time: a file with one well-formed key
+        path = Path(_make(value, workdir, folder=False))
+        path.write_text("documented-example-key-0123456789abcdef\n")
+        return str(path)
     if kind == "data_spec":
         spec, _, arg = value.partition(":")
         if spec == "imagefolder" and arg:
