@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import torch
 
-from layerswarm.coordinator.clients import NodeClient
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.membership.clients import NodeClient
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.settings import NodeSettings

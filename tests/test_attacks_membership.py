@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from layerswarm.cli.probe import probe_grpc
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.node_records import NodeEvent
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.membership.records import NodeEvent
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.forge import MdnsAttacker, RecordingImpostor
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready

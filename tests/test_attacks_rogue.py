@@ -18,8 +18,8 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.harness.faults import OVERFLOW_VALUE, forge_model_dir
 from layerswarm.harness.procs import Proc, spawn, stop_all
 from layerswarm.wire import codec

@@ -14,10 +14,10 @@ import httpx
 import pytest
 import torch
 
-from layerswarm.coordinator.clients import MAX_IDLE_STREAMS, NodeClient
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.http_api import create_app
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.http.app import create_app
+from layerswarm.coordinator.membership.clients import MAX_IDLE_STREAMS, NodeClient
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import load_model
@@ -90,8 +90,8 @@ async def test_past_the_limit_requests_get_429_busy(family_dirs: list[Path]) -> 
 async def test_the_serving_layer_holds_the_limit_for_every_api(family_dirs: list[Path], images: torch.Tensor) -> None:
     """/v1's gate answers 429 before reading a body; the serving layer under every API (KServe v2 has no
     gate) holds the same limit: past it a request is refused as busy, recorded, and nothing leaks."""
-    from layerswarm.coordinator.activity import Activity
-    from layerswarm.coordinator.serving import Busy, classify_batch
+    from layerswarm.coordinator.http.activity import Activity
+    from layerswarm.coordinator.http.inference import Busy, classify_batch
 
     async with (
         nodes((family_dirs[0], 0, 600.0)) as served,
@@ -136,7 +136,7 @@ async def test_the_request_deadline_cuts_a_slow_hop(family_dirs: list[Path], ima
     past the request deadline, and the hop says why."""
     async with nodes((family_dirs[0], 0, 1000.0)) as served:
         async with coordinator(family_dirs[0], served, 1, request_timeout_s=0.3, hop_timeout_s=2.0) as coord:
-            from layerswarm.coordinator.path import DepthError
+            from layerswarm.coordinator.routing.trace import DepthError
 
             with pytest.raises(DepthError):
                 await coord.classify(images, SEQ)

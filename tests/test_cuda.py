@@ -10,9 +10,9 @@ import grpc
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.verify import TOLERANCE, relative_error
+from layerswarm.coordinator.process import ClassifyOptions
+from layerswarm.coordinator.routing.planner import Policy
+from layerswarm.coordinator.verification.verifier import TOLERANCE, relative_error
 from layerswarm.harness.procs import stop_all
 from layerswarm.models.checkpoint import load_block
 from layerswarm.node.server import Node

@@ -86,7 +86,7 @@ def test_alert_rules_name_only_metrics_a_coordinator_exports(family_dirs: list[P
     /metrics of a real coordinator (verification on, as by default)."""
     from prometheus_client import generate_latest
 
-    from layerswarm.coordinator.core import Coordinator
+    from layerswarm.coordinator.process import Coordinator
     from layerswarm.coordinator.settings import CoordinatorSettings
 
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())

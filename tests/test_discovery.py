@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.netlab import NetLab
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready

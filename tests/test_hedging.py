@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import read_manifest

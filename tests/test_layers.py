@@ -29,12 +29,12 @@ ALLOWED: dict[str, set[str]] = {
 # exactly what `layerswarm node` parses, so it uses the CLI's parser.
 ENTRY_POINTS = {"harness/faults.py": {"cli"}}
 PURE = {
-    "coordinator/registry.py",
-    "coordinator/node_records.py",
-    "coordinator/claims.py",
-    "coordinator/planner.py",
-    "coordinator/convictions.py",
-    "coordinator/chain_trace.py",
+    "coordinator/membership/registry.py",
+    "coordinator/membership/records.py",
+    "coordinator/membership/claims.py",
+    "coordinator/routing/planner.py",
+    "coordinator/membership/convictions.py",
+    "coordinator/relay/chain_trace.py",
 }
 IO_MODULES = {"asyncio", "socket", "subprocess", "grpc", "httpx", "zeroconf", "fastapi", "uvicorn", "torch"}
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.node_records import FamilySpec, NodeEvent, NodeState
-from layerswarm.coordinator.peer_memory import load_peers, save_peers
-from layerswarm.coordinator.periodic import Periodic
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.registry import Registry
+from layerswarm.coordinator.membership.peer_memory import load_peers, save_peers
+from layerswarm.coordinator.membership.periodic import Periodic
+from layerswarm.coordinator.membership.records import FamilySpec, NodeEvent, NodeState
+from layerswarm.coordinator.membership.registry import Registry
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.node.server import Node
@@ -183,7 +183,7 @@ async def test_a_restarted_coordinator_remembers_its_peers_and_answers_at_once(m
 async def test_a_remembered_peer_that_never_answers_is_forgotten(model_dir: Path, tmp_path: Path) -> None:
     """A peer state file from an earlier run (another LAN) must not leave a pending node checked forever;
     a static peer that does not answer is kept (the operator named it)."""
-    from layerswarm.coordinator.health import REMEMBERED_TRIES
+    from layerswarm.coordinator.membership.health import REMEMBERED_TRIES
 
     state_file, gone, static = tmp_path / "coordinator.json", "127.0.0.1:9", "127.0.0.1:7"  # nothing listens
     coord = Coordinator(CoordinatorSettings(model_dir=model_dir, mdns=False, peers=(static,), state_file=state_file))
@@ -227,7 +227,7 @@ async def test_node_state_changes_are_logged(model_dir: Path, caplog: pytest.Log
     await node.start()
     address = f"127.0.0.1:{node.port}"
     coord = Coordinator(CoordinatorSettings(model_dir=model_dir, peers=(address,), mdns=False, health_interval_s=0.1))
-    with caplog.at_level(logging.INFO, logger="layerswarm.coordinator.core"):
+    with caplog.at_level(logging.INFO, logger="layerswarm.coordinator.process"):
         await coord.start()
         await wait_until(lambda: states(coord).get(address) == "healthy", what="admitted")
         await node.stop()

@@ -20,8 +20,8 @@ import torch
 from PIL import Image
 
 from layerswarm.cli import main
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.data import labelled_samples

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import torch
 
-from layerswarm.coordinator.chain_trace import observe_relay_link
-from layerswarm.coordinator.clients import NodeClient
-from layerswarm.coordinator.http_api import create_app
-from layerswarm.coordinator.linkmap import LinkMap
-from layerswarm.coordinator.node_records import NodeRecord
+from layerswarm.coordinator.http.app import create_app
+from layerswarm.coordinator.membership.clients import NodeClient
+from layerswarm.coordinator.membership.linkmap import LinkMap
+from layerswarm.coordinator.membership.records import NodeRecord
+from layerswarm.coordinator.relay.chain_trace import observe_relay_link
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.harness.procs import Proc, stop_all

@@ -13,11 +13,11 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.claims import Claims
-from layerswarm.coordinator.core import Classification, Coordinator
-from layerswarm.coordinator.handbacks import HandbackReferee, forward_probe
-from layerswarm.coordinator.node_records import FamilySpec, NodeState
-from layerswarm.coordinator.registry import Registry
+from layerswarm.coordinator.membership.claims import Claims
+from layerswarm.coordinator.membership.records import FamilySpec, NodeState
+from layerswarm.coordinator.membership.registry import Registry
+from layerswarm.coordinator.process import Classification, Coordinator
+from layerswarm.coordinator.relay.handbacks import HandbackReferee, forward_probe
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.wire import codec
 from layerswarm.wire.trace_sign import rest_digest
@@ -119,7 +119,7 @@ async def test_a_probe_that_fails_is_logged_and_the_next_claim_probes_again(capl
         raise RuntimeError("a bug in the probe")
 
     registry, referee, outcomes = _referee(broken)
-    with caplog.at_level(logging.ERROR, logger="layerswarm.coordinator.handbacks"):
+    with caplog.at_level(logging.ERROR, logger="layerswarm.coordinator.relay.handbacks"):
         referee.claim("a:1", "b:2", RETRY)
         await referee.wait()
         await asyncio.sleep(0)  # the done callback runs after the task
@@ -322,7 +322,7 @@ async def test_a_node_shortening_its_successors_deadline_is_kept_apart_from_it_a
 def test_the_limits_a_claimer_was_given_are_held_against_the_coordinators_clock() -> None:
     """Step k's deadline, from when it arrived, ends no earlier than the chain's less k hand-back
     margins; it arrived before the hand-back reached us. The hop timeout passes on unchanged."""
-    from layerswarm.coordinator.handbacks import given_times_problem
+    from layerswarm.coordinator.relay.handbacks import given_times_problem
 
     sent = pb.RelayRequest(hop_timeout_s=2.0, deadline_s=10.0)
     honest = pb.HopTrace(given_hop_timeout_s=2.0, given_deadline_s=10.0 - 0.25 - 0.5)  # after 0.5 s at step 1

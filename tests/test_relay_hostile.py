@@ -14,8 +14,8 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.clients import NodeClient
-from layerswarm.coordinator.core import Coordinator
+from layerswarm.coordinator.membership.clients import NodeClient
+from layerswarm.coordinator.process import Coordinator
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
@@ -37,7 +37,7 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     """A lying node's figures never reach the link map: NaN, negative or absurd times void the chain."""
     from types import SimpleNamespace
 
-    from layerswarm.coordinator.chain_trace import trace_problem
+    from layerswarm.coordinator.relay.chain_trace import trace_problem
     from layerswarm.wire.relay_plan import digest
 
     chain = [pb.RelayStep(address="a:1", position=0, block=0), pb.RelayStep(address="b:2", position=1, block=1)]

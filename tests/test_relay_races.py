@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from layerswarm.coordinator.clients import NodeClient
+from layerswarm.coordinator.membership.clients import NodeClient
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.outbox import PER_REQUEST
 from layerswarm.wire.security import SecuritySettings
@@ -144,7 +144,7 @@ async def test_honest_hand_backs_under_a_tight_deadline_are_never_discounted(tmp
     """The other side of the given-limits check: six slow honest nodes (250 ms a hop) under a request
     deadline too short for all of them hand back as the deadline runs out, some at its 1 ms floor, and
     no such hand-back may read as shortened limits."""
-    from layerswarm.coordinator.path import DepthError
+    from layerswarm.coordinator.routing.trace import DepthError
 
     served, coord = await in_process_relay_swarm(
         tmp_path, [FaultSpec(delay_ms=250.0)] * 6, blocks=[0, 1, 2, 3, 4, 5], verify_rate=None, min_blocks=1,

@@ -10,7 +10,7 @@ import grpc
 import pytest
 import torch
 
-from layerswarm.coordinator.clients import NodeClient
+from layerswarm.coordinator.membership.clients import NodeClient
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.wire import codec
 from layerswarm.wire.security import SecuritySettings

@@ -13,8 +13,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.cli.probe import probe_grpc
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.path import DepthError
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
+from layerswarm.coordinator.routing.trace import DepthError
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest
 
@@ -180,7 +180,7 @@ async def test_unvouched_weights_are_refused(tmp_path: Path, family_dirs: list[P
     c = coordinator(family_dirs[0], procs, family_dirs=(family_dirs[1],))
     try:
         assert c.registry.family.known_weights[(manifest.model_id, 0)] == manifest.block_sha256(0)
-        from layerswarm.coordinator.node_records import NodeIdentity
+        from layerswarm.coordinator.membership.records import NodeIdentity
 
         c.registry.admit(
             "127.0.0.9:1",

@@ -16,8 +16,8 @@ import torch
 from prometheus_client import generate_latest
 from safetensors.torch import load_file, save_file
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import block_file, rehash_model_dir
@@ -29,7 +29,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .swarm import wait_until
 
 if TYPE_CHECKING:
-    from layerswarm.coordinator.verify import Screened
+    from layerswarm.coordinator.verification.verifier import Screened
 
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 

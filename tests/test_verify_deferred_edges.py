@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.deferred import MAX_REWINDS
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.verify import Lie, Screened
+from layerswarm.coordinator.process import ClassifyOptions
+from layerswarm.coordinator.routing.deferred import MAX_REWINDS
+from layerswarm.coordinator.routing.planner import Policy
+from layerswarm.coordinator.verification.verifier import Lie, Screened
 from layerswarm.harness.faults import FaultSpec
 from layerswarm.node.server import Node
 from layerswarm.wire.v1 import block_pb2 as pb

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.linkmap import COORDINATOR, LinkMap
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.wire_choice import FP16, INT8, WireChoice, measure_codec_ms_per_mb, wire_bytes
+from layerswarm.coordinator.membership.linkmap import COORDINATOR, LinkMap
+from layerswarm.coordinator.process import ClassifyOptions
+from layerswarm.coordinator.routing.planner import Policy
+from layerswarm.coordinator.routing.wire_choice import FP16, INT8, WireChoice, measure_codec_ms_per_mb, wire_bytes
 from layerswarm.harness.procs import Proc, stop_all
 
 from .swarm import address, coordinator, start_nodes, wait_until

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.path import DepthError
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
+from layerswarm.coordinator.routing.trace import DepthError
 from layerswarm.models.calibrate import CalibrationPlan, calibrate_ensemble, prefix_logits, sweep
 from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.data import Dataset, load_dataset, with_test_noise

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CHOICES, CoordinatorSettings
 from layerswarm.harness.netlab import Host, NetLab
 from layerswarm.harness.netns import in_private_netns

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from layerswarm.bench import emit_report
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode, forge_model_dir
 from layerswarm.models.checkpoint import read_manifest

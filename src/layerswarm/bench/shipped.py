@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.harness.samples import labelled_samples, task_data
 from layerswarm.models.checkpoint import read_manifest

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator.process import ClassifyOptions, Coordinator
+from layerswarm.coordinator.routing.planner import Policy
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.procs import node_address, node_cmd, spawn_many, stop_all
 from layerswarm.models.checkpoint import read_manifest

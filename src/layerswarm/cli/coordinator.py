@@ -81,7 +81,7 @@ def add_http_limit_flags(f: SettingsFlags) -> None:
 
 def api_keys(value: str) -> tuple[str, ...]:
     """argparse type: the keys in an API key file."""
-    from layerswarm.coordinator.auth import read_api_keys
+    from layerswarm.coordinator.http.api_keys import read_api_keys
 
     try:
         return read_api_keys(Path(value))
@@ -92,7 +92,7 @@ def api_keys(value: str) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from layerswarm.coordinator.peer_memory import default_state_file
+    from layerswarm.coordinator.membership.peer_memory import default_state_file
     from layerswarm.coordinator.server import run as serve
 
     settings: CoordinatorSettings = load_settings(args)

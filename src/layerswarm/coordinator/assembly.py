@@ -9,12 +9,12 @@ from pathlib import Path
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
 
-from .node_records import FamilySpec, NodeEvent, NodeState
+from .membership.records import FamilySpec, NodeEvent, NodeState
+from .routing.wire_choice import WireChoice, measure_codec_ms_per_mb
 from .settings import CoordinatorSettings
-from .verify import Verifier, VerifySettings
-from .wire_choice import WireChoice, measure_codec_ms_per_mb
+from .verification.verifier import Verifier, VerifySettings
 
-log = logging.getLogger("layerswarm.coordinator.core")  # the name operators filter on
+log = logging.getLogger("layerswarm.coordinator.process")  # the name operators filter on
 NEW_STATES = (NodeState.HEALTHY, NodeState.PENDING)
 _WARNED: set[Path] = set()  # model dirs already warned about (no evaluated minimum depth)
 

@@ -9,13 +9,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .node_records import NodeState
-from .registry import Registry
+from .membership.records import NodeState
+from .membership.registry import Registry
 
 if TYPE_CHECKING:
-    from .ensemble import EnsembleResult
-    from .path import PathResult
-    from .verify import Verifier
+    from .routing.ensemble import EnsembleResult
+    from .routing.trace import PathResult
+    from .verification.verifier import Verifier
 
 BLOCK_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -15,7 +15,7 @@ from pydantic_settings import SettingsConfigDict
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
-from .auth import OPEN_PATHS
+from .http.api_keys import OPEN_PATHS
 
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
