@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from layerswarm.coordinator import Classification, Hop, PathResult, Policy
 from layerswarm.coordinator.http.activity import RECENT_REQUESTS, WINDOW_S, Activity
-from layerswarm.coordinator.process import Classification
 from layerswarm.coordinator.routing.ensemble import EnsembleResult, Route
-from layerswarm.coordinator.routing.planner import Policy
-from layerswarm.coordinator.routing.trace import Hop, PathResult
 
 
 def result(batch: int = 1) -> Classification:

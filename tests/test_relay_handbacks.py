@@ -13,10 +13,10 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
+from layerswarm.coordinator import Classification, Coordinator
 from layerswarm.coordinator.membership.claims import Claims
 from layerswarm.coordinator.membership.records import FamilySpec, NodeState
 from layerswarm.coordinator.membership.registry import Registry
-from layerswarm.coordinator.process import Classification, Coordinator
 from layerswarm.coordinator.relay.handbacks import HandbackReferee, forward_probe
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.wire import codec
@@ -169,7 +169,7 @@ def _answers_in_full(result: Classification, reference: Classification) -> None:
 
 async def _classify(coord: Coordinator) -> Classification:
     """One request, then the hand-back probes it started (they never hold the request up)."""
-    result = await coord.classify(images(), SEQ)
+    result = await coord.router.classify(images(), SEQ)
     await coord.handbacks.wait()
     return result
 
@@ -350,11 +350,11 @@ async def test_a_shortener_two_hops_back_is_the_one_disputed(tmp_path: Path) -> 
     )
     shortener, honest1, honest2 = (f"127.0.0.1:{n.port}" for n in served[:3])
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         tampering_onward(served[0], lambda request: setattr(request, "deadline_s", 0.3))
         for _ in range(3):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             await coord.handbacks.wait()
             assert result.path.depth == 4
         claims = coord.registry.claims
@@ -380,13 +380,13 @@ async def test_a_longer_hop_timeout_passed_on_discounts_no_claim(tmp_path: Path)
     addresses = [f"127.0.0.1:{n.port}" for n in served]
     running = list(served)
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         dead = reference.path.hops[3].node
         await running.pop(addresses.index(dead)).stop()
         tampering_onward(served[0], lambda request: setattr(request, "hop_timeout_s", request.hop_timeout_s + 1e-6))
         for _ in range(2):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             await coord.handbacks.wait()
             assert result.path.depth == 4
         claims = coord.registry.claims

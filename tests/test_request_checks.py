@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layerswarm.coordinator.process import ClassifyOptions
+from layerswarm.coordinator import ClassifyOptions
 from layerswarm.coordinator.routing.request import InvalidRequest, check_images, check_options, check_stem_output
 from layerswarm.models.config import ViTConfig
 

@@ -15,7 +15,21 @@ from pydantic_settings import SettingsConfigDict
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
-from .http.api_keys import OPEN_PATHS
+# What the api_keys setting leaves open (stated here, where its help lists them; http/front_door.py keys the
+# rest): probes and metrics (orchestrators and scrapers hold no key) and the API schema. Every other path
+# needs a key: the API, the swarm page and its assets, /redoc, /v2/models.
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+)
+# ... and /docs's own scripts and styles: a browser loading them from the page sends no key.
+OPEN_PREFIXES = ("/static-offline-docs/",)
 
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
@@ -136,7 +150,7 @@ class CoordinatorSettings(ProcessSettings):
     access_log: bool = Field(
         default=False, description="log one line per HTTP request: method, path, status, duration, request id"
     )
-    # Answered from the headers, before any body is read (and again by the serving layer, for every API).
+    # Answered from the headers, before any body is read, by every API (http/admission.py).
     max_concurrent_requests: int = Field(default=64, ge=1, description="past this many in flight: 429 busy")
     # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
     max_image_pixels: int = Field(

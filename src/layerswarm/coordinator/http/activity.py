@@ -1,7 +1,8 @@
 """What the swarm page shows about traffic: recent requests as routes, request rate, errors, accuracy.
 
 Bounded in memory (a ring of recent requests, a ring of one-second buckets); pure bookkeeping with an
-injectable clock, filled by the HTTP layers (native and KServe) after each classification.
+injectable clock, filled by the HTTP layers: each answer once, successes by inference.py, failures by each
+API's error map (errors.py, kserve.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..process import Classification
+from ..routing.router import Classification
 
 RECENT_REQUESTS = 40  # routes kept for the page
 WINDOW_S = 60  # the rate, error and accuracy window
@@ -126,13 +127,6 @@ class Activity:
             unreachable_blocks=(),
         )
         return self._add(record)
-
-    def record_rejection(self, api: str, status: int, error: str) -> RequestRecord | None:
-        """A request refused before it reached the swarm (bad input, limits), counted as an error.
-        Busy (429) and too-thin (503) answers are recorded where they happen, with their batch size."""
-        if status in (429, 503):
-            return None
-        return self.record_failure(api, 0, status, error[:MAX_ERROR_CHARS])
 
     def _add(self, record: RequestRecord) -> RequestRecord:
         self.recent.append(record)

@@ -2,7 +2,8 @@
 
 Keys come from a file (one a line, `#` comments), so they stay out of the command line and several
 can be valid at once: add the new key, move clients over, remove the old one, restart. A client
-sends `Authorization: Bearer KEY` or `X-API-Key: KEY`. Keys are compared as SHA-256 digests with
+sends `Authorization: Bearer KEY` or `X-API-Key: KEY`; the paths open without a key are the settings'
+(settings.OPEN_PATHS: the api_keys setting's help lists them). Keys are compared as SHA-256 digests with
 `hmac.compare_digest`, against every key each time, so the time taken says nothing about which
 key, or how much of one, matched.
 """
@@ -14,20 +15,6 @@ import hmac
 from pathlib import Path
 
 MIN_KEY_CHARS = 16
-# Open without a key: probes and metrics (orchestrators and scrapers hold no key) and the API schema.
-# Every other path needs one: the API, the swarm page and its assets, /redoc, /v2/models.
-OPEN_PATHS = (
-    "/healthz",
-    "/readyz",
-    "/v2/health/live",
-    "/v2/health/ready",
-    "/metrics",
-    "/openapi.json",
-    "/docs",
-    "/docs/oauth2-redirect",
-)
-# ... and /docs's own scripts and styles: a browser loading them from the page sends no key.
-OPEN_PREFIXES = ("/static-offline-docs/",)
 
 
 def read_api_keys(path: Path) -> tuple[str, ...]:

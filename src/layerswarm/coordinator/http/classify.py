@@ -1,55 +1,49 @@
-"""One classification behind any HTTP route: the request's options as ClassifyOptions, and the serving
-layer's refusals as HTTP errors (422 bad exit rule, 429 busy, 503 too thin)."""
+"""POST /v1/classify and /v1/classify/batch: images through an image family's swarm (mounted only for
+image families: app.py). Bodies are read in reading.py, answers built in responses.py; failures go to
+the native API's error map (errors.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
-import torch
+from fastapi import FastAPI, Request
 
-from ..process import Classification, ClassifyOptions, Coordinator
-from ..routing.exits import ExitRuleError
-from ..routing.planner import Policy
-from ..routing.request import InvalidRequest
+from ..routing.request import ClassifyOptions
 from .activity import Activity
-from .errors import ApiError
-from .inference import Busy, TooThin, classify_batch
-from .schemas import ClassifyParams
+from .bodies import BodySlots
+from .imaging import Decoder
+from .inference import classify_batch
+from .reading import read_batch, read_classify
+from .responses import batch_response, classify_response
+from .schemas import BATCH_BODY, CLASSIFY_BODY, BatchResponse, ClassifyResponse
+from .service import Service
+
+CLASSIFY_ERRORS: dict[int | str, dict[str, Any]] = {c: {} for c in (400, 413, 415, 422, 429, 503)}
+IMAGE_ROUTES = ("/v1/classify", "/v1/classify/batch")
 
 
-def classify_options(params: ClassifyParams) -> ClassifyOptions:
-    return ClassifyOptions(
-        top_k=params.top_k,
-        policy=Policy(params.policy) if params.policy else None,
-        seed=params.seed,
-        min_blocks=params.min_blocks,
-        max_blocks=params.max_blocks,
-        exit_confidence=params.exit_confidence,
-        exit_rule=params.exit_rule,
-        exit_threshold=params.exit_threshold,
-        deadline_ms=params.deadline_ms,
-        ensemble=params.ensemble,
-        ensemble_mode=params.ensemble_mode,
-        ensemble_confidence=params.ensemble_confidence,
-        ensemble_over=params.ensemble_over,
-        repeats=params.repeats,
-    )
+def mount_images(app: FastAPI, service: Service, activity: Activity, slots: BodySlots, decoder: Decoder) -> None:
+    settings, admission, classes = service.settings, service.admission, service.router.config.class_names
 
+    @app.post("/v1/classify", response_model=ClassifyResponse, openapi_extra=CLASSIFY_BODY, responses=CLASSIFY_ERRORS)
+    async def classify(request: Request) -> ClassifyResponse:
+        """Classify one image: upload it as multipart `file`, or POST JSON with `image_base64`."""
+        async with admission.admit():  # 429 from the headers alone, before any body is read
+            image, params = await read_classify(slots, request, settings.max_upload_bytes)
+            images = await decoder.to_batch(image, params.resize)  # pixel budget, then a worker
+            request.state.batch = 1  # the page counts a failure's items
+            options = ClassifyOptions.from_fields(params.model_dump())
+            result, _ = await classify_batch(service, activity, images, options, [params.label])
+        return classify_response(result, classes, params.top_k)
 
-async def run_classification(
-    coordinator: Coordinator,
-    activity: Activity,
-    images: torch.Tensor,
-    opts: ClassifyOptions,
-    truths: Sequence[str | None],
-) -> Classification:
-    """Through the serving layer (admission, activity); its refusals as HTTP errors."""
-    try:
-        result, _ = await classify_batch(coordinator, activity, images, opts, truths)
-    except (ExitRuleError, InvalidRequest) as exc:  # e.g. an exit rule out of range, min_blocks past the depth
-        raise ApiError(422, "invalid_request", str(exc)) from exc
-    except Busy as exc:
-        raise ApiError(429, "busy", str(exc)) from exc
-    except TooThin as exc:
-        raise ApiError(503, "insufficient_depth", str(exc)) from exc
-    return result
+    @app.post("/v1/classify/batch", response_model=BatchResponse, openapi_extra=BATCH_BODY, responses=CLASSIFY_ERRORS)
+    async def classify_many(request: Request) -> BatchResponse:
+        """Classify several images as one batch (one path through the swarm, one call per hop): upload
+        several multipart `file` parts (optional `label` fields, one per file), or POST JSON with `images`."""
+        async with admission.admit():
+            blobs, truths, params = await read_batch(slots, request, settings.max_upload_bytes, settings.max_batch)
+            images = await decoder.decode_many(blobs, params.resize)
+            request.state.batch = len(blobs)
+            options = ClassifyOptions.from_fields(params.model_dump())
+            result, _ = await classify_batch(service, activity, images, options, truths)
+        return batch_response(result, classes, params.top_k)

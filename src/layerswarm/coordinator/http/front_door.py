@@ -14,7 +14,8 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..metrics import CoordinatorMetrics
-from .api_keys import OPEN_PATHS, OPEN_PREFIXES, ApiKeys
+from ..settings import OPEN_PATHS, OPEN_PREFIXES
+from .api_keys import ApiKeys
 from .guarded_h11 import TIMED_OUT
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,8 @@ classes, for the swarm page's accuracy). Outputs: `probabilities` FP32 [B, class
 INT64 [B], `labels` BYTES [B]; the classification extension (`classification: k` on an output) and
 the binary tensor extension are supported. Request parameters: policy, seed, min_blocks, max_blocks,
 exit_confidence, resize. Errors are the protocol's `{"error": message}` with a 4xx status (503 when
-the swarm is too thin to answer).
+the swarm is too thin to answer), mapped here and only here (`protocol_error`). A text family mounts
+the metadata and health routes, not inference (app.py).
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from layerswarm import __version__
 
-from ..process import ClassifyOptions, Coordinator
-from ..routing.planner import Policy
-from ..routing.request import InvalidRequest
-from .activity import Activity
-from .bodies import MAX_INT_DIGITS, plain_int
-from .errors import ApiError
+from ..routing.request import ClassifyOptions, InvalidRequest
+from ..routing.trace import DepthError
+from .activity import MAX_ERROR_CHARS, Activity
+from .bodies import MAX_INT_DIGITS, BodySlots, plain_int
+from .errors import ApiError, batch_of
 from .imaging import Decoder
-from .inference import Busy, TooThin, classify_batch, model_classes
+from .inference import classify_batch, model_classes
 from .kserve_codec import InferRequest, InputTensor, OutputTensor, ProtocolError, encode_response, parse_request
 from .schemas import MAX_LABEL_CHARS
+from .service import Service
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data", "classification"]
@@ -38,10 +39,23 @@ EXTENSIONS = ["binary_tensor_data", "classification"]
 RESERVED = {"binary_data_output", "timeout", "priority", "sequence_id", "sequence_start", "sequence_end"}
 
 
+INFER_ROUTES = ("/v2/models/{model}/infer", "/v2/models/{model}/versions/{model_version}/infer")
+
+
 class KServeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
+
+
+def protocol_error(exc: ApiError | InvalidRequest | DepthError) -> KServeError:
+    """The protocol's one error map: the front door's refusals keep their status; the caller's
+    mistakes are 400 (the protocol's status for them), too few blocks 503."""
+    if isinstance(exc, ApiError):
+        return KServeError(exc.status_code, str(exc.detail))
+    if isinstance(exc, InvalidRequest):
+        return KServeError(400, str(exc))
+    return KServeError(503, str(exc))
 
 
 class InferParameters(BaseModel):
@@ -56,11 +70,14 @@ class InferParameters(BaseModel):
     resize: bool = False
 
 
-def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> None:
-    settings = coordinator.settings
-    cfg = coordinator.config
+def mount_kserve(
+    app: FastAPI, service: Service, activity: Activity, slots: BodySlots, decoder: Decoder, infer: bool = True
+) -> None:
+    """The protocol's routes; `infer`: its inference routes too (image families)."""
+    settings, manifest = service.settings, service.router.manifest
+    cfg = manifest.config
     name = settings.model_dir.name
-    version = coordinator.manifest.model_id
+    version = manifest.model_id
     classes = model_classes(cfg)
     size = cfg.image_size
     # Room for a full batch of encoded images or of binary FP32 tensors; JSON floats take about three
@@ -69,8 +86,8 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
 
     @app.exception_handler(KServeError)
     async def _kserve_error(request: Request, exc: KServeError) -> JSONResponse:
-        if request.url.path.endswith("/infer"):
-            activity.record_rejection("v2", exc.status, exc.message)
+        if request.url.path.endswith("/infer"):  # every refused inference, once, on the swarm page
+            activity.record_failure("v2", batch_of(request), exc.status, exc.message[:MAX_ERROR_CHARS])
         return JSONResponse(status_code=exc.status, content={"error": exc.message})
 
     def check_model(model: str, model_version: str | None = None) -> None:
@@ -94,7 +111,7 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
                 {"name": "class_ids", "datatype": "INT64", "shape": [batch]},
                 {"name": "labels", "datatype": "BYTES", "shape": [batch]},
             ],
-            "parameters": {"family_id": coordinator.manifest.family_id, "max_batch_size": settings.max_batch},
+            "parameters": {"family_id": manifest.family_id, "max_batch_size": settings.max_batch},
         }
 
     @app.get("/v2", tags=["kserve v2"])
@@ -110,7 +127,7 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
     @app.get("/v2/health/ready", tags=["kserve v2"], responses={400: {}})
     async def ready() -> JSONResponse:
         """Readiness: 200 once the minimum depth is reachable, else 400 (the protocol's 4xx for false)."""
-        ok, reason = coordinator.ready()
+        ok, reason = service.ready()
         return JSONResponse(status_code=200 if ok else 400, content={"ready": ok, "detail": reason})
 
     @app.get("/v2/models", tags=["kserve v2"])
@@ -130,44 +147,45 @@ def mount_kserve(app: FastAPI, coordinator: Coordinator, activity: Activity) -> 
     async def model_ready(model: str, model_version: str | None = None) -> JSONResponse:
         """Model readiness: as server readiness."""
         check_model(model, model_version)
-        ok, reason = coordinator.ready()
+        ok, reason = service.ready()
         return JSONResponse(status_code=200 if ok else 400, content={"name": name, "ready": ok, "detail": reason})
 
+    if not infer:
+        return
     responses: dict[int | str, dict[str, Any]] = {400: {}, 404: {}, 413: {}, 429: {}, 503: {}}
 
-    @app.post("/v2/models/{model}/infer", tags=["kserve v2"], responses=responses)
-    @app.post("/v2/models/{model}/versions/{model_version}/infer", tags=["kserve v2"], responses=responses)
-    async def infer(model: str, request: Request, model_version: str | None = None) -> Response:
+    @app.post(INFER_ROUTES[0], tags=["kserve v2"], responses=responses)
+    @app.post(INFER_ROUTES[1], tags=["kserve v2"], responses=responses)
+    async def infer_route(model: str, request: Request, model_version: str | None = None) -> Response:
         """Inference: JSON tensors, or the binary tensor extension (Inference-Header-Content-Length)."""
         check_model(model, model_version)
         head = {"model_name": name, "model_version": version}
-        return await _serve_infer(request, coordinator, activity, head, body_limit)
+        return await _serve_infer(request, service, activity, slots, decoder, head, body_limit)
 
 
 async def _serve_infer(
-    request: Request, coordinator: Coordinator, activity: Activity, head: dict[str, str], body_limit: int
+    request: Request,
+    service: Service,
+    activity: Activity,
+    slots: BodySlots,
+    decoder: Decoder,
+    head: dict[str, str],
+    body_limit: int,
 ) -> Response:
     """Admission before the body, the body through the front door's reader, the one image decoder;
     every refusal in the protocol's error format."""
-    gate, decoder = request.app.state.gate, request.app.state.decoder
-    cfg = coordinator.config
+    cfg, max_batch = service.router.config, service.settings.max_batch
     classes = model_classes(cfg)
     try:
-        async with gate.admit():  # 429 from the headers alone, before any body is read
-            body = await gate.read_body(request, body_limit)  # streamed under the limit, in a body slot
+        async with service.admission.admit():  # 429 from the headers alone, before any body is read
+            body = await slots.read_body(request, body_limit)  # streamed under the limit, in a body slot
             parsed = _parse(body, request)
             opts, resize = _options(parsed)
-            images, truths = await _images(parsed, decoder, cfg.image_size, resize, coordinator.settings.max_batch)
-            try:
-                result, predictions = await classify_batch(coordinator, activity, images, opts, truths, api="v2")
-            except Busy as exc:
-                raise KServeError(429, str(exc)) from exc
-            except TooThin as exc:
-                raise KServeError(503, str(exc)) from exc
-            except InvalidRequest as exc:
-                raise KServeError(400, str(exc)) from exc
-    except ApiError as exc:  # the front door's refusals
-        raise KServeError(exc.status_code, exc.detail) from exc
+            images, truths = await _images(parsed, decoder, cfg.image_size, resize, max_batch)
+            request.state.batch = int(images.shape[0])  # the page counts a failure's items
+            result, predictions = await classify_batch(service, activity, images, opts, truths, api="v2")
+    except (ApiError, InvalidRequest, DepthError) as exc:
+        raise protocol_error(exc) from exc
     probs = result.probs.numpy().astype(np.float32)
     payload, header_length = encode_response(
         {**head, **({"id": parsed.id} if parsed.id else {})}, _outputs(parsed, probs, predictions, classes)
@@ -201,15 +219,7 @@ def _options(parsed: InferRequest) -> tuple[ClassifyOptions, bool]:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise KServeError(400, f"invalid parameters: {problems}") from exc
-    opts = ClassifyOptions(
-        top_k=1,
-        policy=Policy(params.policy) if params.policy else None,
-        seed=params.seed,
-        min_blocks=params.min_blocks,
-        max_blocks=params.max_blocks,
-        exit_confidence=params.exit_confidence,
-    )
-    return opts, params.resize
+    return ClassifyOptions.from_fields({**params.model_dump(), "top_k": 1}), params.resize
 
 
 async def _images(

@@ -20,8 +20,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 
 from ..membership.records import NodeRecord
-from ..process import Coordinator
 from .activity import Activity
+from .service import Service
 
 STATIC = Path(__file__).parents[1] / "static"  # coordinator/static: the package data of the wheel
 EVENT_INTERVAL_S = 1.0
@@ -43,23 +43,23 @@ def node_view(record: NodeRecord, now: float, convicted: dict[str, Any]) -> dict
     }
 
 
-def swarm_snapshot(coordinator: Coordinator, activity: Activity) -> dict[str, Any]:
-    registry = coordinator.registry
+def swarm_snapshot(service: Service, activity: Activity) -> dict[str, Any]:
+    registry, manifest = service.registry, service.router.manifest
     now = registry.clock()
-    ready, reason = coordinator.ready()
+    ready, reason = service.ready()
     records = sorted(registry.nodes.values(), key=lambda r: (r.block, r.address))
     return {
         "time": time.time(),
         "swarm": {
-            "family_id": coordinator.manifest.family_id,
-            "model_id": coordinator.manifest.model_id,
-            "model_name": coordinator.settings.model_dir.name,
-            "variant": coordinator.config.variant,
-            "depth": coordinator.config.depth,
+            "family_id": manifest.family_id,
+            "model_id": manifest.model_id,
+            "model_name": service.settings.model_dir.name,
+            "variant": manifest.config.variant,
+            "depth": manifest.config.depth,
             "reachable_depth": registry.reachable_depth(),
             "ready": ready,
             "reason": reason,
-            "in_flight": coordinator.in_flight,
+            "in_flight": service.admission.in_flight,  # the count /metrics shows and 429 is decided on
         },
         "nodes": [node_view(r, now, registry.convictions.view(r.address, registry.wall)) for r in records],
         "stats": activity.stats(),
@@ -67,7 +67,7 @@ def swarm_snapshot(coordinator: Coordinator, activity: Activity) -> dict[str, An
     }
 
 
-def mount_page(app: FastAPI, coordinator: Coordinator, activity: Activity) -> None:
+def mount_page(app: FastAPI, service: Service, activity: Activity) -> None:
     streams = {"open": 0}
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -79,7 +79,7 @@ def mount_page(app: FastAPI, coordinator: Coordinator, activity: Activity) -> No
     async def swarm() -> dict[str, Any]:
         """What the swarm page shows, once: nodes (state and why, latency, load, link quality), recent
         requests as routes through the blocks, request rate, errors and accuracy (where labels came)."""
-        return swarm_snapshot(coordinator, activity)
+        return swarm_snapshot(service, activity)
 
     @app.get("/v1/events", tags=["swarm page"], responses={200: {"content": {"text/event-stream": {}}}, 429: {}})
     async def events(request: Request) -> Response:
@@ -100,7 +100,7 @@ def mount_page(app: FastAPI, coordinator: Coordinator, activity: Activity) -> No
                 seq = 0
                 while not closing() and not await request.is_disconnected():
                     seq += 1
-                    data = json.dumps(swarm_snapshot(coordinator, activity), separators=(",", ":"))
+                    data = json.dumps(swarm_snapshot(service, activity), separators=(",", ":"))
                     yield f"id: {seq}\nevent: swarm\nretry: 2000\ndata: {data}\n\n"
                     for _ in range(SHUTDOWN_CHECKS):  # wake up often enough to let a shutdown through
                         if closing():

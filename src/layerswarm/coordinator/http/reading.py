@@ -13,8 +13,7 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from .admission import Gate
-from .bodies import read_form, read_form_items, read_json_object
+from .bodies import BodySlots, read_form, read_form_items, read_json_object
 from .errors import ApiError, describe
 from .schemas import MAX_LABEL_CHARS, BatchJson, ClassifyJson, ClassifyParams
 
@@ -72,16 +71,16 @@ def _options(fields: dict[str, str]) -> ClassifyParams:
     return _validated(ClassifyParams, {k: v for k, v in fields.items() if v != ""})
 
 
-async def read_classify(gate: Gate, request: Request, limit: int) -> tuple[bytes, ClassifyParams]:
+async def read_classify(slots: BodySlots, request: Request, limit: int) -> tuple[bytes, ClassifyParams]:
     """One image and its options (multipart `file`, or JSON `image_base64`)."""
     if content_type_of(request, "image_base64") == JSON:
         with upload_limit_explained(limit):
-            data = await read_json_object(gate, request, limit * 4 // 3 + FORM_OVERHEAD_BYTES)
+            data = await read_json_object(slots, request, limit * 4 // 3 + FORM_OVERHEAD_BYTES)
         params = _validated(ClassifyJson, data)
         image = _base64(params.image_base64, "image_base64", limit)
         return image, ClassifyParams.model_validate(params.model_dump(exclude={"image_base64"}))
     with upload_limit_explained(limit):
-        files, fields = await read_form(gate, request, limit + FORM_OVERHEAD_BYTES)
+        files, fields = await read_form(slots, request, limit + FORM_OVERHEAD_BYTES)
     if not files and not fields:  # e.g. a body cut short before its first part ended
         raise ApiError(400, "invalid_multipart", "no complete part in the multipart body (was it cut short?)")
     if set(files) != {"file"}:
@@ -91,12 +90,12 @@ async def read_classify(gate: Gate, request: Request, limit: int) -> tuple[bytes
     return files["file"], _options(fields)
 
 
-async def read_batch(gate: Gate, request: Request, limit: int, max_batch: int) -> Batch:
+async def read_batch(slots: BodySlots, request: Request, limit: int, max_batch: int) -> Batch:
     """The images of a batch (each at most `limit` bytes, at most `max_batch`), their labels, options."""
     body_limit = limit * 4 + FORM_OVERHEAD_BYTES  # the whole batch: four uploads' worth
     if content_type_of(request, "images") == JSON:
         with upload_limit_explained(limit):
-            body = await read_json_object(gate, request, body_limit * 4 // 3)
+            body = await read_json_object(slots, request, body_limit * 4 // 3)
         batch = _validated(BatchJson, body)
         _check_batch(len(batch.images), max_batch, batch.label)
         images = [_base64(item.image_base64, f"images.{i}.image_base64", limit) for i, item in enumerate(batch.images)]
@@ -107,7 +106,7 @@ async def read_batch(gate: Gate, request: Request, limit: int, max_batch: int) -
         )
     with upload_limit_explained(limit):
         files, fields = await read_form_items(
-            gate, request, body_limit, max_files=max_batch + 1, max_fields=BATCH_FORM_FIELDS + max_batch
+            slots, request, body_limit, max_files=max_batch + 1, max_fields=BATCH_FORM_FIELDS + max_batch
         )
     if not files and not fields:
         raise ApiError(400, "invalid_multipart", "no complete part in the multipart body (was it cut short?)")

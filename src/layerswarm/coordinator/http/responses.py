@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..process import Classification
+from ..routing.router import Classification
 from ..routing.trace import PathResult
 from .schemas import BatchResponse, ClassifyResponse, ItemResult, Label
 

@@ -25,7 +25,7 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -39,9 +39,11 @@ from ..membership.clients import ClientPool
 from ..membership.linkmap import COORDINATOR
 from ..membership.records import NodeRecord
 from ..membership.registry import Registry
-from ..routing.executor import PathExecutor
+from ..routing.executor import PathExecutor, Resume
 from ..routing.planner import Plan, Step
-from ..routing.trace import DepthError, ExecOptions, Hop, PathResult
+from ..routing.request import Request
+from ..routing.trace import DepthError, Hop, PathResult
+from ..routing.wire_choice import WireFormat
 from ..verification.ranges import hard_range_problem
 from ..verification.verifier import Verifier
 from .chain_trace import Broken, observe_relay_link, trace_problem
@@ -59,10 +61,11 @@ class ChainResult:
 
 @dataclass
 class _Run:
-    """One request's relay run: what ran, what failed, where we are."""
+    """One route's relay run: what ran, what failed, where we are."""
 
     x: torch.Tensor
-    opts: ExecOptions
+    request: Request
+    route_id: str  # the request id the nodes see
     hops: list[Hop] = field(default_factory=list)
     handbacks: list[dict[str, Any]] = field(default_factory=list)
     avoid: set[str] = field(default_factory=set)  # nodes that failed in this request
@@ -86,6 +89,8 @@ class RelayRunner:
         pool: ClientPool,
         executor: PathExecutor,
         key: bytes,
+        wire: WireFormat,
+        hop_timeout_s: float,
         verifier: Verifier | None = None,
         referee: HandbackReferee | None = None,  # None: hand-backs are only routed around, never checked
     ) -> None:
@@ -93,14 +98,18 @@ class RelayRunner:
         self.pool = pool
         self.executor = executor
         self.key = key
+        self.wire = wire
+        self.hop_timeout_s = hop_timeout_s  # every node of a chain holds the next one to it
         self.verifier = verifier
         self.referee = referee
 
-    async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
-        run = _Run(x, opts)
+    async def run(self, x: torch.Tensor, plan: Plan, request: Request, route_id: str, rng: random.Random) -> PathResult:
+        """The plan as relay chains where nodes may be chained, star steps elsewhere (no per-hop exit
+        inside a chain). Raises DepthError when fewer than the request's minimum depth ran."""
+        run = _Run(x, request, route_id)
         steps = list(plan.steps)
         i = 0
-        while i < len(steps) and time.monotonic() < opts.deadline:
+        while i < len(steps) and time.monotonic() < request.deadline:
             segment = self._segment(steps, i, run)
             if len(segment) >= 2:
                 result = await self._chain(run, segment, len(steps))
@@ -116,8 +125,8 @@ class RelayRunner:
         path = PathResult(
             run.x, run.hops, plan.unreachable, topology="relay", handbacks=run.handbacks, chains=run.chains
         )
-        if path.depth < opts.min_blocks:
-            raise DepthError(f"only {path.depth} blocks could run (minimum {opts.min_blocks}) in relay mode")
+        if path.depth < request.min_blocks:
+            raise DepthError(f"only {path.depth} blocks could run (minimum {request.min_blocks}) in relay mode")
         return path
 
     def _pick(self, step: Step, run: _Run) -> NodeRecord | None:
@@ -165,16 +174,9 @@ class RelayRunner:
         """Step i as a star hop, with the executor's substitutes, deadlines and verification."""
         step = steps[i]
         candidates = [r for r in step.candidates if r.address not in run.avoid]
-        opts = replace(
-            run.opts,
-            min_blocks=0,
-            first_position=run.depth,
-            used_blocks=run.used,
-            force_verify=force and self.verifier is not None,
-            path_length=length,
-            early_exit=None,
-        )
-        sub = await self.executor.run(run.x, Plan([Step(step.block, candidates, step.repeat)], []), opts, rng)
+        resume = Resume(run.depth, run.used, length, force_verify=force and self.verifier is not None)
+        plan = Plan([Step(step.block, candidates, step.repeat)], [])
+        sub = await self.executor.run(run.x, plan, run.request, run.route_id, rng, resume=resume)
         run.x = sub.activations
         run.hops.extend(sub.hops)
         for attempt in (a for h in sub.hops for a in h.attempts):
@@ -182,18 +184,17 @@ class RelayRunner:
         return i + 1
 
     async def _chain(self, run: _Run, segment: list[tuple[Step, NodeRecord]], length: int) -> ChainResult:
-        opts = run.opts
         first_position = run.depth
         chain = [
             pb.RelayStep(address=r.address, position=first_position + k, block=r.block, trace_key=_trace_key(r))
             for k, (_, r) in enumerate(segment)
         ]
         run.chains += 1
-        rid = f"{opts.request_id}-c{run.chains}"
+        rid = f"{run.route_id}-c{run.chains}"
         issued = int(time.time() * 1000)
         run.wire = self._chain_wire(run, chain)
         activations = codec.encode(run.x, run.wire)
-        left = max(0.001, opts.deadline - time.monotonic())
+        left = max(0.001, run.request.deadline - time.monotonic())
         request = pb.RelayRequest(
             forward=pb.ForwardRequest(
                 request_id=rid, activations=activations, position=first_position, path_length=length
@@ -202,14 +203,14 @@ class RelayRunner:
             index=0,
             plan_mac=plan_mac(self.key, rid, issued, chain, collect=True),
             issued_ms=issued,
-            hop_timeout_s=opts.hop_timeout_s,
+            hop_timeout_s=self.hop_timeout_s,
             deadline_s=left,
             collect=True,
         )
         started = time.monotonic()
         collect = asyncio.ensure_future(self.pool.get(chain[-1].address).collect(rid, left))
         try:
-            events = await self.pool.get(chain[0].address).relay(request, left, opts.hop_timeout_s)
+            events = await self.pool.get(chain[0].address).relay(request, left, self.hop_timeout_s)
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
@@ -217,7 +218,7 @@ class RelayRunner:
             return self._failed_start(run, segment[0][1], reason)
         waited_s = time.monotonic() - started  # until the final event: a hand-back's claimer got its limits before
         result = await self._accept(run, segment, events, request, collect, waited_s)
-        if opts.wire_choice is not None:  # --wire-dtype auto: the trace says what the chain was sent in
+        if self.wire.choice is not None:  # --wire-dtype auto: the trace says what the chain was sent in
             for hop in result.hops:
                 hop.wire = codec.dtype_name(run.wire)
         if result.handback is None and len(result.hops) == len(segment):
@@ -226,11 +227,11 @@ class RelayRunner:
 
     def _chain_wire(self, run: _Run, chain: list[pb.RelayStep]) -> torch.dtype:
         """The request's wire dtype, or with --wire-dtype auto the one the chain's links pay for."""
-        if run.opts.wire_choice is None:
-            return run.opts.wire_dtype
+        if self.wire.choice is None:
+            return self.wire.dtype
         ends = [COORDINATOR, *(step.address for step in chain), COORDINATOR]
         measured = [self.registry.links.per_mb(a, b) for a, b in itertools.pairwise(ends)]
-        return run.opts.wire_choice.choose(measured, run.x.numel())
+        return self.wire.choice.choose(measured, run.x.numel())
 
     def _observe_ends(self, chain: list[pb.RelayStep], hops: list[Hop], elapsed_ms: float, nbytes: int) -> None:
         """A whole chain measures its two coordinator legs together: its time less every hop's compute
@@ -311,11 +312,11 @@ class RelayRunner:
 
     def _decode(self, tensor: pb.Tensor, run: _Run) -> torch.Tensor | None:
         try:
-            out = codec.decode(tensor, run.opts.spec)
+            out = codec.decode(tensor, self.wire.spec)
         except codec.TensorError as exc:
             log.warning("relay result malformed: %s", exc)
             return None
-        wire = run.wire or run.opts.wire_dtype
+        wire = run.wire or self.wire.dtype
         if out.shape != run.x.shape or hard_range_problem(out, run.depth, wire) is not None:
             return None
         return out.to(torch.float32)

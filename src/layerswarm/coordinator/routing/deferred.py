@@ -21,15 +21,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..membership.records import NodeRecord
 from ..verification.verifier import Lie, Screened, Verifier
-
-if TYPE_CHECKING:
-    from .trace import Hop
+from .trace import Hop
 
 # Each rewind convicts a distinct node, so rewinds are bounded by the nodes; past this many in one
 # request its remaining hops are checked blocking (which never rewinds) rather than trust that bound.

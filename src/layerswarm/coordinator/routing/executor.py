@@ -22,65 +22,108 @@ from layerswarm.wire import codec
 from ..membership.clients import ClientPool
 from ..membership.records import NodeRecord
 from ..membership.registry import Registry
+from ..settings import CoordinatorSettings
 from ..verification.peer_check import same_weights
 from ..verification.ranges import hard_range_problem
 from ..verification.verifier import Lie, Screened, Verifier
 from .deferred import MAX_REWINDS, PendingCheck, PendingChecks, Rewind, Walk, confirmed, exit_state, restore_exit_state
+from .exits import RouteExit
 from .hop_call import HopCaller, HopFailed, HopResult
 from .planner import Plan, substitutes
-from .trace import Attempt, DepthError, ExecOptions, Hop, PathResult
+from .request import Request
+from .trace import Attempt, DepthError, Hop, PathResult
+from .wire_choice import WireFormat
 
 log = logging.getLogger(__name__)
 
 
 DEADLINE_REACHED = "request deadline reached"
+ANYTIME_RESERVE_MS = 5.0  # of the caller's budget, kept free for the head and the reply
 # the node that answered, its reply, latency in ms, and its check still to confirm (deferred)
 _Won = tuple[NodeRecord, HopResult, float, Screened | None]
 
 
-def _hedge_delay(record: NodeRecord, opts: ExecOptions) -> float | None:
-    """Seconds to wait for `record` before hedging; None: do not hedge (off, or too few samples yet)."""
-    if opts.hedge_quantile is None:
-        return None
-    quantile = record.latency_quantile(opts.hedge_quantile)
-    return None if quantile is None else max(quantile, opts.hedge_min_ms) / 1e3
-
-
-def _next_hop_fits(candidates: list[NodeRecord], opts: ExecOptions) -> bool:
+def _next_hop_fits(candidates: list[NodeRecord], anytime_deadline: float | None) -> bool:
     """Can the next hop finish within the caller's budget? Judged by its fastest candidate's recent
     latency; a hop with no latency history yet is tried only while the budget lasts."""
-    if opts.anytime_deadline is None:
+    if anytime_deadline is None:
         return True
-    left_ms = (opts.anytime_deadline - time.monotonic()) * 1e3
+    left_ms = (anytime_deadline - time.monotonic()) * 1e3
     known = [r.ewma_ms for r in candidates if r.routable and r.ewma_ms is not None]
-    return (min(known) if known else 0.0) + opts.anytime_reserve_ms <= left_ms
+    return (min(known) if known else 0.0) + ANYTIME_RESERVE_MS <= left_ms
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a run picks up a route part-way (relay/chains.py runs its star steps one at a time): no
+    minimum depth and no early exit of its own, the relay route keeps both."""
+
+    position: int  # of the first hop
+    used: frozenset[int]  # block indices that already ran in the route
+    path_length: int  # blocks in the whole route
+    force_verify: bool = False  # re-execute every hop (a hop the verifier drew out of a relay chain)
 
 
 @dataclass
-class _RequestState:
-    """What one request's hops share: options, its random source, and what ran or failed so far."""
+class PathState:
+    """One run of the executor: the request (read, never copied), this route's id, random source and
+    exit rule, and what ran or failed so far. The one mutable state of a request's route."""
 
-    opts: ExecOptions
+    request: Request
+    route_id: str  # the request id the nodes see (an ensemble's routes are told apart)
     rng: random.Random
+    early_exit: RouteExit | None  # None: no exit rule (or a relay route's star step)
+    min_blocks: int  # below this depth the run fails (DepthError); 0 for a relay route's star step
+    path_length: int  # blocks in the planned path (sent to nodes: informational)
+    first_position: int = 0  # position of the first hop
+    force_verify: bool = False  # re-execute every hop
     used: set[int] = field(default_factory=set)  # block indices that ran
     failed: set[str] = field(default_factory=set)  # nodes that failed: not tried again for this request
     planned_later: set[int] = field(default_factory=set)  # block indices still ahead in the plan
-    path_length: int = 0  # blocks in the planned path (sent to nodes: informational)
     deferred: bool = False  # confirm checks while the path goes on (deferred.py); False: each blocks its hop
     checks: PendingChecks = field(default_factory=PendingChecks)
 
 
 class PathExecutor:
-    def __init__(self, registry: Registry, pool: ClientPool, verifier: Verifier | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        pool: ClientPool,
+        verifier: Verifier | None,
+        settings: CoordinatorSettings,
+        wire: WireFormat,
+    ) -> None:
         self.registry = registry
-        self.hops = HopCaller(registry, pool)
+        self.hops = HopCaller(registry, pool, wire, settings.hop_timeout_s)
         self.verifier = verifier  # None: replies are only checked for form (codec), not for truth
+        self.hedge_quantile = settings.hedge_quantile  # None: no hedging
+        self.hedge_min_ms = settings.hedge_min_ms
         self._stragglers: set[asyncio.Future[Any]] = set()  # hedge losers (and their checks) left to finish
 
-    async def run(self, x: torch.Tensor, plan: Plan, opts: ExecOptions, rng: random.Random) -> PathResult:
-        length = opts.path_length if opts.path_length is not None else len(plan.steps)
-        deferred = self.verifier is not None and self.verifier.settings.deferred
-        state = _RequestState(opts, rng, used=set(opts.used_blocks), path_length=length, deferred=deferred)
+    async def run(
+        self,
+        x: torch.Tensor,
+        plan: Plan,
+        request: Request,
+        route_id: str,
+        rng: random.Random,
+        early_exit: RouteExit | None = None,
+        resume: Resume | None = None,
+    ) -> PathResult:
+        """The plan walked from activations `x`: each hop's node, or another when it fails. Raises
+        DepthError when fewer than the request's minimum depth ran (never for a `resume`d step)."""
+        state = PathState(
+            request,
+            route_id,
+            rng,
+            early_exit if resume is None else None,
+            min_blocks=request.min_blocks if resume is None else 0,
+            path_length=len(plan.steps) if resume is None else resume.path_length,
+            first_position=0 if resume is None else resume.position,
+            force_verify=resume is not None and resume.force_verify,
+            used=set() if resume is None else set(resume.used),
+            deferred=self.verifier is not None and self.verifier.settings.deferred,
+        )
         walk = Walk(x)
         try:
             while True:  # until every check of the path that answers has passed
@@ -95,35 +138,41 @@ class PathExecutor:
         finally:
             state.checks.cancel_all()
         path.discarded = walk.discarded
-        if path.depth < opts.min_blocks:
+        if path.depth < state.min_blocks:
             raise DepthError(
-                f"only {path.depth} blocks could run (minimum {opts.min_blocks}); "
+                f"only {path.depth} blocks could run (minimum {state.min_blocks}); "
                 f"unreachable blocks {plan.unreachable}, "
                 f"skipped {[h.planned_block for h in path.hops if h.block is None]}"
             )
         return path
 
-    async def _walk(self, walk: Walk, plan: Plan, state: _RequestState) -> PathResult:
+    def _hedge_delay(self, record: NodeRecord) -> float | None:
+        """Seconds to wait for `record` before hedging; None: do not hedge (off, or too few samples yet)."""
+        if self.hedge_quantile is None:
+            return None
+        quantile = record.latency_quantile(self.hedge_quantile)
+        return None if quantile is None else max(quantile, self.hedge_min_ms) / 1e3
+
+    async def _walk(self, walk: Walk, plan: Plan, state: PathState) -> PathResult:
         """The plan from `walk.step` on: hops, early exit, the caller's budget. Raises Rewind."""
-        opts = state.opts
         while walk.step < len(plan.steps):
             step_index, step = walk.step, plan.steps[walk.step]
             walk.step += 1
-            position = opts.first_position + sum(1 for h in walk.hops if h.block is not None)
+            position = state.first_position + sum(1 for h in walk.hops if h.block is not None)
             hop = walk.redo or Hop(position=position, planned_block=step.block, repeat=step.repeat)
             walk.redo = None
             walk.hops.append(hop)
             if step.block in state.used and not step.repeat:  # a substitute already ran this block index
                 hop.outcome = "skipped"
                 continue
-            if position >= opts.min_blocks and not _next_hop_fits(step.candidates, opts):
+            if position >= state.min_blocks and not _next_hop_fits(step.candidates, state.request.anytime_deadline):
                 if hop.attempts:  # a hop rerun after a rewind: its failed attempts stay in the trace
                     hop.outcome = "skipped"
                 else:
                     walk.hops.pop()
                 return PathResult(walk.x, walk.hops, plan.unreachable, anytime=True)
             state.planned_later = {s.block for s in plan.steps[step_index + 1 :]}
-            used, saved_exit = frozenset(state.used), exit_state(opts.early_exit)
+            used, saved_exit = frozenset(state.used), exit_state(state.early_exit)
             won = await self._run_hop(walk.x, hop, step.candidates, state)
             if won is not None:
                 out, record, screened = won
@@ -132,11 +181,11 @@ class PathExecutor:
                     check = PendingCheck(step_index, len(walk.hops) - 1, hop, walk.x, record, used, saved_exit, task)
                     state.checks.add(check)
                 walk.x = out
-                if await self._exits(walk.x, opts, position + 1, step_index + 1 < len(plan.steps)):
+                if await self._exits(walk.x, state, position + 1, step_index + 1 < len(plan.steps)):
                     return PathResult(walk.x, walk.hops, plan.unreachable, exited_early=True)
         return PathResult(walk.x, walk.hops, plan.unreachable)
 
-    def _rewind(self, walk: Walk, culprit: PendingCheck, state: _RequestState) -> None:
+    def _rewind(self, walk: Walk, culprit: PendingCheck, state: PathState) -> None:
         """`culprit`'s check failed: convict its node (a failed attempt of its hop, as a blocking check
         does), discard the hops after it and go back to its input, its step and what had run before it."""
         assert culprit.lie is not None and self.verifier is not None
@@ -145,30 +194,28 @@ class PathExecutor:
             self._failed(check.record, check.hop, state, HopFailed(str(check.lie), True, check.lie.evidence))
         walk.back_to(culprit)
         state.used = set(culprit.used)
-        restore_exit_state(state.opts.early_exit, culprit.exit_state)
+        restore_exit_state(state.early_exit, culprit.exit_state)
         self.verifier.counters.rewinds += 1
         state.checks.rewinds += 1
         if state.checks.rewinds >= MAX_REWINDS:
             state.deferred = False
-        log.warning(
-            "%s: rewound to step %d: %s failed its check", state.opts.request_id, culprit.step, culprit.record.address
-        )
+        log.warning("%s: rewound to step %d: %s failed its check", state.route_id, culprit.step, culprit.record.address)
 
     @staticmethod
-    async def _exits(x: torch.Tensor, opts: ExecOptions, depth: int, more_planned: bool) -> bool:
+    async def _exits(x: torch.Tensor, state: PathState, depth: int, more_planned: bool) -> bool:
         """Ask the exit rule after every hop (patience counts every hop); stop only past min depth."""
-        if opts.early_exit is None or not more_planned:
+        if state.early_exit is None or not more_planned:
             return False
-        return await opts.early_exit(x) and depth >= opts.min_blocks
+        return await state.early_exit(x) and depth >= state.min_blocks
 
     async def _run_hop(
-        self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: _RequestState
+        self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: PathState
     ) -> tuple[torch.Tensor, NodeRecord, Screened | None] | None:
         """The hop's output, the node that gave it and its check still to confirm; None: skipped."""
         alternatives = self._alternatives(hop, candidates, state)
         before = state.checks.snapshot()
         for record in alternatives:
-            if time.monotonic() >= state.opts.deadline:
+            if time.monotonic() >= state.request.deadline:
                 hop.attempts.append(Attempt(record.address, None, record.block, DEADLINE_REACHED))
                 break
             won = await self._hedged(x, hop, record, alternatives, state, before)
@@ -180,7 +227,7 @@ class PathExecutor:
             hop.model_id = winner.identity.model_id if winner.identity else None
             hop.outcome = "substituted" if hop.attempts else "hedged" if hop.hedged_to == winner.address else "ok"
             state.used.add(winner.block)
-            if state.opts.wire_choice is not None:
+            if self.hops.wire.choice is not None:
                 hop.wire = codec.dtype_name(result.wire)
             if result.tokens is not None:  # text: what the winner's hop computed and moved
                 hop.tokens, hop.wire_bytes = result.tokens, result.wire_bytes
@@ -194,14 +241,14 @@ class PathExecutor:
         hop: Hop,
         record: NodeRecord,
         alternatives: Iterator[NodeRecord],
-        state: _RequestState,
+        state: PathState,
         before: tuple[PendingCheck, ...],
     ) -> _Won | None:
         """Call `record`; once it is slower than its hedge delay (a high quantile of its own recent
         latencies), send the same activations to the next alternative as well: the first answer wins
         and the other call is cancelled. Shuffle-robust families make many nodes eligible."""
         primary = asyncio.ensure_future(self._attempt(record, x, hop, state, before))
-        delay = _hedge_delay(record, state.opts)
+        delay = self._hedge_delay(record)
         if delay is None:
             return await primary
         done, _ = await asyncio.wait({primary}, timeout=delay)
@@ -266,7 +313,7 @@ class PathExecutor:
         await asyncio.gather(*self._stragglers, return_exceptions=True)
 
     async def _attempt(
-        self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState, before: tuple[PendingCheck, ...]
+        self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: PathState, before: tuple[PendingCheck, ...]
     ) -> _Won | None:
         """One call; a failure goes into the trace and the registry, and gives None. `before`: the
         checks still pending when the hop started: a failure waits for them, and raises Rewind instead
@@ -280,7 +327,7 @@ class PathExecutor:
             return None
         return record, result, (time.monotonic() - started) * 1e3, screened
 
-    def _failed(self, record: NodeRecord, hop: Hop, state: _RequestState, exc: HopFailed) -> None:
+    def _failed(self, record: NodeRecord, hop: Hop, state: PathState, exc: HopFailed) -> None:
         state.failed.add(record.address)
         ident = record.identity
         hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
@@ -298,14 +345,14 @@ class PathExecutor:
             hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, error))
             raise Rewind(culprit)
 
-    def _alternatives(self, hop: Hop, candidates: list[NodeRecord], state: _RequestState) -> Iterator[NodeRecord]:
+    def _alternatives(self, hop: Hop, candidates: list[NodeRecord], state: PathState) -> Iterator[NodeRecord]:
         """Planned candidates first; then (robust families) nodes of spare block indices. Nodes that
         failed earlier in this request are passed over."""
         tried = state.failed
         for record in candidates:
             if record.routable and record.address not in tried:
                 yield record
-        if state.opts.shuffle_robust:
+        if state.request.shuffle_robust:
             by_block = self.registry.routable_by_block()
             reserved = state.planned_later | {hop.planned_block}
             for _block, record in substitutes(by_block, state.used, reserved, state.rng, tried):
@@ -313,9 +360,9 @@ class PathExecutor:
                     yield record
 
     async def _call(
-        self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: _RequestState, before: tuple[PendingCheck, ...]
+        self, record: NodeRecord, x: torch.Tensor, hop: Hop, state: PathState, before: tuple[PendingCheck, ...]
     ) -> tuple[HopResult, Screened | None]:
-        result = await self.hops.forward(record, x, hop.position, state.opts, state.path_length)
+        result = await self.hops.forward(record, x, hop.position, state.request, state.route_id, state.path_length)
         if before and (hard := hard_range_problem(result.out, hop.position, result.wire)) is not None:
             await self._upstream(before, record, hop, f"reply out of range: {hard['discrepancy']}")
         return result, await self._verify(record, x, result, hop.position, state)
@@ -325,12 +372,11 @@ class PathExecutor:
         return asyncio.ensure_future(confirmed(self.verifier, screened))
 
     async def _verify(
-        self, record: NodeRecord, x: torch.Tensor, result: HopResult, position: int, state: _RequestState
+        self, record: NodeRecord, x: torch.Tensor, result: HopResult, position: int, state: PathState
     ) -> Screened | None:
         """Blame the node whose reply is wrong, before its output reaches the next (honest) hop; with
         deferred checks only the range filters are done here, and the re-execution still to confirm is
         returned."""
-        opts = state.opts
         if self.verifier is None:
             hard = hard_range_problem(result.out, position, result.wire)
             if hard is not None:
@@ -341,7 +387,8 @@ class PathExecutor:
         async def ask(peer: NodeRecord) -> torch.Tensor | None:
             """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
             try:
-                return (await self.hops.forward(peer, x, position, opts, state.path_length)).out  # judged as sent
+                forward = self.hops.forward(peer, x, position, state.request, state.route_id, state.path_length)
+                return (await forward).out  # judged as sent
             except HopFailed as exc:
                 log.info("referee %s gave no usable answer: %s", peer.address, exc)
                 return None
@@ -358,7 +405,7 @@ class PathExecutor:
                 result.out,
                 position,
                 result.wire,
-                force=opts.force_verify,
+                force=state.force_verify,
                 token_mask=result.token_mask,
                 sent=result.sent,
                 replicas=replicas,

@@ -19,6 +19,8 @@ import torch
 from layerswarm.models.adaptive_policy import read_policy
 from layerswarm.models.exits import ExitPolicy, ExitRule, ExitTracker, threshold_problem
 
+from .request import InvalidRequest
+
 log = logging.getLogger(__name__)
 
 HeadFn = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
@@ -74,8 +76,8 @@ def load_defaults(model_dir: Path, exit_setting: str, threshold: float | None) -
     return AdaptiveDefaults(exit_policy, thresholds, base.ensemble_confidence, base.repeats, base.source)
 
 
-class ExitRuleError(ValueError):
-    """A request's exit options do not make a policy (the HTTP API answers 422 with this)."""
+class ExitRuleError(InvalidRequest):
+    """A request's exit options do not make a policy: the caller's mistake, answered as InvalidRequest."""
 
 
 def request_policy(

@@ -1,19 +1,14 @@
-"""What a request's path is made of and what it gives back: the options it runs under (ExecOptions),
-each hop's record for the trace (Hop, Attempt) and the result (PathResult). Plain data, shared by the
-star executor (executor.py), relay chains (relay.py), the deferred checks (deferred.py), the HTTP
-responses and the metrics: apart from the executor so that none of them needs its machinery."""
+"""The trace a request's path leaves: each hop's record (Hop, Attempt) and the result (PathResult).
+Plain data, shared by the star executor (executor.py), relay chains (relay/chains.py), the deferred
+checks (deferred.py), the HTTP responses and the metrics: apart from the executor so that none of
+them needs its machinery."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-
-from layerswarm.wire import codec
-
-from .wire_choice import WireChoice
 
 
 @dataclass
@@ -80,29 +75,3 @@ class PathResult:
 
 class DepthError(RuntimeError):
     """Fewer blocks ran than the request's minimum depth: the coordinator answers 503 with this."""
-
-
-@dataclass
-class ExecOptions:
-    hop_timeout_s: float
-    deadline: float  # absolute time.monotonic() by which the path must be done
-    min_blocks: int
-    shuffle_robust: bool
-    wire_dtype: torch.dtype
-    spec: codec.TensorSpec
-    request_id: str
-    early_exit: Callable[[torch.Tensor], Awaitable[bool]] | None = None  # True: confident enough to stop
-    # the caller's budget (deadline_ms): once min depth ran, answer with what ran rather than start a hop
-    # that would end past it; below min depth it does not cut (the request `deadline` still does)
-    anytime_deadline: float | None = None
-    anytime_reserve_ms: float = 5.0  # kept free for the head and the reply
-    hedge_quantile: float | None = None  # hedge a hop slower than this quantile of the node's latency
-    hedge_min_ms: float = 10.0  # ... but never sooner than this
-    first_position: int = 0  # position of the first hop (a relay run continuing a path part-way)
-    used_blocks: frozenset[int] = frozenset()  # block indices that already ran earlier in the path
-    force_verify: bool = False  # re-execute every hop (a hop sampled out of a relay chain)
-    path_length: int | None = None  # blocks in the whole path (None: this plan's)
-    key_mask: torch.Tensor | None = None  # text: (B, T) True for real tokens; hops carry a token mask
-    token_depth: torch.Tensor | None = None  # text: (B, T) hops each token runs before it freezes
-    wire_choice: WireChoice | None = None  # --wire-dtype auto: per link (wire_dtype is then fp16, for relays)
-    frozen_dtype: torch.dtype | None = None  # text: frozen tokens travel apart in this dtype (None: with the rest)

@@ -1,4 +1,5 @@
-"""`--wire-dtype auto`: int8 on links where the bytes it saves outweigh its codec time, fp16 elsewhere.
+"""How activations travel (WireFormat), and `--wire-dtype auto`: int8 on links where the bytes it saves
+outweigh its codec time, fp16 elsewhere.
 
 An activation of fp16 size B crosses a link in `rtt / 2 + B x ms_per_mb` (coordinator/linkmap.py);
 int8 sends about half the bytes (one byte a value and a 4-byte scale a token), so it saves
@@ -63,3 +64,13 @@ class WireChoice:
         fp16, int8 = wire_bytes(numel, self.dim, FP16), wire_bytes(numel, self.dim, INT8)
         saved_per_mb = statistics.fmean(measured) * (fp16 - int8) / fp16
         return INT8 if saved_per_mb > MARGIN * self.codec_ms_per_mb else FP16
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """How activations travel, the same for every request (read once from the settings: assembly.py)."""
+
+    dtype: torch.dtype  # the activations' wire dtype (fp16 under --wire-dtype auto: relays, unmeasured links)
+    spec: codec.TensorSpec  # what a reply may be: (batch, tokens, dim), bounded batch
+    choice: WireChoice | None = None  # --wire-dtype auto: int8 or fp16 per link
+    frozen_dtype: torch.dtype | None = None  # text: frozen tokens travel apart in this dtype (None: with the rest)
