@@ -137,7 +137,7 @@ async def interleaved(
                 if result.path.depth != depth:
                     raise RuntimeError(f"{name}: only {result.path.depth} of {depth} blocks ran")
                 if rep >= 2 and result.path.network is not None:
-                    extras[name].append(result.path.network)
+                    extras[name].append(dict(result.path.network))
                 if rep >= 2 and name.endswith("_auto"):  # what auto chose, hop by hop
                     extras[name].append({"wires": sorted({str(h.wire) for h in result.path.hops})})
                 if rep >= 2 and name.startswith("relay_"):

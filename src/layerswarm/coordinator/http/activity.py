@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..routing.router import Classification
 
@@ -53,6 +53,28 @@ class RequestRecord:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class TotalsView(TypedDict):
+    requests: int
+    items: int
+    errors: int
+    correct: int
+    labelled: int
+
+
+class TrafficStats(TypedDict):
+    """The page's traffic figures: rates over the last WINDOW_S seconds, and totals since start."""
+
+    window_s: int
+    requests_per_s: float
+    items_per_s: float
+    errors: int
+    error_rate: float | None
+    accuracy: float | None
+    labelled: int
+    totals: TotalsView
+    total_accuracy: float | None
 
 
 @dataclass
@@ -145,7 +167,7 @@ class Activity:
             self._buckets.append(_Bucket(second=second))
         return self._buckets[-1]
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> TrafficStats:
         """Rates over the last WINDOW_S seconds, and totals since start."""
         now = int(self.clock())
         window = [b for b in self._buckets if now - b.second < WINDOW_S]
@@ -160,7 +182,13 @@ class Activity:
             "error_rate": round(sum(b.errors for b in window) / requests, 4) if requests else None,
             "accuracy": round(sum(b.correct for b in window) / labelled, 4) if labelled else None,
             "labelled": labelled,
-            "totals": asdict(totals),
+            "totals": {
+                "requests": totals.requests,
+                "items": totals.items,
+                "errors": totals.errors,
+                "correct": totals.correct,
+                "labelled": totals.labelled,
+            },
             "total_accuracy": round(totals.correct / totals.labelled, 4) if totals.labelled else None,
         }
 

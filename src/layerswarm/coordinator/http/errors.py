@@ -7,7 +7,7 @@ once each, with the batch size when the route knew it (`request.state.batch`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,6 +22,11 @@ INFERENCE = "/v1/classify"  # the native inference routes (images, batches, text
 INVALID, TOO_THIN = (422, "invalid_request"), (503, "insufficient_depth")
 
 
+class Problem(TypedDict):
+    field: str  # dotted path of the field in the body
+    problem: str
+
+
 class ApiError(HTTPException):
     def __init__(self, status: int, error: str, detail: Any) -> None:
         super().__init__(status_code=status, detail=detail)
@@ -32,7 +37,7 @@ def error_response(status: int, error: str, detail: Any, headers: dict[str, str]
     return JSONResponse(status_code=status, content={"error": error, "detail": detail}, headers=headers)
 
 
-def describe(errors: Any) -> list[dict[str, Any]]:
+def describe(errors: Any) -> list[Problem]:
     """pydantic's validation errors as [{field, problem}] (no input echoed back)."""
     return [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")} for e in errors]
 

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from ..membership.convictions import ConvictionView
 from ..membership.records import NodeRecord
 from .activity import Activity
 from .service import Service
@@ -30,7 +31,7 @@ MAX_EVENT_STREAMS = 32  # open pages at once; more get 429 (each costs a snapsho
 ROUTES_SHOWN = 16
 
 
-def node_view(record: NodeRecord, now: float, convicted: dict[str, Any]) -> dict[str, Any]:
+def node_view(record: NodeRecord, now: float, convicted: ConvictionView) -> dict[str, Any]:
     """A registry record as the page shows it: plus how long it has been in its state, the link's
     quality (the share of hops sent to it that came back well; health checks are not counted) and its
     address's convictions (`convicted`: `Convictions.view`, as in /v1/nodes)."""

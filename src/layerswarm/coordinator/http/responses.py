@@ -67,7 +67,7 @@ def batch_response(result: Classification, class_names: tuple[str, ...], top_k: 
     )
 
 
-def _adaptive_trace(result: Any) -> dict[str, Any]:
+def _adaptive_trace(result: Classification) -> dict[str, Any]:
     """Early exit, anytime and ensemble routes in the trace (the first route's hops are `hops`)."""
     ensemble = result.ensemble
     return {

@@ -30,11 +30,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 STRIKES = 3  # contradicted hand-backs in a row before a node may only end chains
 CHAIN_END_ONLY_S = 300.0  # how long it then may only end chains
 MAX_KEYS = 4096  # addresses remembered: each made a hand-back the coordinator checked
+
+
+class ClaimsView(TypedDict):
+    handbacks_confirmed: int
+    handbacks_contradicted: int
+    handbacks_disputed: int
+    handbacks_contradicted_in_a_row: int
+    chain_end_only_until: float | None  # Unix seconds until which it may only end chains (None: it may forward)
 
 
 @dataclass
@@ -107,7 +115,7 @@ class Claims:
     def get(self, address: str) -> Tally | None:
         return self._table.get(address)
 
-    def view(self, address: str, wall: Callable[[], float]) -> dict[str, Any]:
+    def view(self, address: str, wall: Callable[[], float]) -> ClaimsView:
         """For /v1/nodes: the address's hand-backs by how they turned out, and until when (`wall`
         clock: Unix seconds) it may only end chains (None: it may forward)."""
         tally = self._table.get(address) or Tally()

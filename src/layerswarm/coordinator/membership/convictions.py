@@ -24,10 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 MAX_BAR_S = 24 * 3600.0  # the longest bar, however often one address is convicted
 MAX_KEYS = 4096  # addresses remembered; each needed a proven node caught lying to get here
+
+
+class ConvictionView(TypedDict):
+    convictions: int  # offences of the address
+    barred_until: float | None  # Unix seconds until which a new incarnation is barred (None: it is not)
 
 
 @dataclass
@@ -89,7 +94,7 @@ class Convictions:
         left = None if c is None else c.until - self.clock()
         return left if left is not None and left > 0 else None
 
-    def view(self, key: str, wall: Callable[[], float]) -> dict[str, Any]:
+    def view(self, key: str, wall: Callable[[], float]) -> ConvictionView:
         """For /v1/nodes: the key's offences, and until when (`wall` clock: Unix seconds) a new
         incarnation is barred (None: it is not)."""
         c, left = self._table.get(key), self.barred_for_s(key)

@@ -15,10 +15,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
+
+from layerswarm.wire.stats import ewma
 
 COORDINATOR = "coordinator"
 MAX_LINKS = 4096  # (src, dst) pairs kept; past this new pairs are not recorded (bounded memory)
+ALPHA = 0.2  # the EWMAs' weight of a new sample
+
+
+class LinkView(TypedDict):
+    ms_per_mb: float
+    mbps: float | None
+    rtt_ms: float | None
+    samples: int
 
 
 @dataclass
@@ -27,23 +37,22 @@ class LinkSample:
     last_bytes: int = 0
     samples: int = 0
     rtt_ms: float | None = None  # EWMA of the health probe's round trip (coordinator links)
-    ALPHA = 0.2
 
     def observe(self, nbytes: int, ms: float) -> None:
         fixed = (self.rtt_ms or 0.0) / 2
         value = max(ms - fixed, 0.0) / max(nbytes / 1e6, 1e-6)
-        self.ms_per_mb = value if self.samples == 0 else self.ms_per_mb + self.ALPHA * (value - self.ms_per_mb)
+        self.ms_per_mb = ewma(self.ms_per_mb if self.samples else None, value, ALPHA)
         self.last_bytes = nbytes
         self.samples += 1
 
     def observe_rtt(self, ms: float) -> None:
         ms = max(ms, 0.0)
-        self.rtt_ms = ms if self.rtt_ms is None else self.rtt_ms + self.ALPHA * (ms - self.rtt_ms)
+        self.rtt_ms = ewma(self.rtt_ms, ms, ALPHA)
 
     def transfer_ms(self, nbytes: int) -> float:
         return (self.rtt_ms or 0.0) / 2 + self.ms_per_mb * nbytes / 1e6
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> LinkView:
         mbps = 8e3 / self.ms_per_mb if self.ms_per_mb > 0 else None
         return {
             "ms_per_mb": round(self.ms_per_mb, 3),
@@ -85,7 +94,7 @@ class LinkMap:
         sample = self._links.get((src, dst))
         return None if sample is None or sample.samples == 0 else sample.ms_per_mb
 
-    def from_node(self, address: str) -> dict[str, dict[str, Any]]:
+    def from_node(self, address: str) -> dict[str, LinkView]:
         """The links measured out of `address` (for /v1/nodes)."""
         return {dst: s.to_json() for (src, dst), s in sorted(self._links.items()) if src == address}
 

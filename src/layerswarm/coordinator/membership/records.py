@@ -1,4 +1,5 @@
-"""What the coordinator knows about one node: its proved identity, its state and its latency record.
+"""What the coordinator knows about one node: its proved identity, its state and its latency record,
+and the evidence verification found against it.
 
 Plain data with small derived views (routable, score, JSON); the registry (registry.py) changes it.
 """
@@ -8,11 +9,52 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TypedDict
 
 from layerswarm.wire.stats import quantile
 
 MDNS = "mdns"  # the hint an mDNS advert leaves (a candidate's only hint until it is proved)
+
+
+class _Finding(TypedDict):
+    check: str  # what was checked: hard range, activation statistics, re-execution, re-execution on peers
+    against: str  # what the reply was held against
+    discrepancy: str  # how far off it was
+
+
+class Evidence(_Finding, total=False):
+    """What verification found against a node's reply (verification/), kept with its record when it
+    is quarantined and shown in /v1/nodes: the finding, and where and when it was caught."""
+
+    position: int  # the hop's position in the path
+    tolerance: float  # the relative error allowed (re-execution)
+    range_filter: str  # the soft range finding that forced the re-execution
+    hops_before_detection: int
+    seconds_since_first_hop: float
+    at: float  # Unix seconds
+
+
+class RecordView(TypedDict):
+    """A node record as /v1/nodes and the swarm page show it."""
+
+    address: str
+    source: str
+    state: str
+    reason: str
+    family_id: str | None
+    model_id: str | None
+    block: int | None
+    variant: str | None
+    device: str | None
+    boot_id: str | None
+    weights_sha256: str | None
+    ewma_latency_ms: float | None
+    in_flight: int
+    served: int
+    failed: int
+    consecutive_failures: int
+    hints: list[str]
+    evidence: list[Evidence]
 
 
 class NodeState(str, Enum):
@@ -87,7 +129,7 @@ class NodeRecord:
     recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=64))  # bounded: for hedging
     # Verification's findings (what was checked, against what, how far off); a node quarantined on
     # evidence stays out for good, and a new incarnation of it only after a cool-down (convictions.py).
-    evidence: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=5))
+    evidence: deque[Evidence] = field(default_factory=lambda: deque(maxlen=5))
     convicted: bool = False  # this incarnation was caught lying
     barred: bool = False  # this incarnation is kept out by an earlier one's conviction
 
@@ -133,7 +175,7 @@ class NodeRecord:
         latency = self.ewma_ms if self.ewma_ms is not None else 1.0
         return latency * (1 + self.in_flight)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RecordView:
         ident = self.identity
         return {
             "address": self.address,

@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.stats import ewma
 
-from .claims import Claims
-from .convictions import MAX_BAR_S, Convictions
-from .linkmap import LinkMap
-from .records import MDNS, FamilySpec, NodeEvent, NodeIdentity, NodeRecord, NodeState
+from .claims import Claims, ClaimsView
+from .convictions import MAX_BAR_S, Convictions, ConvictionView
+from .linkmap import LinkMap, LinkView
+from .records import MDNS, Evidence, FamilySpec, NodeEvent, NodeIdentity, NodeRecord, NodeState, RecordView
+
+
+class NodeView(RecordView, ConvictionView, ClaimsView):
+    """A node as /v1/nodes shows it: its record, its address's convictions and claims, its links."""
+
+    links: dict[str, LinkView]  # measured out of it, by destination
 
 
 class Registry:
@@ -197,7 +202,7 @@ class Registry:
         if record is not None:
             self._set(record, NodeState.IGNORED, reason)
 
-    def quarantine(self, address: str, reason: str, evidence: dict[str, Any] | None = None) -> None:
+    def quarantine(self, address: str, reason: str, evidence: Evidence | None = None) -> None:
         record = self.nodes.get(address)
         if record is not None and record.state is not NodeState.IGNORED:
             record.failed += 1
@@ -259,8 +264,15 @@ class Registry:
     def reachable_depth(self) -> int:
         return len(self.routable_by_block())
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[NodeView]:
         ordered = sorted(self.nodes.values(), key=lambda r: (r.block, r.address))
-        views = [{**r.to_json(), **self.convictions.view(r.address, self.wall)} for r in ordered]
-        views = [{**v, **self.claims.view(v["address"], self.wall)} for v in views]
-        return [{**v, "links": self.links.from_node(v["address"])} for v in views]
+        return [self.view(r) for r in ordered]
+
+    def view(self, record: NodeRecord) -> NodeView:
+        address = record.address
+        return {
+            **record.to_json(),
+            **self.convictions.view(address, self.wall),
+            **self.claims.view(address, self.wall),
+            "links": self.links.from_node(address),
+        }

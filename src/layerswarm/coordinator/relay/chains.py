@@ -26,7 +26,6 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import torch
@@ -42,7 +41,7 @@ from ..membership.registry import Registry
 from ..routing.executor import PathExecutor, Resume
 from ..routing.planner import Plan, Step
 from ..routing.request import Request
-from ..routing.trace import DepthError, Hop, PathResult
+from ..routing.trace import ChainEnd, DepthError, Hop, PathResult
 from ..routing.wire_choice import WireFormat
 from ..verification.ranges import hard_range_problem
 from ..verification.verifier import Verifier
@@ -56,7 +55,7 @@ log = logging.getLogger(__name__)
 class ChainResult:
     x: torch.Tensor  # the activations to continue from (the chain's result, or the hand-back)
     hops: list[Hop]  # the hops the coordinator accepts as run
-    handback: dict[str, Any] | None = None  # why the chain stopped early
+    handback: ChainEnd | None = None  # why the chain stopped early
 
 
 @dataclass
@@ -67,7 +66,7 @@ class _Run:
     request: Request
     route_id: str  # the request id the nodes see
     hops: list[Hop] = field(default_factory=list)
-    handbacks: list[dict[str, Any]] = field(default_factory=list)
+    handbacks: list[ChainEnd] = field(default_factory=list)
     avoid: set[str] = field(default_factory=set)  # nodes that failed in this request
     chains: int = 0
     wire: torch.dtype | None = None  # the current chain's wire dtype (--wire-dtype auto: per chain)
@@ -279,7 +278,7 @@ class RelayRunner:
         hops = [self._hop(t, step, record) for t, (step, record) in zip(trace, segment, strict=False)]
         for sender, receiver in itertools.pairwise(trace):  # node -> node links, measured by the sender
             observe_relay_link(self.registry.links, sender, receiver)
-        handback = None
+        handback: ChainEnd | None = None
         if final is not None and final.handback_reason:
             after_step = run.depth + len(trace) - 1
             handback = {"kind": "handed_back", "after_step": after_step, "reason": final.handback_reason}
@@ -295,7 +294,8 @@ class RelayRunner:
                 steps = [r.address for _, r in segment[: len(trace) + 1]]
                 if self.referee is not None:  # it probes the claim, or says why it will not
                     discounted = self.referee.handed_back(steps, trace, request, retry, waited_s, final.handback_reason)
-                    handback.update({"discounted": discounted} if discounted else {})
+                    if discounted:
+                        handback["discounted"] = discounted
         return ChainResult(x, hops, handback)
 
     async def _collect_signed(self, last: NodeRecord, request: pb.RelayRequest, sha256: str) -> pb.Tensor | None:

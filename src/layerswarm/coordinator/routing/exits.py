@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 HeadFn = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
 
 
+class AdaptiveView(TypedDict):
+    exit: dict[str, object] | None  # the default exit rule and threshold (models/exits.py)
+    thresholds: dict[str, float]
+    ensemble_confidence: float
+    repeats: bool
+    source: str
+
+
 @dataclass(frozen=True)
 class AdaptiveDefaults:
     """The coordinator's adaptive-compute defaults (from its settings and the model's policy file)."""
@@ -36,7 +44,7 @@ class AdaptiveDefaults:
     repeats: bool = False  # eval showed that repeating blocks beats skipping them
     source: str = "none"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AdaptiveView:
         return {
             "exit": None if self.exit is None else self.exit.to_json(),
             "thresholds": self.thresholds,

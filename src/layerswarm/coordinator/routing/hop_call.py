@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import grpc
 import torch
@@ -30,7 +30,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from ..membership.clients import ClientPool
 from ..membership.linkmap import COORDINATOR
-from ..membership.records import NodeRecord
+from ..membership.records import Evidence, NodeRecord
 from ..membership.registry import Registry
 from .request import Request
 from .wire_choice import WireFormat
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class HopFailed(Exception):
     """A hop that gave no usable answer: why, and whether the node is to be quarantined (with evidence)."""
 
-    def __init__(self, message: str, quarantine: bool = False, evidence: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, quarantine: bool = False, evidence: Evidence | None = None) -> None:
         super().__init__(message)
         self.quarantine = quarantine
         self.evidence = evidence  # set when verification caught a lie (a conviction)

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
+
+from layerswarm.wire.stats import ewma
 
 TOPOLOGIES = ("star", "relay")
 MIN_SAMPLES = 3  # per topology, before the comparison is trusted
 EXPLORE = 0.05  # share of requests that try the slower topology
-ALPHA = 0.2
+ALPHA = 0.2  # the EWMA's weight of a new sample
+
+
+class TopologyView(TypedDict):
+    ms_per_hop: float | None
+    samples: int
 
 
 @dataclass
@@ -37,11 +44,10 @@ class TopologyChooser:
         if hops <= 0 or topology not in self.samples:
             return
         value = elapsed_ms / hops
-        old = self.ms_per_hop.get(topology)
-        self.ms_per_hop[topology] = value if old is None else old + ALPHA * (value - old)
+        self.ms_per_hop[topology] = ewma(self.ms_per_hop.get(topology), value, ALPHA)
         self.samples[topology] += 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, TopologyView]:
         return {
             t: {"ms_per_hop": round(self.ms_per_hop[t], 3) if t in self.ms_per_hop else None, "samples": n}
             for t, n in self.samples.items()

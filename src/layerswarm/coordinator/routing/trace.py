@@ -5,10 +5,70 @@ them needs its machinery."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
 
 import torch
+
+
+class AttemptJson(TypedDict):
+    node: str
+    model_id: str | None
+    block: int
+    error: str
+
+
+class _HopJson(TypedDict):
+    position: int
+    planned_block: int
+    block: int | None
+    node: str | None
+    model_id: str | None
+    latency_ms: float
+    outcome: str
+    hedged_to: str | None
+    repeat: bool
+    attempts: list[AttemptJson]
+    send_ms: float | None
+
+
+class HopJson(_HopJson, total=False):
+    """One hop in a request's trace (the HTTP answers, the swarm page); the text and wire keys only
+    where they apply, so image traces keep their keys."""
+
+    tokens: int
+    wire_bytes: int
+    wire: str
+
+
+class _ChainEnd(TypedDict):
+    kind: Literal["not_started", "handed_back", "discarded"]
+    after_step: int  # the path's last step the chain ran (-1: none of it counts)
+    reason: str
+
+
+class ChainEnd(_ChainEnd, total=False):
+    """A relay chain that ended early (relay/chains.py), in the request's trace."""
+
+    discounted: str  # why the hand-back's claim was not probed (relay/handbacks.py)
+
+
+class NetworkTrace(TypedDict):
+    """The network-aware plan of a route (--policy network): predicted against actual time."""
+
+    predicted_ms: float
+    actual_ms: float
+    order: list[int]
+    nodes: list[str]
+
+
+class _TopologyTrace(TypedDict):
+    topology: str
+    handbacks: list[ChainEnd]
+
+
+class TopologyTrace(_TopologyTrace, total=False):
+    network: NetworkTrace
 
 
 @dataclass
@@ -17,6 +77,9 @@ class Attempt:
     model_id: str | None
     block: int
     error: str
+
+    def to_json(self) -> AttemptJson:
+        return {"node": self.node, "model_id": self.model_id, "block": self.block, "error": self.error}
 
 
 @dataclass
@@ -38,12 +101,26 @@ class Hop:
     wire_bytes: int | None = None  # text: tensor payload bytes of request and reply
     wire: str | None = None  # --wire-dtype auto: the dtype this hop's link was sent in
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["latency_ms"] = round(self.latency_ms, 3)
-        for key in ("tokens", "wire_bytes", "wire"):  # image traces keep their keys
-            if data[key] is None:
-                data.pop(key)
+    def to_json(self) -> HopJson:
+        data: HopJson = {
+            "position": self.position,
+            "planned_block": self.planned_block,
+            "block": self.block,
+            "node": self.node,
+            "model_id": self.model_id,
+            "latency_ms": round(self.latency_ms, 3),
+            "outcome": self.outcome,
+            "hedged_to": self.hedged_to,
+            "repeat": self.repeat,
+            "attempts": [a.to_json() for a in self.attempts],
+            "send_ms": self.send_ms,
+        }
+        if self.tokens is not None:
+            data["tokens"] = self.tokens
+        if self.wire_bytes is not None:
+            data["wire_bytes"] = self.wire_bytes
+        if self.wire is not None:
+            data["wire"] = self.wire
         return data
 
 
@@ -54,20 +131,19 @@ class PathResult:
     unreachable: list[int]
     exited_early: bool = False
     anytime: bool = False  # answered early because the deadline left no time for the next hop
-    topology: str = "star"  # star | relay (coordinator/relay.py)
-    # relay chains that ended early: kind (not_started | handed_back | discarded), after_step, reason
-    handbacks: list[dict[str, Any]] = field(default_factory=list)
+    topology: str = "star"  # star | relay (relay/chains.py)
+    handbacks: list[ChainEnd] = field(default_factory=list)  # relay chains that ended early
     chains: int = 0  # relay chains started (each ends complete or in one hand-back)
-    network: dict[str, Any] | None = None  # network-aware plan: predicted vs actual time
+    network: NetworkTrace | None = None  # network-aware plan: predicted vs actual time
     discarded: list[Hop] = field(default_factory=list)  # hops thrown away by rewinds (deferred.py)
 
     @property
     def depth(self) -> int:
         return sum(1 for h in self.hops if h.block is not None)
 
-    def topology_trace(self) -> dict[str, Any]:
+    def topology_trace(self) -> TopologyTrace:
         """Relay chains' hand-backs and the network-aware plan, for the request's trace."""
-        data: dict[str, Any] = {"topology": self.topology, "handbacks": self.handbacks}
+        data: TopologyTrace = {"topology": self.topology, "handbacks": self.handbacks}
         if self.network is not None:
             data["network"] = self.network
         return data

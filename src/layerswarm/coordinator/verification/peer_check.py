@@ -23,11 +23,10 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from ..membership.records import NodeRecord
+from ..membership.records import Evidence, NodeRecord
 
 Ask = Callable[[NodeRecord], Awaitable[torch.Tensor | None]]  # this hop's input on another node; None: no answer
 Compare = Callable[[torch.Tensor], float]  # relative error of a reference against the node's reply
@@ -41,7 +40,7 @@ class PeerVerdict:
 
     passed: bool
     liar: str | None = None
-    evidence: dict[str, Any] | None = None
+    evidence: Evidence | None = None
     asked: int = 0
 
 
@@ -133,10 +132,10 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _evidence(
     check: str, node: NodeRecord, against: str, err: float, tolerance: float, referee: str | None = None
-) -> dict[str, Any]:
+) -> Evidence:
     ident = node.identity
     claim = f"{ident.model_id} block {ident.block} (sha256 {ident.weights_sha256[:12]})" if ident else "?"
-    data: dict[str, Any] = {
+    data: Evidence = {
         "check": check,
         "against": f"{against}, serving the same weights: {claim}",
         "discrepancy": f"relative RMS error {err:.4g}",

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -16,10 +16,20 @@ from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest
 from layerswarm.wire import codec
 
+from ..membership.records import Evidence
+
 STATS_MARGIN = 4.0  # the range filter's slack over what evaluation saw (soft violations only)
 
 
-def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> dict[str, Any] | None:
+class PositionRange(TypedDict):
+    """What evaluation saw at one position of the path (the manifest's activation statistics)."""
+
+    max_abs: float
+    rms_min: float
+    rms_max: float
+
+
+def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> Evidence | None:
     """Values past half the wire dtype's limit: the next hop (a residual block adds to its input) would
     overflow. Checked on every reply, verification on or off, so the sender is blamed, not the next hop."""
     peak = codec.peak_abs(out) if out.numel() else 0.0
@@ -34,7 +44,7 @@ def hard_range_problem(out: torch.Tensor, position: int, wire: torch.dtype) -> d
     }
 
 
-def range_problem(ranges: list[dict[str, float]], out: torch.Tensor, position: int) -> dict[str, Any] | None:
+def range_problem(ranges: list[PositionRange], out: torch.Tensor, position: int) -> Evidence | None:
     """A reply outside what evaluation saw at this position (x STATS_MARGIN): soft, forces re-execution."""
     if position >= len(ranges):
         return None
@@ -53,7 +63,7 @@ def range_problem(ranges: list[dict[str, float]], out: torch.Tensor, position: i
     return None
 
 
-def position_ranges(manifests: list[Manifest]) -> list[dict[str, float]]:
+def position_ranges(manifests: list[Manifest]) -> list[PositionRange]:
     """The widest per-position range over the coordinator's own manifests ([] when none recorded)."""
     found = [e["positions"] for m in manifests if (e := policy.entry(m, policy.ACTIVATION_STATS))]
     if not found:

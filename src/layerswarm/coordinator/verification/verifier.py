@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -42,7 +42,7 @@ from layerswarm.models.text.tokens import run_active, scatter_active
 from layerswarm.models.vit import Block
 from layerswarm.wire import codec
 
-from ..membership.records import NodeRecord
+from ..membership.records import Evidence, NodeRecord
 from .peer_check import Ask, PeerVerdict, judge, order_referees
 from .ranges import hard_range_problem, position_ranges, range_problem
 
@@ -68,10 +68,37 @@ class VerifySettings:
     deferred: bool = True
 
 
+class Detection(Evidence):
+    """A node caught lying, or a disagreement nobody could settle: whose reply, and the evidence."""
+
+    address: str
+
+
+class VerifyReport(TypedDict):
+    """What the verifier did (for operators and the rogue-node bench): its settings, counts, findings."""
+
+    rate: float
+    probation_hops: int
+    hops_seen: int
+    hops_reexecuted: int
+    hops_flagged_by_range: int
+    reexecute_ms_total: float
+    reexecute_on: str
+    hops_reexecuted_on_peers: int
+    peer_calls: int
+    unresolved_disagreements: int
+    convicted: int
+    deferred: bool
+    hops_confirmed_deferred: int
+    rewinds: int
+    detections: list[Detection]
+    disagreements: list[Detection]
+
+
 class Lie(Exception):
     """A reply that failed verification; `evidence` says what was checked, against what, how far off."""
 
-    def __init__(self, message: str, evidence: dict[str, Any]) -> None:
+    def __init__(self, message: str, evidence: Evidence) -> None:
         super().__init__(message)
         self.evidence = evidence
 
@@ -94,7 +121,7 @@ class Screened:
     out: torch.Tensor
     position: int
     wire: torch.dtype
-    soft: dict[str, Any] | None  # the range filter's finding, when it forced the check
+    soft: Evidence | None  # the range filter's finding, when it forced the check
     token_mask: torch.Tensor | None
     sent: torch.Tensor | None
     replicas: Callable[[], list[NodeRecord]] | None
@@ -113,8 +140,8 @@ class VerifyStats:
     convicted: int = 0  # nodes caught lying, ever (detections keeps the last 100)
     deferred: int = 0  # re-executions run while the path went on (counted by the executor)
     rewinds: int = 0  # paths rewound to a hop whose deferred check failed
-    detections: list[dict[str, Any]] = field(default_factory=list)
-    disagreements: list[dict[str, Any]] = field(default_factory=list)
+    detections: list[Detection] = field(default_factory=list)
+    disagreements: list[Detection] = field(default_factory=list)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -136,7 +163,7 @@ class Verifier:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.counters = VerifyStats()
         # set by the coordinator: quarantine a referee caught lying (a node other than the one checked)
-        self.quarantine_referee: Callable[[str, str, dict[str, Any]], None] | None = None
+        self.quarantine_referee: Callable[[str, str, Evidence], None] | None = None
 
     def wants(self, record: NodeRecord) -> bool:
         """Would a hop of `record` be re-executed (on probation, or sampled now)? Relay chains ask this
@@ -213,7 +240,7 @@ class Verifier:
             raise self._convict(record, seen, evidence)
         seen.passed += 1
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> VerifyReport:
         c = self.counters
         return {
             "rate": self.settings.rate,
@@ -297,16 +324,14 @@ class Verifier:
         self.counters.peer_reexecuted += 1
         if verdict.liar is not None and verdict.liar != record.address and verdict.evidence is not None:
             self._convict_referee(verdict.liar, {**verdict.evidence, "position": position})
-        elif verdict.liar is None and not verdict.passed:
+        elif verdict.liar is None and not verdict.passed and verdict.evidence is not None:
             self.counters.unresolved += 1
-            self.counters.disagreements.append(
-                {"address": record.address, **(verdict.evidence or {}), "at": time.time()}
-            )
+            self.counters.disagreements.append({"address": record.address, **verdict.evidence, "at": time.time()})
             del self.counters.disagreements[:-100]  # bounded
             log.warning("unresolved disagreement on %s: %s", record.address, verdict.evidence)
         return verdict
 
-    def _convict_referee(self, address: str, evidence: dict[str, Any]) -> None:
+    def _convict_referee(self, address: str, evidence: Evidence) -> None:
         seen = self._seen.get(address)  # None: it lied as a referee before any hop of its own was routed
         evidence = {
             **evidence,
@@ -319,7 +344,7 @@ class Verifier:
         if self.quarantine_referee is not None:
             self.quarantine_referee(address, f"verification failed: {evidence['check']}", evidence)
 
-    def _record_detection(self, address: str, evidence: dict[str, Any]) -> None:
+    def _record_detection(self, address: str, evidence: Evidence) -> None:
         self.counters.convicted += 1
         self.counters.detections.append({"address": address, **evidence})
         del self.counters.detections[:-100]  # bounded
@@ -335,7 +360,7 @@ class Verifier:
         position: int,
         wire: torch.dtype,
         token_mask: torch.Tensor | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> Evidence | None:
         """None when `out` (the node's reply to `x_wire`, exactly what it received) agrees with a
         reference; otherwise the evidence."""
         known = model_id in self.manifests
@@ -398,7 +423,7 @@ class Verifier:
             self._seen[record.address] = seen
         return seen
 
-    def _convict(self, record: NodeRecord, seen: _Seen, evidence: dict[str, Any]) -> Lie:
+    def _convict(self, record: NodeRecord, seen: _Seen, evidence: Evidence) -> Lie:
         evidence = {
             **evidence,
             "hops_before_detection": seen.hops,
