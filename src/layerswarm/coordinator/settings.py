@@ -194,16 +194,12 @@ class CoordinatorSettings(ProcessSettings):
     @field_validator("model_dir", mode="before")
     @classmethod
     def _shipped_model(cls, value: Any) -> Any:
-        from layerswarm.models.zoo import resolve  # zoo:FAMILY/MEMBER names a shipped model
-
-        return resolve(value) if isinstance(value, str) else value
+        return _shipped(value)
 
     @field_validator("family_dirs", mode="before")
     @classmethod
     def _shipped_family(cls, values: Any) -> Any:
-        from layerswarm.models.zoo import resolve
-
-        return tuple(resolve(v) if isinstance(v, str) else v for v in values)
+        return tuple(_shipped(v) for v in values)
 
     @field_validator("hedge_quantile", mode="before")
     @classmethod
@@ -227,3 +223,13 @@ class CoordinatorSettings(ProcessSettings):
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{peer!r} is not {shape} (a port from 1 to 65535)")
         return peers
+
+
+def _shipped(value: Any) -> Any:
+    """A model directory named `zoo:FAMILY/MEMBER` as the shipped model's path (other values as they are)."""
+    if not isinstance(value, str):
+        return value
+    # Lazy: models.zoo loads torch (seconds), and these settings are read to build `--help`.
+    from layerswarm.models.zoo import resolve  # noqa: PLC0415
+
+    return resolve(value)
