@@ -103,7 +103,8 @@ class NodeClient:
         self._relay_streams = transport == "stream"
 
     async def forward(self, request: pb.ForwardRequest, timeout: float) -> pb.ForwardResponse:
-        """One block forward. Raises grpc.aio.AioRpcError, or TimeoutError past `timeout`."""
+        """One block forward. Raises grpc.aio.AioRpcError, or asyncio.TimeoutError past `timeout` (on
+        Python 3.10 not the builtin TimeoutError: catch asyncio's)."""
         if self.transport == "unary":
             try:
                 return await _call(self.block.Forward(request, timeout=timeout, metadata=self._signed("Forward")))

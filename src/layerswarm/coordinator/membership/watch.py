@@ -86,7 +86,7 @@ class SwarmWatch:
         for a swarm that is there."""
         try:
             await asyncio.wait_for(self._first_round.wait(), max(0.0, timeout_s))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # Python 3.10: asyncio's own class, not the builtin (one class from 3.11 on)
             log.warning("first discovery round still running after %.1f s: answering anyway", timeout_s)
 
     async def _remember_peers(self) -> None:

@@ -210,7 +210,7 @@ class RelayRunner:
         collect = asyncio.ensure_future(self.pool.get(chain[-1].address).collect(rid, left))
         try:
             events = await self.pool.get(chain[0].address).relay(request, left, self.hop_timeout_s)
-        except (grpc.aio.AioRpcError, TimeoutError) as exc:
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:  # 3.10: asyncio's own TimeoutError
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else "timeout"
@@ -306,7 +306,7 @@ class RelayRunner:
         log.warning("relay %s: %s served no result or another; collecting the one it signed", rid, last.address)
         try:
             reply = await self.pool.get(last.address).collect(rid, request.hop_timeout_s, sha256)
-        except (grpc.aio.AioRpcError, TimeoutError):
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError):  # 3.10: asyncio's own TimeoutError
             return None
         return reply.activations if digest(reply.activations.data) == sha256 else None
 
@@ -357,6 +357,6 @@ async def _collected(collect: asyncio.Future[pb.ForwardResponse]) -> pb.Tensor |
     """The Collect opened with the chain: its result, or None (logged) when it failed."""
     try:
         return (await collect).activations
-    except (grpc.aio.AioRpcError, TimeoutError) as exc:
+    except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:  # 3.10: asyncio's own TimeoutError
         log.info("relay collect failed: %s", exc)
         return None

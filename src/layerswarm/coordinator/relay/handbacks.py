@@ -66,7 +66,7 @@ def forward_probe(registry: Registry, pool: ClientPool, hop_timeout_s: float) ->
         except grpc.aio.AioRpcError as exc:
             registry.record_failure(address, f"forward after a hand-back: {exc.code().name}: {exc.details()}")
             return False
-        except TimeoutError:
+        except asyncio.TimeoutError:  # Python 3.10: asyncio's own class, not the builtin (one class from 3.11 on)
             registry.record_failure(address, f"forward after a hand-back: no answer within {hop_timeout_s} s")
             return False
         problem = malformed(request, reply)
@@ -219,7 +219,7 @@ class HandbackReferee:
         time is a failure of `named`."""
         try:
             return await asyncio.wait_for(self.probe(named, retry), self.timeout_s)
-        except asyncio.TimeoutError:  # not the builtin before Python 3.11 (Jetson images run 3.10)
+        except asyncio.TimeoutError:  # Python 3.10: asyncio's own class, not the builtin (one class from 3.11 on)
             self.registry.record_failure(named, f"forward after a hand-back: no answer within {self.timeout_s} s")
             return False
 
