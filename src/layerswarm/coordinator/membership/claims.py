@@ -3,7 +3,7 @@
 A hand-back names the next node of a chain as failed (docs/relay.md, "When a node fails"), and nothing
 in it proves that: a hostile node could name an honest successor on every chain and have it ejected.
 So a hand-back never counts against the node it names; the coordinator tries the claim itself (it
-forwards the handed-back activation to that node: handbacks.py) and the outcome counts for the node
+forwards the handed-back activation to that node: relay/handbacks.py) and the outcome counts for the node
 that made the claim: confirmed (the named node did not answer the coordinator in time either) or
 contradicted (it did).
 

@@ -5,7 +5,7 @@ Info reported a new boot id, but the boot id is the node's own claim: a hostile 
 new one and be back in rotation after its probation hops (after which only a sample of hops is
 re-executed). So each conviction bars its key for a cool-down that doubles with each further
 conviction of that key (capped): a new incarnation during it stays quarantined, after it comes back on
-probation (verify.py re-checks every hop of a new boot id). The incarnation that was caught is never
+probation (verification/verifier.py re-checks every hop of a new boot id). The incarnation that was caught is never
 readmitted. Two hops of one incarnation caught together are one offence, not two.
 
 The key is the node's address (HOST:PORT), never its host alone: many honest nodes share a host

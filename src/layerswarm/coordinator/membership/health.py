@@ -25,7 +25,7 @@ from .records import NodeIdentity, NodeState
 from .registry import Registry
 
 log = logging.getLogger(__name__)
-REMEMBERED = "remembered"  # the hint a peer state file gives (core.py)
+REMEMBERED = "remembered"  # the hint a peer state file gives (watch.py)
 REMEMBERED_TRIES = 5  # failed checks before an address only remembered from an earlier run is forgotten
 
 

@@ -7,7 +7,7 @@ interval, busy or idle) are the small probes: their round trip is the link's fix
 transfer costs `rtt / 2 + bytes x ms_per_mb` and the per-byte part is what is left of a large
 message's time once half the RTT is taken off. Node -> node links are probed by the sending node
 (node/peers.py), which reports the RTT in each relay trace entry. Read by the network-aware planner
-through `transfer_ms(src, dst, nbytes)` (coordinator/netorder.py: LinkCosts) and by the wire choice
+through `transfer_ms(src, dst, nbytes)` (routing/netorder.py: LinkCosts) and by the wire choice
 through `per_mb`.
 """
 

@@ -5,7 +5,7 @@ MACed (wire/relay_plan.py); each node forwards its output to the next; the last 
 which the coordinator collects from it directly (a Collect call opened when the chain starts), while
 the trace (compute and send times, digests of every hop's input and output) comes back along the
 chain. When a node fails, the node before it hands back its own output with the reason, and the
-coordinator continues from there with star hops (substitutes, verification: executor.py), then chains
+coordinator continues from there with star hops (substitutes, verification: routing/executor.py), then chains
 again. A hand-back is a claim, not evidence: the node it names is only avoided for the request, and
 probed by the coordinator itself before any failure counts against it (handbacks.py).
 
@@ -134,7 +134,7 @@ class RelayRunner:
     def _segment(self, steps: list[Step], start: int, run: _Run) -> list[tuple[Step, NodeRecord]]:
         """The longest run of steps from `start` whose chosen nodes may be relayed through: routable,
         not failed in this request, with a trace key, not wanted by the verifier (those run star), and
-        ending at the first node whose hand-backs keep being contradicted (claims.py: it may end a
+        ending at the first node whose hand-backs keep being contradicted (membership/claims.py: it may end a
         chain, never forward). Fewer than two: step `start` runs star.
 
         A node without a trace key (its Info gave none) never joins a chain: unsigned entries would let
@@ -146,7 +146,7 @@ class RelayRunner:
             if record is None or not _trace_key(record) or step.block in run.used or self._sampled(run, index, record):
                 break
             if segment and not self.registry.claims.may_follow(segment[-1][1].address, record.address):
-                break  # a disputed pair (claims.py): the chain ends before it
+                break  # a disputed pair (membership/claims.py): the chain ends before it
             segment.append((step, record))
             if not self.registry.claims.may_forward(record.address):
                 break

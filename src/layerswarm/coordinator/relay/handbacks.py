@@ -7,10 +7,10 @@ just goes around it; meanwhile the coordinator tries the claim itself, in the ba
 the handed-back activation (the named node's input) to the named node by a star call, within the hop
 timeout. A failure or no answer in time is what the coordinator saw itself and counts against the named
 node as a failed star hop would (that is how a dead or too slow node is still ejected); an answer in
-time contradicts the claim. How it went is counted for the node that made the claim (claims.py), which
+time contradicts the claim. How it went is counted for the node that made the claim (membership/claims.py), which
 is where repeated false claims have a consequence. What the probe cannot see: a node that serves star
 calls but fails chains (a relay-only staller); claims against it read as contradicted, and the claimer
-ending chains only (claims.py) stops the disputed forward from recurring either way.
+ending chains only (membership/claims.py) stops the disputed forward from recurring either way.
 
 A claim also counts only if its claimer was given honest limits: the deadline and hop timeout it
 waited under reach it from the node before it, which could shorten them so that an honest node times
@@ -19,7 +19,7 @@ was given into its trace entry, and `given_times_problem` holds that against the
 clock, for every entry of the trace (a shortened limit is passed on, shrinking, to every node after
 it): a claim made after limits were shortened is `discounted`, not probed, the named node only left
 out of that request. The first entry whose limits are impossible shows that it or the node before it
-lied: that pair is disputed (claims.py: never adjacent for a while, nobody's standing changed), or,
+lied: that pair is disputed (membership/claims.py: never adjacent for a while, nobody's standing changed), or,
 for the chain's first node, which had its limits from the coordinator itself, the lie is its own and
 counts as a contradicted claim. A hand-back because the named node had already run the step (another
 node of the chain raced it there, node/outbox.py) is disputed between the claimer and the named node

@@ -4,7 +4,7 @@ Why: a sampled hop's re-execution (~50 ms for a ViT-B/16 block on the coordinato
 replicas) used to sit in the request's critical path, ~10 % of a 12-hop request's latency, while the
 coordinator was idle waiting for the next node. Now the executor screens each reply at once (range
 filters: a hard violation still convicts its sender on the spot) and only *starts* the confirmation
-(verify.py: `Verifier.screen` / `confirm`), continuing with the node's output. The answer is never
+(verification/verifier.py: `Verifier.screen` / `confirm`), continuing with the node's output. The answer is never
 returned, nor an early exit taken, before every confirmation of the activations it came from passed.
 
 A failed confirmation rewinds the path to that hop (executor.py): its node is quarantined with the

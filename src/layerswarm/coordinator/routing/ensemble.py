@@ -30,7 +30,7 @@ class Route:
     index: int
     path: PathResult
     logits: torch.Tensor  # (B, classes)
-    model_id: str | None = None  # the member whose stem and head this route used (coordinator/members.py)
+    model_id: str | None = None  # the member whose stem and head this route used (members.py)
 
 
 @dataclass

@@ -21,7 +21,7 @@ class Policy(str, Enum):
     SEQUENTIAL = "sequential"  # block index order: the only order a baseline-trained family survives
     SHUFFLE = "shuffle"  # a fresh random order per request, as LayerShuffle trained for
     FASTEST = "fastest"  # least loaded / lowest latency node per block
-    NETWORK = "network"  # least expected time from measured compute and link costs (coordinator/netorder.py)
+    NETWORK = "network"  # least expected time from measured compute and link costs (netorder.py)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """How activations travel (WireFormat), and `--wire-dtype auto`: int8 on links where the bytes it saves
 outweigh its codec time, fp16 elsewhere.
 
-An activation of fp16 size B crosses a link in `rtt / 2 + B x ms_per_mb` (coordinator/linkmap.py);
+An activation of fp16 size B crosses a link in `rtt / 2 + B x ms_per_mb` (membership/linkmap.py);
 int8 sends about half the bytes (one byte a value and a 4-byte scale a token), so it saves
 `ms_per_mb x (B - B_int8)` per link and costs one quantise at the sender and one dequantise at the
 receiver. That codec time is measured once at start on this machine, for the family's activation

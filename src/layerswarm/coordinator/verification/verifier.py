@@ -1,7 +1,7 @@
 """Output verification: catch nodes whose activations are well-formed but wrong, with evidence.
 
 Every reply passes two layers (layer 1 before it is used; layer 2 before the answer it leads to is
-returned: deferred.py runs it while the path goes on, `check` runs both at once):
+returned: routing/deferred.py runs it while the path goes on, `check` runs both at once):
 
 1. A range filter (every hop, no compute): the reply's largest |x| and per-image RMS against the
    activation statistics recorded at evaluation for that position (the `activation_stats` policy of
@@ -63,7 +63,7 @@ class VerifySettings:
     # models), "peers" (replicas with the same weights hash; the coordinator breaks ties and stands in
     # when no replica is up), "auto" (the coordinator when it holds the model, else peers)
     reexecute_on: str = "auto"
-    # re-execute concurrently with the rest of the path (deferred.py): the answer still waits for every
+    # re-execute concurrently with the rest of the path (routing/deferred.py): the answer still waits for every
     # check, a failed one rewinds the path to that hop. False: each check blocks its hop, as before.
     deferred: bool = True
 
