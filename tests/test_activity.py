@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from layerswarm.coordinator.activity import RECENT_REQUESTS, WINDOW_S, Activity
-from layerswarm.coordinator.core import Classification
-from layerswarm.coordinator.ensemble import EnsembleResult, Route
-from layerswarm.coordinator.path import Hop, PathResult
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator import Classification, Hop, PathResult, Policy
+from layerswarm.coordinator.http.activity import RECENT_REQUESTS, WINDOW_S, Activity
+from layerswarm.coordinator.routing.ensemble import EnsembleResult, Route
 
 
 def result(batch: int = 1) -> Classification:

@@ -20,10 +20,8 @@ import pytest
 import torch
 
 from layerswarm.cli.probe import probe_grpc
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.node_records import NodeEvent
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
+from layerswarm.coordinator.membership.records import NodeEvent
 from layerswarm.harness.forge import MdnsAttacker, RecordingImpostor
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.models.checkpoint import read_manifest
@@ -90,7 +88,7 @@ def record_events(coord: Coordinator) -> list[NodeEvent]:
 
 
 async def classify_ok(coord: Coordinator) -> None:
-    result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+    result = await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
     assert [h.outcome for h in result.path.hops] == ["ok"] * len(result.path.hops) and result.path.hops
 
 
@@ -223,8 +221,8 @@ async def test_advert_flood_is_bounded_and_starves_nothing(family_dirs: list[Pat
         assert max(sizes) <= len(addrs) + reg.max_unproven, f"registry grew to {max(sizes)}"
         per_host = sum(1 for r in reg.nodes.values() if r.host == "127.0.0.1" and not r.proven)
         assert per_host <= reg.max_unproven_per_host
-        assert coord.discovery is not None and coord.discovery.dropped > 0  # the bounds did bite
-        assert len(coord.discovery._addresses) <= 1024 and len(coord.discovery._queue) <= 128
+        assert coord.watch.discovery is not None and coord.watch.discovery.dropped > 0  # the bounds did bite
+        assert len(coord.watch.discovery._addresses) <= 1024 and len(coord.watch.discovery._queue) <= 128
         assert not [e for e in events if e.address in addrs], "the flood disturbed a real node"
         await classify_ok(coord)
         late = await start_node(family_dirs[1], 2)  # a real node joining after the flood still gets in
@@ -357,7 +355,7 @@ async def test_a_strangers_absurd_clock_is_refused_and_stops_nothing(model_dir: 
         await wait_until(lambda: states(coord) == {fake: "ignored", address(real): "healthy"}, what="stranger refused")
         assert "no valid proof of our swarm token" in coord.registry.nodes[fake].reason
         await classify_ok(coord)
-        assert coord.monitor._periodic.errors == 0  # no health round fails on it either
+        assert coord.watch.monitor._periodic.errors == 0  # no health round fails on it either
     finally:
         await coord.stop()
         await server.stop(0)

@@ -18,8 +18,7 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator import ClassifyOptions, Coordinator, Policy
 from layerswarm.harness.faults import OVERFLOW_VALUE, forge_model_dir
 from layerswarm.harness.procs import Proc, spawn, stop_all
 from layerswarm.wire import codec
@@ -64,7 +63,7 @@ async def started(family_dirs: list[Path], nodes: list[Proc], **overrides: objec
 async def test_lying_node_is_quarantined_on_evidence(family_dirs: list[Path], honest: list[Proc], rogue: Proc) -> None:
     coord = await started(family_dirs, [*honest, rogue])
     try:
-        result = await coord.classify(torch.rand(2, 3, 16, 16), SEQ)
+        result = await coord.router.classify(torch.rand(2, 3, 16, 16), SEQ)
         hop = result.path.hops[0]
         assert hop.outcome == "substituted" and hop.node == address(honest[0])
         assert "verification failed" in hop.attempts[0].error
@@ -75,7 +74,7 @@ async def test_lying_node_is_quarantined_on_evidence(family_dirs: list[Path], ho
         assert "verified copy" in evidence["against"] and evidence["hops_before_detection"] == 1
         assert float(evidence["discrepancy"].rsplit(" ", 1)[-1]) > evidence["tolerance"]
         for _ in range(3):  # a node quarantined on evidence is never asked again
-            hops = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops
+            hops = (await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops
             assert address(rogue) not in {h.node for h in hops}
         # What an operator alerts on: the conviction and the transition, on /metrics.
         scraped = generate_latest(coord.metrics.registry).decode()
@@ -94,7 +93,7 @@ async def test_a_convicted_node_restarting_with_a_new_boot_id_stays_out(
     rogue = spawn("rogue-zeros", rogue_cmd(family_dirs[0], 0, "zeros"))
     coord = await started(family_dirs, [*honest, rogue])
     try:
-        await coord.classify(torch.rand(1, 3, 16, 16), SEQ)  # on probation: caught on its first hop
+        await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)  # on probation: caught on its first hop
         record = coord.registry.nodes[address(rogue)]
         assert record.convicted and record.identity is not None
         convicted_boot, port, served = record.identity.boot_id, int(rogue.ready["port"]), record.served
@@ -107,7 +106,9 @@ async def test_a_convicted_node_restarting_with_a_new_boot_id_stays_out(
         )
         for seed in range(4):  # several health rounds and requests later: never asked
             hops = (
-                await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=seed))
+                await coord.router.classify(
+                    torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=seed)
+                )
             ).path.hops
             assert address(rogue) not in {h.node for h in hops} | {a.node for h in hops for a in h.attempts}
         assert record.served == served
@@ -126,7 +127,7 @@ async def test_a_convicted_node_restarting_with_a_new_boot_id_stays_out(
 async def test_without_verification_the_liar_is_used(family_dirs: list[Path], honest: list[Proc], rogue: Proc) -> None:
     coord = await started(family_dirs, [*honest, rogue], verify_rate=None)
     try:
-        hop = (await coord.classify(torch.rand(2, 3, 16, 16), SEQ)).path.hops[0]
+        hop = (await coord.router.classify(torch.rand(2, 3, 16, 16), SEQ)).path.hops[0]
         assert hop.outcome == "ok" and hop.node == address(rogue)  # well-formed: nothing else notices
         assert coord.registry.nodes[address(rogue)].routable
     finally:
@@ -142,14 +143,16 @@ async def test_a_node_that_turns_after_probation_is_caught_by_sampling(
     coord = await started(family_dirs, [*honest, rogue], verify_rate=0.5, verify_probation=2, health_timeout_s=5.0)
     try:
         for seed in range(40):
-            await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=seed))
+            await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=seed))
             if coord.registry.nodes[address(rogue)].convicted:
                 break
         record = coord.registry.nodes[address(rogue)]
         assert record.state.value == "quarantined" and record.convicted
         assert record.evidence[0]["hops_before_detection"] > 2  # passed probation honestly, then lied
         for seed in range(8):  # honest hops after probation: about half are re-executed, not all
-            await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=100 + seed))
+            await coord.router.classify(
+                torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=100 + seed)
+            )
         stats = coord.verifier.stats() if coord.verifier else {}
         assert 0 < stats["hops_reexecuted"] < stats["hops_seen"]  # sampled, not every hop
     finally:
@@ -163,7 +166,7 @@ async def test_overflowing_sender_is_blamed_not_the_next_hop(
 ) -> None:
     coord = await started(family_dirs, [*honest, rogue], verify_rate=verify)
     try:
-        result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
         assert result.path.hops[0].outcome == "substituted"
         liar = coord.registry.nodes[address(rogue)]
         assert liar.state.value == "quarantined" and liar.evidence[0]["check"] == "hard range"
@@ -225,7 +228,7 @@ async def test_non_strict_mode_catches_forged_weights_by_verification(
     coord = await started(family_dirs, [*honest, forger], strict=False, verify_rate=verify)
     try:
         for seed in range(30):  # the forger and the honest node share block 0: until it is asked
-            await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=seed))
+            await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=seed))
             if coord.registry.nodes[address(forger)].served or not coord.registry.nodes[address(forger)].routable:
                 break
         record = coord.registry.nodes[address(forger)]
@@ -247,7 +250,7 @@ async def test_int8_wire_answers_like_fp32_and_honest_nodes_pass_every_check(
     for wire in ("fp32", "int8"):
         coord = await started(family_dirs, honest, wire_dtype=wire, verify_rate=1.0)
         try:
-            result = await coord.classify(x, SEQ)
+            result = await coord.router.classify(x, SEQ)
             assert all(h.outcome == "ok" for h in result.path.hops)
             assert all(r.state.value == "healthy" and not r.evidence for r in coord.registry.nodes.values())
             stats = coord.verifier.stats() if coord.verifier else {}

@@ -19,8 +19,7 @@ from PIL import Image
 from layerswarm.cli import build_parser, main
 from layerswarm.cli.base import UsageError, load_settings, one_line
 from layerswarm.cli.up import check_node_count
-from layerswarm.coordinator.auth import OPEN_PATHS
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator.settings import OPEN_PATHS, CoordinatorSettings
 from layerswarm.models.commands import check_out_writable
 from layerswarm.models.zoo import family_root
 from layerswarm.node.settings import NodeSettings

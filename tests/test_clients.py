@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 
-from layerswarm.coordinator.clients import ClientPool
+from layerswarm.coordinator.membership.clients import ClientPool
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerswarm.coordinator.node_records import FamilySpec, NodeEvent, NodeState
-from layerswarm.coordinator.registry import Registry
+from layerswarm.coordinator.membership.records import FamilySpec, NodeEvent, NodeState
+from layerswarm.coordinator.membership.registry import Registry
 
 from .test_routing import Clock, ident
 

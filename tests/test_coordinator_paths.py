@@ -1,6 +1,7 @@
-"""Coordinator behaviours on real in-process nodes (gRPC on loopback): the busy answer (HTTP and the
-serving layer), readiness, the per-request deadline, unary transport, the `fastest` policy, a lying node
-refused end to end, early exit at a threshold that is not trivially met, and the idle-stream cap."""
+"""Coordinator behaviours on real in-process nodes (gRPC on loopback): the busy answer (HTTP, and one
+admission count for every API), readiness, the per-request deadline, unary transport, the `fastest`
+policy, a lying node refused end to end, early exit at a threshold that is not trivially met, and the
+idle-stream cap."""
 
 from __future__ import annotations
 
@@ -14,11 +15,8 @@ import httpx
 import pytest
 import torch
 
-from layerswarm.coordinator.clients import MAX_IDLE_STREAMS, NodeClient
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.http_api import create_app
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy, create_app
+from layerswarm.coordinator.membership.clients import MAX_IDLE_STREAMS, NodeClient
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import load_model
 from layerswarm.node.server import Node
@@ -84,27 +82,33 @@ async def test_past_the_limit_requests_get_429_busy(family_dirs: list[Path]) -> 
         assert sorted(r.status_code for r in replies) == [200, 429, 429]
         busy = next(r for r in replies if r.status_code == 429).json()
         assert busy["error"] == "busy" and "in flight" in busy["detail"]
-        assert coord.in_flight == 0  # every admitted request was let go
+        assert coord.admission.in_flight == 0  # every admitted request was let go
 
 
-async def test_the_serving_layer_holds_the_limit_for_every_api(family_dirs: list[Path], images: torch.Tensor) -> None:
-    """/v1's gate answers 429 before reading a body; the serving layer under every API (KServe v2 has no
-    gate) holds the same limit: past it a request is refused as busy, recorded, and nothing leaks."""
-    from layerswarm.coordinator.activity import Activity
-    from layerswarm.coordinator.serving import Busy, classify_batch
-
+async def test_every_api_admits_through_one_count(family_dirs: list[Path], images: torch.Tensor) -> None:
+    """One count of requests in flight, held by the process: with a /v1 request in flight at a limit of
+    one, KServe v2 is refused 429 too (in its own format) and the refusal is drawn on the page once;
+    /metrics and the swarm page show that same count (they showed two counters before), and nothing
+    leaks."""
     async with (
         nodes((family_dirs[0], 0, 600.0)) as served,
         coordinator(family_dirs[0], served, 1, max_concurrent_requests=1) as coord,
     ):
-        activity = Activity()
-        first = asyncio.ensure_future(classify_batch(coord, activity, images, SEQ, api="v2"))
-        await wait_until(lambda: coord.in_flight == 1, what="the first request admitted")
-        with pytest.raises(Busy, match="in flight"):
-            await classify_batch(coord, activity, images, SEQ, api="v2")
-        await first
-        assert coord.in_flight == 0
-        assert (activity.totals.requests, activity.totals.errors) == (2, 1)
+        transport = httpx.ASGITransport(app=create_app(coord))
+        infer = f"/v2/models/{coord.settings.model_dir.name}/infer"
+        tensor = {"name": "images", "datatype": "FP32", "shape": list(images.shape), "data": images.flatten().tolist()}
+        async with httpx.AsyncClient(transport=transport, base_url="http://coordinator") as client:
+            first = asyncio.ensure_future(client.post("/v1/classify", files=png_upload()))
+            await wait_until(lambda: coord.admission.in_flight == 1, what="the first request admitted")
+            page = (await client.get("/v1/swarm")).json()["swarm"]["in_flight"]
+            scraped = (await client.get("/metrics")).text
+            busy = await client.post(infer, json={"inputs": [tensor]})
+            assert (await first).status_code == 200
+            totals = (await client.get("/v1/swarm")).json()["stats"]["totals"]
+        assert busy.status_code == 429 and "in flight" in busy.json()["error"], busy.text
+        assert page == 1 and "layerswarm_http_in_flight 1.0" in scraped
+        assert coord.admission.in_flight == 0
+        assert (totals["requests"], totals["errors"]) == (2, 1)  # the answer and the refusal, once each
 
 
 async def test_readyz_is_503_with_the_reason_below_the_minimum_depth(family_dirs: list[Path]) -> None:
@@ -116,7 +120,7 @@ async def test_readyz_is_503_with_the_reason_below_the_minimum_depth(family_dirs
         async with httpx.AsyncClient(transport=transport, base_url="http://coordinator") as client:
             starting = await client.get("/readyz")  # nothing is ready before the first round is done
             assert starting.status_code == 503
-            await coord.wait_first_round(10.0)
+            await coord.watch.wait_first_round(10.0)
             reply = await client.get("/readyz")
             assert reply.status_code == 503
             assert reply.json() == {"status": "not_ready", "detail": "only 1 of 3 blocks reachable, minimum depth is 2"}
@@ -124,10 +128,10 @@ async def test_readyz_is_503_with_the_reason_below_the_minimum_depth(family_dirs
             # Where repeats are on by default (calibration showed they help), a request with the defaults
             # is answered, the path filled by running a block again: ready says the same (before: 503
             # while classify answered 200, so a load balancer took a serving coordinator out).
-            coord.adaptive = dataclasses.replace(coord.adaptive, repeats=True)
+            coord.router.adaptive = dataclasses.replace(coord.router.adaptive, repeats=True)
             reply = await client.get("/readyz")
             assert reply.status_code == 200 and "run some again" in reply.json()["detail"], reply.text
-            result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+            result = await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
             assert result.path.depth == 2 and [h.repeat for h in result.path.hops] == [False, True]
 
 
@@ -136,12 +140,12 @@ async def test_the_request_deadline_cuts_a_slow_hop(family_dirs: list[Path], ima
     past the request deadline, and the hop says why."""
     async with nodes((family_dirs[0], 0, 1000.0)) as served:
         async with coordinator(family_dirs[0], served, 1, request_timeout_s=0.3, hop_timeout_s=2.0) as coord:
-            from layerswarm.coordinator.path import DepthError
+            from layerswarm.coordinator import DepthError
 
             with pytest.raises(DepthError):
-                await coord.classify(images, SEQ)
+                await coord.router.classify(images, SEQ)
         async with coordinator(family_dirs[0], served, 1, request_timeout_s=10.0, hop_timeout_s=2.0) as patient:
-            result = await patient.classify(images, SEQ)
+            result = await patient.router.classify(images, SEQ)
             assert [h.outcome for h in result.path.hops] == ["ok"]
 
 
@@ -154,7 +158,7 @@ async def test_unary_transport_gives_the_stream_transport_answers(
             async with coordinator(family_dirs[0], served, 3, transport=transport) as coord:
                 client = coord.pool.get(f"127.0.0.1:{served[0].port}")
                 assert client.transport == transport
-                result = await coord.classify(images, SEQ)
+                result = await coord.router.classify(images, SEQ)
                 assert [h.block for h in result.path.hops] == [0, 1, 2]
                 answers[transport] = result.probs
                 streams_kept = len(client._idle)  # unary calls open no ForwardStream to keep
@@ -172,7 +176,7 @@ async def test_fastest_policy_routes_around_a_slow_node(family_dirs: list[Path],
         coordinator(family_dirs[0], [slow, fast], 1) as coord,
     ):
         fastest = ClassifyOptions(policy=Policy.FASTEST, seed=0)
-        used = [(await coord.classify(images, fastest)).path.hops[0].node for _ in range(8)]
+        used = [(await coord.router.classify(images, fastest)).path.hops[0].node for _ in range(8)]
         assert f"127.0.0.1:{slow.port}" in used[:2] or coord.registry.nodes[f"127.0.0.1:{slow.port}"].ewma_ms is None
         assert used[-4:] == [f"127.0.0.1:{fast.port}"] * 4, used  # once both are measured, the fast one wins
 
@@ -191,7 +195,7 @@ async def test_a_node_lying_about_its_weights_is_refused_end_to_end(
             await wait_until(lambda: coord.registry.nodes[liar_address].state.value == "ignored", what="refusal")
             record = coord.registry.nodes[liar_address]
             assert record.reason == "weights sha256 differs from the family manifest"
-            hops = [(await coord.classify(images, ClassifyOptions(seed=s))).path.hops for s in range(4)]
+            hops = [(await coord.router.classify(images, ClassifyOptions(seed=s))).path.hops for s in range(4)]
             assert all(h.node == f"127.0.0.1:{honest.port}" for path in hops for h in path)
 
 
@@ -232,10 +236,12 @@ async def test_early_exit_at_a_threshold_between_two_depths(tmp_path: Path, imag
         nodes(*((model_dir, b, 0.0) for b in range(3))) as served,
         coordinator(model_dir, served, 3) as coord,
     ):
-        early = await coord.classify(x, ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0, exit_confidence=between))
+        early = await coord.router.classify(
+            x, ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0, exit_confidence=between)
+        )
         assert early.path.exited_early and [hop.block for hop in early.path.hops] == [0, 1]
         assert float(early.probs.max()) >= between
-        full = await coord.classify(x, ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0, exit_confidence=above))
+        full = await coord.router.classify(x, ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0, exit_confidence=above))
         assert not full.path.exited_early and [hop.block for hop in full.path.hops] == [0, 1, 2]
 
 

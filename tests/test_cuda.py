@@ -10,9 +10,8 @@ import grpc
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.verify import TOLERANCE, relative_error
+from layerswarm.coordinator import ClassifyOptions, Policy
+from layerswarm.coordinator.verification.verifier import TOLERANCE, relative_error
 from layerswarm.harness.procs import stop_all
 from layerswarm.models.checkpoint import load_block
 from layerswarm.node.server import Node
@@ -65,7 +64,7 @@ async def test_a_cpu_coordinator_checking_every_hop_keeps_an_honest_cuda_swarm(t
     try:
         images = torch.rand(6, 3, 56, 56)
         opts = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
-        results = [await coord.classify(images[i : i + 1], opts) for i in range(len(images))]
+        results = [await coord.router.classify(images[i : i + 1], opts) for i in range(len(images))]
         assert coord.verifier is not None
         counters = coord.verifier.counters
         assert all(r.path.depth == 4 for r in results)

@@ -183,7 +183,7 @@ def test_bad_shape_counts_are_explained(spec: str, problem: str) -> None:
 def test_sixteen_bit_grey_is_scaled_not_clipped_to_white(tmp_path: Path, suffix: str) -> None:
     """A 16-bit grey ramp (PNG opens as I;16, PGM as I) decodes to the 8-bit ramp it is, for training and at
     the coordinator alike: Pillow's own convert("RGB") turned every sample above 255 white."""
-    from layerswarm.coordinator.imaging import decode as coordinator_decode
+    from layerswarm.coordinator.http.imaging import decode as coordinator_decode
 
     ramp = np.arange(256, dtype=np.uint16).reshape(16, 16) * 257  # 0..65535: the 8-bit ramp at full scale
     for name in ("a", "b"):

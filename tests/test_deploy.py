@@ -86,8 +86,7 @@ def test_alert_rules_name_only_metrics_a_coordinator_exports(family_dirs: list[P
     /metrics of a real coordinator (verification on, as by default)."""
     from prometheus_client import generate_latest
 
-    from layerswarm.coordinator.core import Coordinator
-    from layerswarm.coordinator.settings import CoordinatorSettings
+    from layerswarm.coordinator import Coordinator, CoordinatorSettings
 
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     assert config["rule_files"] == ["alerts.yml"]

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.harness.netlab import NetLab
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.harness.procs import node_cmd, spawn_many, stop_all
@@ -52,7 +50,7 @@ async def test_nodes_are_discovered_and_say_goodbye(
         )
         assert "advertises family" in coord.registry.nodes[addr[3]].reason
         assert all(coord.registry.nodes[a].source == "mdns" for a in addr)
-        result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
         assert [h.block for h in result.path.hops] == [0, 1, 2]
         nodes[1].signal(signal.SIGTERM)  # graceful: drains, then the mDNS goodbye removes it
         await wait_until(lambda: addr[1] not in coord.registry.nodes, what="goodbye")
@@ -90,7 +88,7 @@ async def test_discovery_across_hosts_on_a_bridge(family_dirs: list[Path]) -> No
                 timeout=20,
                 what="every host discovered by its own address",
             )
-            result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+            result = await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
             assert [h.node for h in result.path.hops] == [f"{h.address}:50051" for h in hosts]
             hosts[1].link(up=False)  # pull the cable: no goodbye, no RST, just silence
             await wait_until(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from layerswarm.coordinator.exits import load_defaults
+from layerswarm.coordinator.routing.exits import load_defaults
 from layerswarm.models.adaptive_policy import read_policy
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.policy import MIN_BLOCKS, write_entry

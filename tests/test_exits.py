@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.exits import AdaptiveDefaults, ExitRuleError, load_defaults, request_policy
-from layerswarm.coordinator.planner import Plan, Step, with_repeats
+from layerswarm.coordinator.routing.exits import AdaptiveDefaults, ExitRuleError, load_defaults, request_policy
+from layerswarm.coordinator.routing.planner import Plan, Step, with_repeats
 from layerswarm.models.adaptive_eval import calibrate_model
 from layerswarm.models.adaptive_policy import POLICY_FILE, read_policy, write_policy
 from layerswarm.models.calibrate import CalibrationPlan, calibrate_exits, choose, sweep

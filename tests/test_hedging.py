@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.node.server import Node
@@ -61,7 +59,7 @@ async def test_slow_hop_is_hedged_and_the_fast_answer_wins(
     slow, fast = slow_and_fast
     coord = await coordinator_for(family_dirs, slow_and_fast, hedge=0.95)
     try:
-        result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
         hop = result.path.hops[0]
         assert hop.hedged_to == f"127.0.0.1:{fast.port}" and hop.node == hop.hedged_to
         assert hop.outcome == "hedged" and hop.model_id == read_manifest(family_dirs[1]).model_id
@@ -79,7 +77,7 @@ async def test_without_hedging_the_slow_node_answers(family_dirs: list[Path], sl
     slow, _ = slow_and_fast
     coord = await coordinator_for(family_dirs, slow_and_fast, hedge=None)
     try:
-        hop = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]
+        hop = (await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]
         assert hop.hedged_to is None and hop.outcome == "ok" and hop.node == f"127.0.0.1:{slow.port}"
     finally:
         await coord.stop()
@@ -98,11 +96,11 @@ async def test_malformed_replies_quarantine_the_node_and_the_hop_is_substituted(
     await coord.start()
     try:
         await wait_until(lambda: coord.registry.reachable_depth() == 1)
-        hop = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]  # own model (the liar) first
+        hop = (await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]  # own model (the liar) first
         assert hop.outcome == "substituted" and hop.node == peers[1]
         assert "malformed activations" in hop.attempts[0].error
         assert coord.registry.nodes[peers[0]].state.value == "quarantined"
-        hop = (await coord.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]
+        hop = (await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)).path.hops[0]
         assert hop.outcome == "ok" and hop.node == peers[1]  # quarantined nodes are not asked again
     finally:
         await coord.stop()

@@ -173,8 +173,7 @@ def test_nodes_probes_metrics_and_openapi(client: httpx.Client, swarm: tuple[htt
 
 
 def test_a_min_blocks_setting_past_the_depth_is_refused_at_start(family_dirs: list[Path]) -> None:
-    from layerswarm.coordinator.core import Coordinator
-    from layerswarm.coordinator.settings import CoordinatorSettings
+    from layerswarm.coordinator import Coordinator, CoordinatorSettings
 
     with pytest.raises(ValueError, match="--min-blocks 4 is past the model's depth of 3"):
         Coordinator(CoordinatorSettings(model_dir=family_dirs[0], min_blocks=4, mdns=False))

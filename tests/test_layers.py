@@ -1,8 +1,9 @@
 """The import direction (docs/ARCHITECTURE.md), checked on the source: a layer imports only layers below it.
 
 wire and models at the bottom; node, coordinator and harness above them (the coordinator never imports
-the node); cli, chaos and bench on top (chaos and bench never import the CLI). The registry and the
-planner are pure logic: no sockets, no event loop, no RPC.
+the node); cli, chaos and bench on top (chaos and bench never import the CLI). Inside the coordinator
+its subsystems keep an order of their own (INNER_ORDER), and no module of it is part of an import
+circle. The registry and the planner are pure logic: no sockets, no event loop, no RPC.
 """
 
 from __future__ import annotations
@@ -28,13 +29,22 @@ ALLOWED: dict[str, set[str]] = {
 # Entry points (`python -m ...`) sit at the top whatever their folder: the test-only faulty node parses
 # exactly what `layerswarm node` parses, so it uses the CLI's parser.
 ENTRY_POINTS = {"harness/faults.py": {"cli"}}
+# The coordinator's subsystems, from the bottom: each imports only itself and those before it. The
+# settings are read by all and import none; the process (process.py, assembly.py, server.py and the
+# public face, __init__.py) builds everything. Routing reaches relay chains and the metrics through
+# protocols it states (routing/router.py); HTTP reaches the process through one (http/service.py).
+INNER_ORDER = ("settings", "membership", "verification", "routing", "relay", "metrics", "http", "process")
+ROOT_RANKS = {"settings.py": "settings", "metrics.py": "metrics"}  # other root modules: "process"
 PURE = {
-    "coordinator/registry.py",
-    "coordinator/node_records.py",
-    "coordinator/claims.py",
-    "coordinator/planner.py",
-    "coordinator/convictions.py",
-    "coordinator/chain_trace.py",
+    "coordinator/membership/registry.py",
+    "coordinator/membership/records.py",
+    "coordinator/membership/claims.py",
+    "coordinator/membership/convictions.py",
+    "coordinator/membership/linkmap.py",
+    "coordinator/routing/planner.py",
+    "coordinator/routing/netorder.py",
+    "coordinator/routing/topology.py",
+    "coordinator/relay/chain_trace.py",
 }
 IO_MODULES = {"asyncio", "socket", "subprocess", "grpc", "httpx", "zeroconf", "fastapi", "uvicorn", "torch"}
 
@@ -95,9 +105,91 @@ def test_registry_and_planner_are_pure_logic(name: str) -> None:
     assert not io, f"{name} imports {io}"
 
 
+def subsystem_of(module: str) -> str | None:
+    """The coordinator subsystem of an absolute module name (None: not the coordinator's)."""
+    parts = module.split(".")
+    if parts[:2] != ["layerswarm", "coordinator"]:
+        return None
+    if len(parts) == 2:
+        return "process"  # the package itself: its public face
+    if len(parts) == 3 and not (COORDINATOR / parts[2]).is_dir():
+        return ROOT_RANKS.get(f"{parts[2]}.py", "process")
+    return parts[2]
+
+
+COORDINATOR = PACKAGE / "coordinator"
+COORDINATOR_SOURCES = sorted(p for p in SOURCES if layer_of(p) == "coordinator")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(("layerswarm", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def test_every_coordinator_subsystem_is_in_the_order() -> None:
+    folders = {p.name for p in COORDINATOR.iterdir() if (p / "__init__.py").exists()}
+    assert folders | set(ROOT_RANKS.values()) | {"process"} == set(INNER_ORDER)
+    for folder in folders:  # each says what it owns
+        doc = ast.get_docstring(ast.parse((COORDINATOR / folder / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, f"coordinator/{folder}/__init__.py: no docstring saying what it owns"
+
+
+@pytest.mark.parametrize("path", COORDINATOR_SOURCES, ids=lambda p: str(p.relative_to(COORDINATOR)))
+def test_coordinator_subsystems_import_one_way(path: Path) -> None:
+    own = subsystem_of(module_name(path))
+    assert own is not None
+    for module in imported_modules(path):
+        target = subsystem_of(module)
+        if target is not None:
+            assert INNER_ORDER.index(target) <= INNER_ORDER.index(own), (
+                f"{path.relative_to(PACKAGE)} ({own}) imports {module} ({target}): upward in {INNER_ORDER}"
+            )
+
+
+def test_no_import_circle_in_the_coordinator() -> None:
+    """Module by module (imports inside functions and TYPE_CHECKING blocks included): none hides."""
+    names = {module_name(p): p for p in COORDINATOR_SOURCES}
+    graph = {name: {m for m in imported_modules(path) if m in names and m != name} for name, path in names.items()}
+    done: set[str] = set()
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        assert name not in trail, f"import circle: {' -> '.join((*trail[trail.index(name) :], name))}"
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, (*trail, name))
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())
+
+
+def test_the_public_face_names_what_it_loads() -> None:
+    """coordinator/__init__.py: each public name is declared for type checkers (and the checks above)
+    where it is loaded from, and resolves."""
+    import layerswarm.coordinator as face
+
+    tree = ast.parse((COORDINATOR / "__init__.py").read_text())
+    declared = {
+        alias.name: "." + (node.module or "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 1
+        for alias in node.names
+    }
+    assert declared == face._HOME and sorted(face.__all__) == sorted(face._HOME)
+    for name in face.__all__:
+        assert getattr(face, name) is not None
+
+
 def test_the_checker_sees_a_violation() -> None:
     """The rule is live: a coordinator module importing the node is found (relative, absolute, nested)."""
     source = "from ..node import server\nimport layerswarm.node.runtime\ndef f():\n    from layerswarm.node import x\n"
     modules = imports_of(source, "layerswarm.coordinator")
     assert modules == {"layerswarm.node", "layerswarm.node.runtime"}
     assert {project_layer(m) for m in modules} == {"node"} and "node" not in ALLOWED["coordinator"]
+    # ... and inside the coordinator: routing importing the HTTP layer, relay chains or the process.
+    upward = "from ..http import app\nfrom ..relay.chains import RelayRunner\nfrom .. import process\n"
+    modules = imports_of(upward, "layerswarm.coordinator.routing")
+    order = INNER_ORDER.index
+    assert {subsystem_of(m) for m in modules} == {"http", "relay", "process"}
+    assert all(order(subsystem_of(m) or "") > order("routing") for m in modules)

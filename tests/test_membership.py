@@ -11,13 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.node_records import FamilySpec, NodeEvent, NodeState
-from layerswarm.coordinator.peer_memory import load_peers, save_peers
-from layerswarm.coordinator.periodic import Periodic
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.registry import Registry
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
+from layerswarm.coordinator.membership.peer_memory import load_peers, save_peers
+from layerswarm.coordinator.membership.periodic import Periodic
+from layerswarm.coordinator.membership.records import FamilySpec, NodeEvent, NodeState
+from layerswarm.coordinator.membership.registry import Registry
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
@@ -170,7 +168,7 @@ async def test_a_restarted_coordinator_remembers_its_peers_and_answers_at_once(m
         assert again.ready() == (False, "starting: the first discovery and health round is not complete")
         await again.start()
         try:  # no static peer, no discovery: only the memory, verified, leads it to the node
-            result = await again.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+            result = await again.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
             assert [h.outcome for h in result.path.hops] == ["ok"]
             assert again.registry.nodes[address].source == "remembered"
             assert again.ready()[0]
@@ -183,7 +181,7 @@ async def test_a_restarted_coordinator_remembers_its_peers_and_answers_at_once(m
 async def test_a_remembered_peer_that_never_answers_is_forgotten(model_dir: Path, tmp_path: Path) -> None:
     """A peer state file from an earlier run (another LAN) must not leave a pending node checked forever;
     a static peer that does not answer is kept (the operator named it)."""
-    from layerswarm.coordinator.health import REMEMBERED_TRIES
+    from layerswarm.coordinator.membership.health import REMEMBERED_TRIES
 
     state_file, gone, static = tmp_path / "coordinator.json", "127.0.0.1:9", "127.0.0.1:7"  # nothing listens
     coord = Coordinator(CoordinatorSettings(model_dir=model_dir, mdns=False, peers=(static,), state_file=state_file))
@@ -192,7 +190,7 @@ async def test_a_remembered_peer_that_never_answers_is_forgotten(model_dir: Path
     try:
         assert coord.registry.nodes[gone].source == "remembered"
         for _ in range(REMEMBERED_TRIES):
-            await coord.monitor.check_all()
+            await coord.watch.monitor.check_all()
         assert gone not in coord.registry.nodes and static in coord.registry.nodes
     finally:
         await coord.stop()
@@ -214,7 +212,7 @@ async def test_classify_right_after_start_waits_for_discovery(family_dirs: list[
     coord = Coordinator(settings)
     try:
         await coord.start()
-        result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
         assert len(result.path.hops) == 3  # not a 503 for a swarm that is there
         assert coord.ready()[0]
     finally:
@@ -227,7 +225,7 @@ async def test_node_state_changes_are_logged(model_dir: Path, caplog: pytest.Log
     await node.start()
     address = f"127.0.0.1:{node.port}"
     coord = Coordinator(CoordinatorSettings(model_dir=model_dir, peers=(address,), mdns=False, health_interval_s=0.1))
-    with caplog.at_level(logging.INFO, logger="layerswarm.coordinator.core"):
+    with caplog.at_level(logging.INFO, logger="layerswarm.coordinator.process"):
         await coord.start()
         await wait_until(lambda: states(coord).get(address) == "healthy", what="admitted")
         await node.stop()
@@ -245,5 +243,5 @@ async def test_an_unwritable_state_file_warns_once(
     coord.registry.admit("10.0.0.1:1", ident(0, family=coord.registry.family.family_id, depth=3, tokens=5, dim=32))
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
-            await coord._memory.run_once()
-    assert caplog.text.count("cannot write peer state file") == 1 and coord._memory.errors == 0
+            await coord.watch.memory.run_once()
+    assert caplog.text.count("cannot write peer state file") == 1 and coord.watch.memory.errors == 0

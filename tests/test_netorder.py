@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-from layerswarm.coordinator.linkmap import COORDINATOR, LinkMap
-from layerswarm.coordinator.netorder import network_plan, plan_from_registry
-from layerswarm.coordinator.node_records import NodeIdentity, NodeRecord, NodeState
+from layerswarm.coordinator.membership.linkmap import COORDINATOR, LinkMap
+from layerswarm.coordinator.membership.records import NodeIdentity, NodeRecord, NodeState
+from layerswarm.coordinator.routing.netorder import network_plan, plan_from_registry
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 
 NBYTES = 1_000_000  # one 1 MB activation: the link costs below are in ms per MB
@@ -90,7 +90,7 @@ def test_star_picks_the_replica_with_the_cheapest_round_trip() -> None:
 def test_auto_topology_tries_both_then_keeps_to_the_faster_per_hop() -> None:
     import random
 
-    from layerswarm.coordinator.topology import MIN_SAMPLES, TopologyChooser
+    from layerswarm.coordinator.routing.topology import MIN_SAMPLES, TopologyChooser
 
     chooser = TopologyChooser(random.Random(0))
     tried = []

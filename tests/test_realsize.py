@@ -20,8 +20,7 @@ import torch
 from PIL import Image
 
 from layerswarm.cli import main
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator import ClassifyOptions, Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.data import labelled_samples
@@ -159,7 +158,7 @@ def test_swarm_logits_equal_the_local_model(served: tuple[Path, list[Proc], http
         coord = coordinator(member, nodes)
         await coord.start()
         try:
-            result = await coord.classify(images, ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0))
+            result = await coord.router.classify(images, ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0))
             assert [h.block for h in result.path.hops] == [0, 1, 2]
             return result.probs
         finally:

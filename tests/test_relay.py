@@ -13,12 +13,10 @@ import httpx
 import pytest
 import torch
 
-from layerswarm.coordinator.chain_trace import observe_relay_link
-from layerswarm.coordinator.clients import NodeClient
-from layerswarm.coordinator.http_api import create_app
-from layerswarm.coordinator.linkmap import LinkMap
-from layerswarm.coordinator.node_records import NodeRecord
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import CoordinatorSettings, NodeClient, create_app
+from layerswarm.coordinator.membership.linkmap import LinkMap
+from layerswarm.coordinator.membership.records import NodeRecord
+from layerswarm.coordinator.relay.chain_trace import observe_relay_link
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.node.settings import NodeSettings
@@ -53,7 +51,7 @@ async def classify(model_dir: Path, token_file: Path, procs: list[Proc], topolog
     await coord.start()
     try:
         await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
-        result = await coord.classify(images(), SEQ)
+        result = await coord.router.classify(images(), SEQ)
         if topology == "relay":  # every node -> node link of the chain was measured from its traffic
             for a, b in itertools.pairwise(procs):
                 assert address(b) in coord.registry.links.from_node(address(a))
@@ -190,13 +188,13 @@ async def test_a_chain_over_slow_links_is_sent_in_int8_with_wire_auto(
     await coord.start()
     try:
         await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
-        first = await coord.classify(images(), SEQ)
+        first = await coord.router.classify(images(), SEQ)
         assert {h.wire for h in first.path.hops} == {"fp16"}  # loopback-fast links: fp16
         ends = ["coordinator", *(address(p) for p in procs), "coordinator"]
         for a, b in itertools.pairwise(ends):  # as a very slow LAN would measure (160 kbit/s)
             for _ in range(20):
                 coord.registry.links.observe(a, b, 1_000, 50.0)
-        slow = await coord.classify(images(), SEQ)
+        slow = await coord.router.classify(images(), SEQ)
         assert slow.path.topology == "relay" and {h.wire for h in slow.path.hops} == {"int8"}
         assert torch.allclose(slow.probs, first.probs, atol=2e-2)
     finally:
@@ -214,7 +212,7 @@ async def test_node_to_node_links_are_probed_so_their_latency_is_not_counted_as_
     try:
         await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
         for _ in range(2):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
         assert result.path.topology == "relay"
         for a, b in itertools.pairwise(procs):
             link = coord.registry.links.from_node(address(a))[address(b)]
@@ -307,7 +305,7 @@ async def test_a_node_slower_than_the_hop_timeout_is_handed_back(tmp_path: Path)
     faults = [FaultSpec(), FaultSpec(delay_ms=1500), FaultSpec()]
     served, coord = await in_process_relay_swarm(tmp_path, faults, hop_timeout_s=0.5, verify_rate=None, min_blocks=1)
     try:
-        result = await coord.classify(images(), SEQ)
+        result = await coord.router.classify(images(), SEQ)
         assert result.path.handbacks and "DEADLINE_EXCEEDED" in result.path.handbacks[0]["reason"]
         assert [h.block for h in result.path.hops if h.block is not None] == [0, 2]  # block 1 skipped
         await coord.handbacks.wait()
@@ -339,7 +337,7 @@ async def test_a_first_node_slower_than_the_hop_timeout_costs_a_hop_not_the_dead
         min_blocks=1,
     )
     try:
-        result = await coord.classify(images(), SEQ)
+        result = await coord.router.classify(images(), SEQ)
         (started,) = [h for h in result.path.handbacks if h["kind"] == "not_started"]
         assert "no acknowledgement within the hop timeout" in started["reason"], started
         assert coord.registry.nodes[f"127.0.0.1:{served[0].port}"].failed == 1
@@ -359,7 +357,7 @@ async def test_chains_between_two_nodes_share_one_long_lived_stream(tmp_path: Pa
     )
     try:
         for _ in range(4):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             assert [h.outcome for h in result.path.hops] == ["relayed"] * 3
 
         def received(node: FaultyNode) -> dict[str, float]:
@@ -387,7 +385,7 @@ async def test_chains_reach_nodeswithout_relay_stream_by_a_call_per_chain(tmp_pa
     )
     try:
         for _ in range(3):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             assert [h.outcome for h in result.path.hops] == ["relayed"] * 3 and not result.path.handbacks
         requests = [
             {rpc: n.metrics.registry.get_sample_value("layerswarm_node_requests_total", {"rpc": rpc}) or 0
@@ -414,7 +412,7 @@ async def test_verification_still_sees_new_nodes_in_relay_mode(tmp_path: Path) -
     try:
         outcomes = []
         for _ in range(4):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             outcomes.append([h.outcome for h in result.path.hops])
             assert liar not in {h.node for h in result.path.hops if h.block is not None}
         assert coord.registry.nodes[liar].state.value == "quarantined"
@@ -442,7 +440,7 @@ async def test_a_hop_sampled_for_verification_runs_star_even_where_it_ends_a_cha
     try:
         for _ in range(2):
             asked.clear()
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             assert [h.outcome for h in result.path.hops] == ["relayed", "relayed", "ok", "ok"]
         assert coord.verifier.counters.reexecuted == 2  # block 2, forced, in each request
     finally:

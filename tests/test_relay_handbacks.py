@@ -13,11 +13,11 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.claims import Claims
-from layerswarm.coordinator.core import Classification, Coordinator
-from layerswarm.coordinator.handbacks import HandbackReferee, forward_probe
-from layerswarm.coordinator.node_records import FamilySpec, NodeState
-from layerswarm.coordinator.registry import Registry
+from layerswarm.coordinator import Classification, Coordinator
+from layerswarm.coordinator.membership.claims import Claims
+from layerswarm.coordinator.membership.records import FamilySpec, NodeState
+from layerswarm.coordinator.membership.registry import Registry
+from layerswarm.coordinator.relay.handbacks import HandbackReferee, forward_probe
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.wire import codec
 from layerswarm.wire.trace_sign import rest_digest
@@ -119,7 +119,7 @@ async def test_a_probe_that_fails_is_logged_and_the_next_claim_probes_again(capl
         raise RuntimeError("a bug in the probe")
 
     registry, referee, outcomes = _referee(broken)
-    with caplog.at_level(logging.ERROR, logger="layerswarm.coordinator.handbacks"):
+    with caplog.at_level(logging.ERROR, logger="layerswarm.coordinator.relay.handbacks"):
         referee.claim("a:1", "b:2", RETRY)
         await referee.wait()
         await asyncio.sleep(0)  # the done callback runs after the task
@@ -169,7 +169,7 @@ def _answers_in_full(result: Classification, reference: Classification) -> None:
 
 async def _classify(coord: Coordinator) -> Classification:
     """One request, then the hand-back probes it started (they never hold the request up)."""
-    result = await coord.classify(images(), SEQ)
+    result = await coord.router.classify(images(), SEQ)
     await coord.handbacks.wait()
     return result
 
@@ -322,7 +322,7 @@ async def test_a_node_shortening_its_successors_deadline_is_kept_apart_from_it_a
 def test_the_limits_a_claimer_was_given_are_held_against_the_coordinators_clock() -> None:
     """Step k's deadline, from when it arrived, ends no earlier than the chain's less k hand-back
     margins; it arrived before the hand-back reached us. The hop timeout passes on unchanged."""
-    from layerswarm.coordinator.handbacks import given_times_problem
+    from layerswarm.coordinator.relay.handbacks import given_times_problem
 
     sent = pb.RelayRequest(hop_timeout_s=2.0, deadline_s=10.0)
     honest = pb.HopTrace(given_hop_timeout_s=2.0, given_deadline_s=10.0 - 0.25 - 0.5)  # after 0.5 s at step 1
@@ -350,11 +350,11 @@ async def test_a_shortener_two_hops_back_is_the_one_disputed(tmp_path: Path) -> 
     )
     shortener, honest1, honest2 = (f"127.0.0.1:{n.port}" for n in served[:3])
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert not reference.path.handbacks and [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         tampering_onward(served[0], lambda request: setattr(request, "deadline_s", 0.3))
         for _ in range(3):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             await coord.handbacks.wait()
             assert result.path.depth == 4
         claims = coord.registry.claims
@@ -380,13 +380,13 @@ async def test_a_longer_hop_timeout_passed_on_discounts_no_claim(tmp_path: Path)
     addresses = [f"127.0.0.1:{n.port}" for n in served]
     running = list(served)
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         dead = reference.path.hops[3].node
         await running.pop(addresses.index(dead)).stop()
         tampering_onward(served[0], lambda request: setattr(request, "hop_timeout_s", request.hop_timeout_s + 1e-6))
         for _ in range(2):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             await coord.handbacks.wait()
             assert result.path.depth == 4
         claims = coord.registry.claims

@@ -14,8 +14,7 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.clients import NodeClient
-from layerswarm.coordinator.core import Coordinator
+from layerswarm.coordinator import Coordinator, NodeClient
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
@@ -37,7 +36,7 @@ def test_a_trace_with_impossible_times_is_refused(field: str, value: float) -> N
     """A lying node's figures never reach the link map: NaN, negative or absurd times void the chain."""
     from types import SimpleNamespace
 
-    from layerswarm.coordinator.chain_trace import trace_problem
+    from layerswarm.coordinator.relay.chain_trace import trace_problem
     from layerswarm.wire.relay_plan import digest
 
     chain = [pb.RelayStep(address="a:1", position=0, block=0), pb.RelayStep(address="b:2", position=1, block=1)]
@@ -60,10 +59,10 @@ async def test_a_stopping_node_ends_its_idle_relay_streams_instead_of_waiting_ou
         tmp_path, [FaultSpec()] * 3, node_values={"grace_s": 30.0}, verify_rate=None, min_blocks=1
     )
     try:
-        result = await coord.classify(images(), SEQ)  # opens coordinator -> 0 -> 1 -> 2 streams
+        result = await coord.router.classify(images(), SEQ)  # opens coordinator -> 0 -> 1 -> 2 streams
         assert [h.outcome for h in result.path.hops] == ["relayed"] * 3
         await asyncio.wait_for(served[1].stop(), 10.0)  # far under its 30 s grace
-        after = await coord.classify(images(), SEQ)
+        after = await coord.router.classify(images(), SEQ)
         assert [h.block for h in after.path.hops if h.block is not None] == [0, 2]  # block 1 skipped
     finally:
         await coord.stop()
@@ -112,7 +111,7 @@ async def test_a_relay_rewriting_a_later_nodes_trace_entry_is_caught_and_alone_b
         await wait_until(lambda: coord.registry.reachable_depth() == 3, what="all blocks reachable")
     _rewriting_a_later_entry(served[0], entry)
     try:
-        result = await coord.classify(images(), SEQ)
+        result = await coord.router.classify(images(), SEQ)
         nodes = [f"127.0.0.1:{n.port}" for n in served]
         if keys:
             (handback,) = result.path.handbacks
@@ -163,7 +162,7 @@ async def test_a_node_signing_garbage_is_handed_back_by_its_predecessor_which_is
     served[1].relayer.relay = garbage  # type: ignore[method-assign]
     try:
         for _ in range(3):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             await coord.handbacks.wait()
             (handback,) = result.path.handbacks
             assert handback["kind"] == "handed_back" and f"step 1 (127.0.0.1:{served[1].port}" in handback["reason"]
@@ -172,7 +171,7 @@ async def test_a_node_signing_garbage_is_handed_back_by_its_predecessor_which_is
             hops = [(h.block, h.outcome) for h in result.path.hops if h.block is not None]
             assert hops[0] == (0, "relayed") and 1 not in [b for b, _ in hops] and hops[-1][0] == 2
         assert not coord.registry.claims.may_forward(f"127.0.0.1:{served[0].port}")
-        result = await coord.classify(images(), SEQ)
+        result = await coord.router.classify(images(), SEQ)
         (handback,) = result.path.handbacks
         assert handback["kind"] == "discarded" and "trace step 0" in handback["reason"], handback
         assert _failed(coord, served) == [0, 1, 0]
@@ -211,7 +210,7 @@ async def test_a_node_lying_in_its_acknowledgement_is_named_not_the_node_before_
     _lying_in_its_acknowledgement(served[1], claimed)
     first, liar = (f"127.0.0.1:{n.port}" for n in served[:2])
     try:
-        result = await coord.classify(images(), SEQ)
+        result = await coord.router.classify(images(), SEQ)
         (handback,) = result.path.handbacks
         assert "step 1" in handback["reason"] and "acknowledgement" in handback["reason"], handback
         await coord.handbacks.wait()
@@ -262,7 +261,7 @@ async def test_a_node_ending_a_chain_early_is_blamed_at_once_not_the_last_node(
     addresses = [f"127.0.0.1:{n.port}" for n in served]
     try:
         started = time.monotonic()
-        result = await coord.classify(images(), SEQ)
+        result = await coord.router.classify(images(), SEQ)
         assert time.monotonic() - started < 3.0  # not the request's whole deadline
         assert any(reason in h["reason"] for h in result.path.handbacks), result.path.handbacks
         assert coord.registry.nodes[addresses[liar]].failed == (1 if liar == 0 else 0)
@@ -382,7 +381,7 @@ async def test_a_node_withholding_its_final_event_is_the_one_handed_back(tmp_pat
     first, staller = (f"127.0.0.1:{n.port}" for n in served[:2])
     try:
         for _ in range(2):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             assert any("step 1" in h["reason"] and "DEADLINE_EXCEEDED" in h["reason"] for h in result.path.handbacks)
             assert result.path.hops[0].block == 0 and result.path.hops[0].outcome == "relayed"
             await coord.handbacks.wait()
@@ -404,7 +403,7 @@ async def test_a_node_that_gives_no_trace_key_is_served_star_never_chained(tmp_p
         keyless = f"127.0.0.1:{served[1].port}"
         assert coord.registry.nodes[keyless].identity.trace_key == b""  # type: ignore[union-attr]
         for _ in range(2):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             outcomes = {h.node: h.outcome for h in result.path.hops}
             assert result.path.depth == 4 and outcomes[keyless] == "ok", result.path.hops
             assert [h.outcome for h in result.path.hops][2:] == ["relayed", "relayed"]
@@ -431,7 +430,7 @@ async def test_a_node_clearing_collect_for_the_last_node_cannot_get_it_failed(tm
     try:
         for _ in range(3):
             started = time.monotonic()
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             assert time.monotonic() - started < 2.0  # far under the deadline (3 s) it waited out before
             assert result.path.depth == 4, result.path.hops
             (handback,) = result.path.handbacks
@@ -456,11 +455,11 @@ async def test_a_node_racing_the_last_step_with_its_own_input_cannot_get_the_las
     last node signed: the honest answer, nobody failed."""
     served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1)
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         running_the_last_step_first(served[1], times=1)
         for _ in range(3):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             assert [h.outcome for h in result.path.hops] == ["relayed"] * 4, result.path
             assert torch.allclose(result.probs, reference.probs, atol=1e-6)
         assert _failed(coord, served) == [0, 0, 0, 0]

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from layerswarm.coordinator.clients import NodeClient
+from layerswarm.coordinator import NodeClient
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.outbox import PER_REQUEST
 from layerswarm.wire.security import SecuritySettings
@@ -53,11 +53,11 @@ async def test_a_chain_node_taking_the_chains_result_first_cannot_get_the_last_n
     served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1)
     stolen: list[Any] = []
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         _racing_then_stealing(served[1], stolen)
         for _ in range(2):
-            await coord.classify(images(), SEQ)
+            await coord.router.classify(images(), SEQ)
         failed = [coord.registry.nodes[f"127.0.0.1:{n.port}"].failed for n in served]
         assert failed == [0, 0, 0, 0], (failed, len(stolen))
     finally:
@@ -76,11 +76,11 @@ async def test_a_node_filling_the_last_nodes_runs_cannot_get_the_node_before_it_
     )
     addresses = [f"127.0.0.1:{n.port}" for n in served]
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         running_the_last_step_first(served[0], times=PER_REQUEST)  # fills its runs: ALREADY_EXISTS next
         for _ in range(3):
-            result = await coord.classify(images(), SEQ)
+            result = await coord.router.classify(images(), SEQ)
             await coord.handbacks.wait()
             assert result.path.depth == 4, (result.path.hops, result.path.handbacks)
         claims = coord.registry.claims
@@ -123,10 +123,10 @@ async def test_collects_for_made_up_ids_cannot_push_the_chains_result_out(tmp_pa
     served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 4, verify_rate=None, min_blocks=1)
     opened: list[Any] = []
     try:
-        reference = await coord.classify(images(), SEQ)
+        reference = await coord.router.classify(images(), SEQ)
         assert [h.outcome for h in reference.path.hops] == ["relayed"] * 4
         _flooding_collects(served[1], opened)
-        await coord.classify(images(), SEQ)
+        await coord.router.classify(images(), SEQ)
         failed = [coord.registry.nodes[f"127.0.0.1:{n.port}"].failed for n in served]
         assert failed == [0, 0, 0, 0], failed
     finally:
@@ -144,7 +144,7 @@ async def test_honest_hand_backs_under_a_tight_deadline_are_never_discounted(tmp
     """The other side of the given-limits check: six slow honest nodes (250 ms a hop) under a request
     deadline too short for all of them hand back as the deadline runs out, some at its 1 ms floor, and
     no such hand-back may read as shortened limits."""
-    from layerswarm.coordinator.path import DepthError
+    from layerswarm.coordinator import DepthError
 
     served, coord = await in_process_relay_swarm(
         tmp_path, [FaultSpec(delay_ms=250.0)] * 6, blocks=[0, 1, 2, 3, 4, 5], verify_rate=None, min_blocks=1,
@@ -154,7 +154,7 @@ async def test_honest_hand_backs_under_a_tight_deadline_are_never_discounted(tmp
     try:
         for _ in range(2):
             try:
-                result = await coord.classify(images(), SEQ)
+                result = await coord.router.classify(images(), SEQ)
             except DepthError:
                 continue
             await coord.handbacks.wait()

@@ -10,7 +10,7 @@ import grpc
 import pytest
 import torch
 
-from layerswarm.coordinator.clients import NodeClient
+from layerswarm.coordinator import NodeClient
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.wire import codec
 from layerswarm.wire.security import SecuritySettings
@@ -64,7 +64,7 @@ async def _classify_with(model_dir: Path, procs: list[Proc], topology: str, coor
     await coord.start()
     try:
         await wait_until(lambda: coord.registry.reachable_depth() == 3, what="all blocks reachable")
-        return await coord.classify(images(), SEQ)
+        return await coord.router.classify(images(), SEQ)
     finally:
         await coord.stop()
 

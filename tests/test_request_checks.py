@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.request_checks import InvalidRequest, check_images, check_options, check_stem_output
+from layerswarm.coordinator import ClassifyOptions
+from layerswarm.coordinator.routing.request import InvalidRequest, check_images, check_options, check_stem_output
 from layerswarm.models.config import ViTConfig
 
 CONFIG = ViTConfig(depth=3, dim=32, heads=2)

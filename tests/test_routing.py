@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from layerswarm.coordinator.node_records import FamilySpec, NodeIdentity, NodeState
-from layerswarm.coordinator.planner import Policy, plan_path, substitutes
-from layerswarm.coordinator.registry import Registry
+from layerswarm.coordinator.membership.records import FamilySpec, NodeIdentity, NodeState
+from layerswarm.coordinator.membership.registry import Registry
+from layerswarm.coordinator.routing.planner import Policy, plan_path, substitutes
 
 FAMILY = FamilySpec("fam-a", depth=4, tokens=5, dim=8, known_weights={("mdl-1", 0): "sha-good"})
 
@@ -156,7 +156,7 @@ def test_substitutes_exclude_used_and_planned_blocks() -> None:
 
 
 async def test_dns_discovery_adds_and_forgets_addresses() -> None:
-    from layerswarm.coordinator.discovery import DnsDiscovery
+    from layerswarm.coordinator.membership.discovery import DnsDiscovery
 
     reg = registry_with()
     verified: list[str] = []

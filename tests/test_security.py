@@ -13,9 +13,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.cli.probe import probe_grpc
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
@@ -138,7 +136,7 @@ async def test_mutual_tls_end_to_end(certs: Path, model_dir: Path) -> None:
             await c.start()
         try:
             await wait_until(lambda: states(good).get(address) == "healthy", what="TLS admission")
-            result = await good.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+            result = await good.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
             assert result.path.hops[0].outcome == "ok"
             await asyncio.sleep(0.5)
             assert states(plain)[address] == "pending"  # no client certificate: never admitted

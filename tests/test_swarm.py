@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.path import DepthError
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator import ClassifyOptions, Coordinator, DepthError, Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest
 
@@ -58,7 +56,7 @@ async def test_sequential_path_equals_the_local_model(family_dirs: list[Path], t
         torch.set_num_threads(1)
         model, manifest = load_model(family_dirs[0])
         images = torch.rand(3, 3, 16, 16)
-        result = await coord.classify(images, SEQ)
+        result = await coord.router.classify(images, SEQ)
     finally:
         await coord.stop()
     trace = [h.to_json() for h in [*result.path.hops, *result.path.discarded]]
@@ -73,7 +71,9 @@ async def test_sequential_path_equals_the_local_model(family_dirs: list[Path], t
 async def test_shuffle_mixes_models_and_orders(coord: Coordinator) -> None:
     orders, models = set(), set()
     for seed in range(12):
-        result = await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=seed))
+        result = await coord.router.classify(
+            torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=seed)
+        )
         orders.add(tuple(h.block for h in result.path.hops))
         models |= {h.model_id for h in result.path.hops}
         assert sorted(h.block for h in result.path.hops) == [0, 1, 2]
@@ -84,16 +84,16 @@ async def test_killed_node_is_substituted_then_ejected_then_readmitted_on_restar
     coord: Coordinator, two_models: list[Proc], family_dirs: list[Path]
 ) -> None:
     victim = node_of(two_models, family_dirs[0], 1)
-    await coord.classify(torch.rand(1, 3, 16, 16), SEQ)  # leaves a pooled stream to the victim behind
+    await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)  # leaves a pooled stream to the victim behind
     victim.signal(signal.SIGKILL)
     victim.popen.wait(5)
-    result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+    result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
     hop = result.path.hops[1]
     assert hop.outcome == "substituted" and hop.block == 1
     assert hop.model_id == read_manifest(family_dirs[1]).model_id
     assert hop.attempts[0].node == address(victim) and "UNAVAILABLE" in hop.attempts[0].error
     await wait_until(lambda: states(coord)[address(victim)] == "ejected", what="ejection")
-    result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+    result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
     assert result.path.hops[1].outcome == "ok"  # ejected nodes are not even tried
     again = restart_node(family_dirs[0], 1, victim.ready["port"])
     two_models.append(again)
@@ -107,7 +107,7 @@ async def test_frozen_node_times_out_is_ejected_and_readmitted(
     frozen = node_of(two_models, family_dirs[0], 2)
     frozen.signal(signal.SIGSTOP)
     try:
-        result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
         hop = result.path.hops[2]
         assert hop.outcome == "substituted" and "DEADLINE_EXCEEDED" in hop.attempts[0].error
         await wait_until(lambda: states(coord)[address(frozen)] == "ejected", what="ejection of a frozen node")
@@ -124,7 +124,7 @@ async def test_block_with_no_node_left_is_skipped_or_replaced(family_dirs: list[
         await wait_until(lambda: c.registry.reachable_depth() == 3)
         for d in family_dirs[:2]:
             node_of(two_models, d, 0).signal(signal.SIGKILL)
-        full = await c.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=1))
+        full = await c.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=1))
         skipped = [h for h in full.path.hops if h.outcome == "skipped"]
         assert len(skipped) == 1 and skipped[0].planned_block == 0 and len(skipped[0].attempts) == 2
         assert full.path.depth == 2
@@ -132,16 +132,16 @@ async def test_block_with_no_node_left_is_skipped_or_replaced(family_dirs: list[
         assert len(attempted) == len(set(attempted)) == 2  # a node that failed is not retried in the request
         replaced = []
         for seed in range(8):  # pruned to 2 blocks: a spare block index can stand in for block 0
-            r = await c.classify(
+            r = await c.router.classify(
                 torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, seed=seed, max_blocks=2)
             )
             assert r.path.depth == 2
             replaced += [h for h in r.path.hops if h.outcome == "substituted" and h.block != h.planned_block]
         assert replaced and all(h.planned_block == 0 and h.block in (1, 2) for h in replaced)
-        seq = await c.classify(torch.rand(1, 3, 16, 16), SEQ)  # sequential never borrows another index
+        seq = await c.router.classify(torch.rand(1, 3, 16, 16), SEQ)  # sequential never borrows another index
         assert [h.block for h in seq.path.hops] == [None, 1, 2]
         with pytest.raises(DepthError, match="minimum 3"):
-            await c.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, min_blocks=3))
+            await c.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SHUFFLE, min_blocks=3))
     finally:
         await c.stop()
 
@@ -155,7 +155,7 @@ async def test_nodes_of_another_family_are_ignored(tmp_path: Path, family_dirs: 
         await wait_until(lambda: "ignored" in states(c).values(), what="the stranger to be ignored")
         stranger = c.registry.nodes[address(procs[1])]
         assert "family" in stranger.reason and "not ours" in stranger.reason
-        result = await c.classify(torch.rand(1, 3, 16, 16), SEQ)
+        result = await c.router.classify(torch.rand(1, 3, 16, 16), SEQ)
         assert [h.block for h in result.path.hops] == [0] and result.path.unreachable == [1, 2]
     finally:
         await c.stop()
@@ -180,7 +180,7 @@ async def test_unvouched_weights_are_refused(tmp_path: Path, family_dirs: list[P
     c = coordinator(family_dirs[0], procs, family_dirs=(family_dirs[1],))
     try:
         assert c.registry.family.known_weights[(manifest.model_id, 0)] == manifest.block_sha256(0)
-        from layerswarm.coordinator.node_records import NodeIdentity
+        from layerswarm.coordinator.membership.records import NodeIdentity
 
         c.registry.admit(
             "127.0.0.9:1",

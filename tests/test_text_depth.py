@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from layerswarm.coordinator.text_hops import text_reply
+from layerswarm.coordinator.routing.hop_call import text_reply
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.text.depth import mi_depths, token_depths
 from layerswarm.models.text.depth_eval import run_with_depths

@@ -214,7 +214,7 @@ def test_text_requests_must_be_json(text_swarm: httpx.Client, content_type: str)
 
 async def test_text_hops_in_half_precision_and_int8(text_dir: Path) -> None:
     """The compact wire formats carry text hops too: the reply holds the active tokens only."""
-    from layerswarm.coordinator.text_hops import text_reply
+    from layerswarm.coordinator.routing.hop_call import text_reply
 
     node = Node(NodeSettings(model_dir=text_dir, block=0, advertise=False, grace_s=0.5))
     await node.start()
@@ -320,9 +320,7 @@ async def test_frozen_tokens_travel_int8_verified_and_counted(text_dir: Path) ->
     """Per-token depth through real nodes, every hop re-executed by the verifier: frozen tokens travel
     as int8 apart from the active ones (fewer bytes than --frozen-dtype wire, as the trace counts
     them), no honest node is blamed, and the answer stays the local model's."""
-    from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-    from layerswarm.coordinator.planner import Policy
-    from layerswarm.coordinator.settings import CoordinatorSettings
+    from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
     from layerswarm.harness.procs import node_address
     from layerswarm.models.checkpoint import read_manifest
     from layerswarm.models.text.depth_eval import run_with_depths
@@ -349,9 +347,9 @@ async def test_frozen_tokens_travel_int8_verified_and_counted(text_dir: Path) ->
             coord = Coordinator(settings)
             await coord.start()
             try:
-                await coord.wait_first_round(10.0)
+                await coord.watch.wait_first_round(10.0)
                 opts = ClassifyOptions(policy=Policy.SEQUENTIAL, token_depth=depth, min_blocks=3, max_blocks=3)
-                result = await coord.classify(ids, opts)
+                result = await coord.router.classify(ids, opts)
                 assert coord.verifier is not None and coord.verifier.counters.detections == []
                 assert all(r.routable for r in coord.registry.nodes.values())
                 results[frozen] = result

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from layerswarm.coordinator import CoordinatorSettings
 from layerswarm.coordinator.assembly import default_min_blocks
-from layerswarm.coordinator.node_records import FamilySpec, NodeIdentity, NodeRecord, NodeState
-from layerswarm.coordinator.registry import Registry
-from layerswarm.coordinator.settings import CoordinatorSettings
-from layerswarm.coordinator.verify import Lie, Verifier, VerifySettings
+from layerswarm.coordinator.membership.records import FamilySpec, NodeIdentity, NodeRecord, NodeState
+from layerswarm.coordinator.membership.registry import Registry
+from layerswarm.coordinator.verification.verifier import Lie, Verifier, VerifySettings
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import load_block, load_model, read_manifest
 from layerswarm.models.evaluate import activation_stats, min_useful_depth
@@ -116,7 +116,7 @@ async def test_verification_state_of_nodes_that_left_is_dropped(family_dirs: lis
     """Nodes that come and go on new addresses (a restart on a fresh port) must not each leave their
     verification state behind for the life of the coordinator: it is dropped when the registry
     forgets the node, so it stays bounded by the nodes known now."""
-    from layerswarm.coordinator.core import Coordinator
+    from layerswarm.coordinator import Coordinator
 
     manifest = read_manifest(family_dirs[0])
     coordinator = Coordinator(CoordinatorSettings(model_dir=family_dirs[0], mdns=False, verify_rate=0.05))

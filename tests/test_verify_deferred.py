@@ -16,9 +16,7 @@ import torch
 from prometheus_client import generate_latest
 from safetensors.torch import load_file, save_file
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import block_file, rehash_model_dir
 from layerswarm.node.server import Node
@@ -29,7 +27,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from .swarm import wait_until
 
 if TYPE_CHECKING:
-    from layerswarm.coordinator.verify import Screened
+    from layerswarm.coordinator.verification.verifier import Screened
 
 SEQ = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
 
@@ -84,7 +82,7 @@ async def test_a_liar_on_a_checked_hop_is_rewound_and_the_answer_is_the_honest_o
     honest = [node(family_dirs[1], b) for b in range(3)]
     async with swarm(family_dirs[0], [liar, *honest], family_dirs=(family_dirs[1],), verify_rate=0.0) as coord:
         x = torch.rand(2, 3, 16, 16)
-        path = (first := await coord.classify(x, SEQ)).path
+        path = (first := await coord.router.classify(x, SEQ)).path
         assert [h.node for h in path.hops] == [address(n) for n in honest]
         assert path.hops[0].outcome == "substituted" and "verification failed" in path.hops[0].attempts[0].error
         assert [(h.block, h.node, h.outcome) for h in path.discarded] == [
@@ -95,7 +93,7 @@ async def test_a_liar_on_a_checked_hop_is_rewound_and_the_answer_is_the_honest_o
         assert record.state.value == "quarantined" and record.evidence[0]["check"] == "re-execution"
         assert coord.verifier is not None and coord.verifier.counters.rewinds == 1
         assert all(coord.registry.nodes[address(n)].failed == 0 for n in honest)  # nobody honest blamed
-        again = await coord.classify(x, SEQ)  # the liar is out: the all-honest path
+        again = await coord.router.classify(x, SEQ)  # the liar is out: the all-honest path
         assert [h.node for h in again.path.hops] == [h.node for h in path.hops] and not again.path.discarded
         torch.testing.assert_close(first.probs, again.probs, rtol=0, atol=0)
         scraped = generate_latest(coord.metrics.registry).decode()
@@ -130,7 +128,7 @@ async def test_the_next_hop_starts_while_a_check_runs_unless_deferral_is_off(
 
         verifier.confirm = slow_confirm  # type: ignore[method-assign]
         on_call(served[1], lambda: (events.append("hop 1 called"), released.set()))
-        result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
         assert [h.outcome for h in result.path.hops] == ["ok", "ok", "ok"]
         if deferred:
             assert events == ["check 0 started", "hop 1 called", "check 0 passed"]
@@ -181,7 +179,7 @@ async def test_an_honest_node_pushed_past_the_hard_bound_by_an_earlier_lie_is_no
     async with swarm(
         own, served, near_limit, family_dirs=(family_dirs[1],), wire_dtype="fp16", verify_rate=0.0
     ) as coord:
-        result = await coord.classify(torch.rand(1, 3, 16, 16), SEQ)
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
         assert [h.node for h in result.path.hops] == [address(n) for n in served[1:]]
         assert "verification failed" in result.path.hops[0].attempts[0].error
         (thrown,) = result.path.discarded

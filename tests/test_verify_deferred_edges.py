@@ -11,10 +11,9 @@ from pathlib import Path
 import torch
 from prometheus_client import generate_latest
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.deferred import MAX_REWINDS
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.verify import Lie, Screened
+from layerswarm.coordinator import ClassifyOptions, Policy
+from layerswarm.coordinator.routing.deferred import MAX_REWINDS
+from layerswarm.coordinator.verification.verifier import Lie, Screened
 from layerswarm.harness.faults import FaultSpec
 from layerswarm.node.server import Node
 from layerswarm.wire.v1 import block_pb2 as pb
@@ -62,7 +61,7 @@ async def test_a_hedge_loser_that_lied_is_convicted_and_the_request_is_not_rewou
         liar_record.recent_ms.extend([2.0] * 10)  # usually fast: held past 5 ms, its hop is hedged
         assert coord.verifier is not None
         x = torch.rand(2, 3, 16, 16)
-        first = await coord.classify(x, SEQ)
+        first = await coord.router.classify(x, SEQ)
         hop = first.path.hops[0]
         assert (hop.outcome, hop.node, hop.hedged_to) == ("hedged", address(backup), address(backup))
         assert not hop.attempts and not first.path.discarded
@@ -71,7 +70,7 @@ async def test_a_hedge_loser_that_lied_is_convicted_and_the_request_is_not_rewou
         assert [d["address"] for d in coord.verifier.counters.detections] == [address(liar)]
         assert coord.verifier.counters.rewinds == 0  # the request it lost in was not rewound
         assert all(coord.registry.nodes[address(n)].failed == 0 for n in (backup, *later))
-        again = await coord.classify(x, SEQ)  # the liar is out: the all-honest path
+        again = await coord.router.classify(x, SEQ)  # the liar is out: the all-honest path
         assert [h.node for h in again.path.hops] == [h.node for h in first.path.hops]
         torch.testing.assert_close(first.probs, again.probs, rtol=0, atol=0)
         assert "layerswarm_verify_rewinds_total 0.0" in generate_latest(coord.metrics.registry).decode()
@@ -89,7 +88,7 @@ async def test_past_max_rewinds_the_remaining_checks_block_and_the_answer_is_the
     async with swarm(
         family_dirs[0], [*liars, *honest], family_dirs=(family_dirs[1],), verify_rate=0.0, hop_timeout_s=30.0
     ) as coord:
-        verifier, executor = coord.verifier, coord.executor
+        verifier, executor = coord.verifier, coord.router.executor
         assert verifier is not None
         deferred_at: list[int] = []  # the rewinds so far whenever a deferred check starts
         start_check = executor._confirm
@@ -100,7 +99,7 @@ async def test_past_max_rewinds_the_remaining_checks_block_and_the_answer_is_the
 
         executor._confirm = spy  # type: ignore[method-assign]
         x = torch.rand(2, 3, 16, 16)
-        first = await coord.classify(x, SEQ)
+        first = await coord.router.classify(x, SEQ)
         assert verifier.counters.rewinds == MAX_REWINDS
         hop = first.path.hops[0]
         assert (hop.outcome, hop.node) == ("substituted", address(honest[0]))
@@ -115,7 +114,7 @@ async def test_past_max_rewinds_the_remaining_checks_block_and_the_answer_is_the
             record = coord.registry.nodes[address(liar)]
             assert record.state.value == "quarantined" and record.evidence[0]["check"] == "re-execution"
         assert all(coord.registry.nodes[address(n)].failed == 0 for n in honest)
-        again = await coord.classify(x, SEQ)  # every liar is out: the all-honest path, no rewind
+        again = await coord.router.classify(x, SEQ)  # every liar is out: the all-honest path, no rewind
         assert [h.node for h in again.path.hops] == [h.node for h in first.path.hops] and not again.path.discarded
         torch.testing.assert_close(first.probs, again.probs, rtol=0, atol=0)
         assert verifier.counters.rewinds == MAX_REWINDS
@@ -134,21 +133,21 @@ async def test_a_rewind_restores_the_patience_streak_of_the_early_exit_rule(fami
     async with swarm(
         family_dirs[0], [liar, *honest], family_dirs=(family_dirs[1],), verify_rate=0.0, hop_timeout_s=30.0
     ) as coord:
-        head = coord._head_logits
+        head = coord.router.head_logits
 
         async def class_0_on_top(x: torch.Tensor) -> torch.Tensor:
             logits = await head(x)
             return torch.cat([logits.max(-1, keepdim=True).values + 1.0, logits[:, 1:]], -1)
 
-        coord._head_logits = class_0_on_top  # type: ignore[method-assign]
+        coord.router.head_logits = class_0_on_top  # type: ignore[method-assign]
         x = torch.rand(2, 3, 16, 16)
-        first = await coord.classify(x, opts)
+        first = await coord.router.classify(x, opts)
         assert coord.verifier is not None and coord.verifier.counters.rewinds == 1
         assert first.path.exited_early and first.exit_rule == "patience"
         assert [h.node for h in first.path.hops] == [address(n) for n in honest[:2]]  # exited after hop 1
         assert [(h.block, h.node) for h in first.path.discarded] == [(1, address(honest[1]))]  # the lie's hop 1
         assert coord.registry.nodes[address(liar)].state.value == "quarantined"
-        again = await coord.classify(x, opts)  # the liar is out: the all-honest path
+        again = await coord.router.classify(x, opts)  # the liar is out: the all-honest path
         assert [h.node for h in again.path.hops] == [h.node for h in first.path.hops] and again.path.exited_early
         torch.testing.assert_close(first.path.activations, again.path.activations, rtol=0, atol=0)
         torch.testing.assert_close(first.probs, again.probs, rtol=0, atol=0)

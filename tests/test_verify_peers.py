@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.node_records import NodeIdentity, NodeRecord, NodeState
-from layerswarm.coordinator.peer_check import judge, same_weights
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator import ClassifyOptions, Policy
+from layerswarm.coordinator.membership.records import NodeIdentity, NodeRecord, NodeState
+from layerswarm.coordinator.verification.peer_check import judge, same_weights
 from layerswarm.harness.procs import Proc, spawn, stop_all
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 
@@ -111,7 +110,7 @@ async def test_a_rogue_replica_is_caught_by_its_peers_without_coordinator_comput
     try:
         await wait_until(lambda: sum(r.routable for r in coord.registry.nodes.values()) == 5, what="all admitted")
         for seed in range(12):
-            await coord.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=seed))
+            await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL, seed=seed))
             if coord.registry.nodes[address(rogue)].convicted:
                 break
         record = coord.registry.nodes[address(rogue)]
@@ -130,7 +129,7 @@ async def test_a_rogue_replica_is_caught_by_its_peers_without_coordinator_comput
 
 
 async def test_a_referee_caught_lying_is_quarantined_through_the_coordinator(family_dirs: list[Path]) -> None:
-    from layerswarm.coordinator.verify import Verifier, VerifySettings
+    from layerswarm.coordinator.verification.verifier import Verifier, VerifySettings
 
     verifier = Verifier(family_dirs[1:], VerifySettings(rate=1.0, probation_hops=0, reexecute_on="peers"), seed=0)
     quarantined: list[tuple[str, dict[str, object]]] = []

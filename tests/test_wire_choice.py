@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.linkmap import COORDINATOR, LinkMap
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.wire_choice import FP16, INT8, WireChoice, measure_codec_ms_per_mb, wire_bytes
+from layerswarm.coordinator import ClassifyOptions, Policy
+from layerswarm.coordinator.membership.linkmap import COORDINATOR, LinkMap
+from layerswarm.coordinator.routing.wire_choice import FP16, INT8, WireChoice, measure_codec_ms_per_mb, wire_bytes
 from layerswarm.harness.procs import Proc, stop_all
 
 from .swarm import address, coordinator, start_nodes, wait_until
@@ -64,14 +63,14 @@ async def test_a_slow_link_carries_int8_and_the_fast_ones_fp16(family_dirs: list
                 coord.registry.links.observe(src, dst, 1_000, 50.0)
         images = torch.rand(2, 3, 16, 16)
         opts = ClassifyOptions(policy=Policy.SEQUENTIAL, seed=0)
-        result = await coord.classify(images, opts)
+        result = await coord.router.classify(images, opts)
         wires = {h.node: h.wire for h in result.path.hops}
         assert wires[slow] == "int8"
         assert {w for n, w in wires.items() if n != slow} == {"fp16"}
         assert all(h.outcome == "ok" for h in result.path.hops)  # the int8 reply passed verification
-        expected = (await reference.classify(images, opts)).probs
+        expected = (await reference.router.classify(images, opts)).probs
         assert torch.allclose(result.probs, expected, atol=2e-2)
-        assert "wire" not in (await reference.classify(images, opts)).path.hops[0].to_json()
+        assert "wire" not in (await reference.router.classify(images, opts)).path.hops[0].to_json()
     finally:
         await coord.stop()
         await reference.stop()

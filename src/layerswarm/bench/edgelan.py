@@ -30,9 +30,7 @@ from typing import Any
 
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CHOICES, CoordinatorSettings
+from layerswarm.coordinator import CHOICES, ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.harness.netlab import Host, NetLab
 from layerswarm.harness.netns import in_private_netns
 from layerswarm.harness.procs import Proc, node_address, node_cmd, spawn_many, stop_all
@@ -134,12 +132,12 @@ async def interleaved(
                 coord, opts = runs[name]
                 opts = ClassifyOptions(policy=opts.policy, seed=random.randrange(2**31), exit_rule="none")
                 started = time.perf_counter()
-                result = await coord.classify(images, opts)
+                result = await coord.router.classify(images, opts)
                 elapsed = time.perf_counter() - started
                 if result.path.depth != depth:
                     raise RuntimeError(f"{name}: only {result.path.depth} of {depth} blocks ran")
                 if rep >= 2 and result.path.network is not None:
-                    extras[name].append(result.path.network)
+                    extras[name].append(dict(result.path.network))
                 if rep >= 2 and name.endswith("_auto"):  # what auto chose, hop by hop
                     extras[name].append({"wires": sorted({str(h.wire) for h in result.path.hops})})
                 if rep >= 2 and name.startswith("relay_"):
@@ -186,7 +184,7 @@ async def uniform(
                 coords[PER_CALL] = coordinator(model, per_call, token_file, "relay", "fp16")
                 for c in coords.values():
                     await c.start()
-                    await c.wait_first_round(30)
+                    await c.watch.wait_first_round(30)
                 try:
                     seq = ClassifyOptions(policy=Policy.SEQUENTIAL)
                     runs = {name: (c, seq) for name, c in coords.items()}
@@ -242,7 +240,7 @@ async def mixed(root: Path, model: Path, depth: int, token_file: Path, hosts_n: 
         try:
             coord = coordinator(model, procs, token_file, "relay")
             await coord.start()
-            await coord.wait_first_round(30)
+            await coord.watch.wait_first_round(30)
             try:
                 runs = {
                     "random_order": (coord, ClassifyOptions(policy=Policy.SHUFFLE)),

@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from layerswarm.bench import emit_report
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode, forge_model_dir
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.data import load_dataset
@@ -116,7 +115,7 @@ async def _drive(coord: Coordinator, liars: set[str], requests: int) -> dict[str
     for i in range(requests):
         lo = (i * BATCH) % (len(x) - BATCH)
         all_caught = len(caught_at) == len(liars)
-        result = await coord.classify(x[lo : lo + BATCH], ClassifyOptions(seed=i))
+        result = await coord.router.classify(x[lo : lo + BATCH], ClassifyOptions(seed=i))
         correct = int((result.probs.argmax(-1) == y[lo : lo + BATCH]).sum())
         rows.append((correct, all_caught, result.elapsed_ms))
         for address in liars - set(caught_at):

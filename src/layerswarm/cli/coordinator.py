@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerswarm.coordinator.settings import CHOICES, CoordinatorSettings
+from layerswarm.coordinator import CHOICES, CoordinatorSettings
 from layerswarm.wire.memory import keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, add_command, ensure_can_listen, load_settings
@@ -81,7 +81,7 @@ def add_http_limit_flags(f: SettingsFlags) -> None:
 
 def api_keys(value: str) -> tuple[str, ...]:
     """argparse type: the keys in an API key file."""
-    from layerswarm.coordinator.auth import read_api_keys
+    from layerswarm.coordinator import read_api_keys
 
     try:
         return read_api_keys(Path(value))
@@ -92,8 +92,8 @@ def api_keys(value: str) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from layerswarm.coordinator.peer_memory import default_state_file
-    from layerswarm.coordinator.server import run as serve
+    from layerswarm.coordinator import default_state_file
+    from layerswarm.coordinator import run as serve
 
     settings: CoordinatorSettings = load_settings(args)
     if args.no_verify:

@@ -1,5 +1,5 @@
 """What a Coordinator is built from, read from its settings: the family it serves, its minimum depth,
-its verifier and wire choice, and how node state changes are logged."""
+its verifier and wire format, and how node state changes are logged."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ from pathlib import Path
 
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
+from layerswarm.models.config import ViTConfig
+from layerswarm.wire import codec
 
-from .node_records import FamilySpec, NodeEvent, NodeState
+from .membership.records import FamilySpec, NodeEvent, NodeState
+from .routing.wire_choice import WireChoice, WireFormat, measure_codec_ms_per_mb
 from .settings import CoordinatorSettings
-from .verify import Verifier, VerifySettings
-from .wire_choice import WireChoice, measure_codec_ms_per_mb
+from .verification.verifier import Verifier, VerifySettings
 
-log = logging.getLogger("layerswarm.coordinator.core")  # the name operators filter on
+log = logging.getLogger("layerswarm.coordinator.process")  # the name operators filter on
 NEW_STATES = (NodeState.HEALTHY, NodeState.PENDING)
 _WARNED: set[Path] = set()  # model dirs already warned about (no evaluated minimum depth)
 
@@ -57,8 +59,21 @@ def default_min_blocks(settings: CoordinatorSettings, manifest: Manifest) -> int
     return evaluated
 
 
+def wire_format(settings: CoordinatorSettings, config: ViTConfig) -> WireFormat:
+    """How activations travel: --wire-dtype (fp16 where auto chooses per link), what a reply may be,
+    and --frozen-dtype for text."""
+    auto = settings.wire_dtype == "auto"
+    tokens = None if config.is_text else config.num_tokens  # text: any T up to the maximum
+    return WireFormat(
+        dtype=codec.dtype_by_name("fp16" if auto else settings.wire_dtype),
+        spec=codec.TensorSpec((None, tokens, config.dim), max_batch=settings.max_batch),
+        choice=wire_choice(config.num_tokens, config.dim) if auto else None,
+        frozen_dtype=None if settings.frozen_dtype == "wire" else codec.dtype_by_name(settings.frozen_dtype),
+    )
+
+
 def wire_choice(tokens: int, dim: int) -> WireChoice:
-    """--wire-dtype auto: the int8 codec's cost measured here, once (coordinator/wire_choice.py)."""
+    """--wire-dtype auto: the int8 codec's cost measured here, once (routing/wire_choice.py)."""
     choice = WireChoice(measure_codec_ms_per_mb(tokens, dim), dim)
     log.info("wire dtype auto: int8 codec %.2f ms per MB of fp16 activations", choice.codec_ms_per_mb)
     return choice

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .node_records import NodeState
-from .registry import Registry
-
-if TYPE_CHECKING:
-    from .ensemble import EnsembleResult
-    from .path import PathResult
-    from .verify import Verifier
+from .membership.records import NodeState
+from .membership.registry import Registry
+from .routing.ensemble import EnsembleResult
+from .routing.trace import PathResult
+from .verification.verifier import Verifier
 
 BLOCK_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -159,6 +156,12 @@ class CoordinatorMetrics:
         if verifier is not None:
             self.registry.register(_VerifyCollector(verifier))
 
+    def observe_route(self, path: PathResult) -> None:
+        """One route's hops by outcome, and how each of its relay chains ended (star routes have none)."""
+        for hop in (*path.hops, *path.discarded):
+            self.hops.labels(hop.outcome).inc()
+        self.observe_chains(path)
+
     def observe_chains(self, path: PathResult) -> None:
         """How each relay chain of one route ended (star routes have none)."""
         ended_early = [handback["kind"] for handback in path.handbacks]
@@ -167,7 +170,7 @@ class CoordinatorMetrics:
             self.relay_chains.labels(kind).inc()
 
     def observe_handback(self, outcome: str) -> None:
-        """How one hand-back's claim turned out (coordinator/handbacks.py)."""
+        """How one hand-back's claim turned out (relay/handbacks.py)."""
         self.relay_handbacks.labels(outcome).inc()
 
     def observe(self, result: EnsembleResult, exit_rule: str | None) -> None:

@@ -10,9 +10,9 @@ import socket
 
 import uvicorn
 
-from .core import Coordinator
-from .http_api import create_app
-from .protocol import guarded_protocol
+from .http.app import create_app
+from .http.guarded_h11 import guarded_protocol
+from .process import Coordinator
 from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,21 @@ from pydantic_settings import SettingsConfigDict
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
-from .auth import OPEN_PATHS
+# What the api_keys setting leaves open (stated here, where its help lists them; http/front_door.py keys the
+# rest): probes and metrics (orchestrators and scrapers hold no key) and the API schema. Every other path
+# needs a key: the API, the swarm page and its assets, /redoc, /v2/models.
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+)
+# ... and /docs's own scripts and styles: a browser loading them from the page sends no key.
+OPEN_PREFIXES = ("/static-offline-docs/",)
 
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
@@ -136,7 +150,7 @@ class CoordinatorSettings(ProcessSettings):
     access_log: bool = Field(
         default=False, description="log one line per HTTP request: method, path, status, duration, request id"
     )
-    # Answered from the headers, before any body is read (and again by the serving layer, for every API).
+    # Answered from the headers, before any body is read, by every API (http/admission.py).
     max_concurrent_requests: int = Field(default=64, ge=1, description="past this many in flight: 429 busy")
     # The HTTP front door (what each limit stops: docs/http-api.md, "The front door")
     max_image_pixels: int = Field(
@@ -180,16 +194,12 @@ class CoordinatorSettings(ProcessSettings):
     @field_validator("model_dir", mode="before")
     @classmethod
     def _shipped_model(cls, value: Any) -> Any:
-        from layerswarm.models.zoo import resolve  # zoo:FAMILY/MEMBER names a shipped model
-
-        return resolve(value) if isinstance(value, str) else value
+        return _shipped(value)
 
     @field_validator("family_dirs", mode="before")
     @classmethod
     def _shipped_family(cls, values: Any) -> Any:
-        from layerswarm.models.zoo import resolve
-
-        return tuple(resolve(v) if isinstance(v, str) else v for v in values)
+        return tuple(_shipped(v) for v in values)
 
     @field_validator("hedge_quantile", mode="before")
     @classmethod
@@ -213,3 +223,13 @@ class CoordinatorSettings(ProcessSettings):
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{peer!r} is not {shape} (a port from 1 to 65535)")
         return peers
+
+
+def _shipped(value: Any) -> Any:
+    """A model directory named `zoo:FAMILY/MEMBER` as the shipped model's path (other values as they are)."""
+    if not isinstance(value, str):
+        return value
+    # Lazy: models.zoo loads torch (seconds), and these settings are read to build `--help`.
+    from layerswarm.models.zoo import resolve  # noqa: PLC0415
+
+    return resolve(value)

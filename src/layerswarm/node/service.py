@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # An input whose largest value is past this fraction of the reply dtype's limit leaves a block no room
 # (a residual block adds to its input): it is refused as the sender's fault, before any compute. The
-# coordinator applies the same bound to every reply (coordinator/ranges.py: hard_range_problem).
+# coordinator applies the same bound to every reply (coordinator/verification/ranges.py: hard_range_problem).
 INPUT_HEADROOM = 0.5
 
 
