@@ -66,7 +66,7 @@ def model_path(spec: str, flag: str = "--model-dir") -> Path:
     """A model directory from a path or zoo:FAMILY/MEMBER; PlanError unless it holds a manifest."""
     if spec.startswith("zoo:"):
         try:
-            from layerswarm.models.zoo import resolve
+            from layerswarm.models.zoo import resolve  # noqa: PLC0415 - optional: plans of plain paths need no install
         except ImportError:
             raise PlanError(f"{flag} {spec}: zoo: names need layerswarm installed (pip install -e .)") from None
         try:
