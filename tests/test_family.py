@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.commands import _run_parallel
+from layerswarm.training.runs import _run_parallel
 
 # Each job notes that it started, waits (up to 20 s) until at least two jobs have started, records how many
 # run at that moment, and ends. A serial runner leaves the first job waiting alone: it records 1.

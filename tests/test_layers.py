@@ -1,8 +1,9 @@
 """The import direction (docs/ARCHITECTURE.md), checked on the source: a layer imports only layers below it.
 
-wire and models at the bottom; node, coordinator and harness above them (the coordinator never imports
-the node); cli, chaos and bench on top (chaos and bench never import the CLI). The registry and the
-planner are pure logic: no sockets, no event loop, no RPC.
+wire and models at the bottom; training above models (what makes and measures model directories); node
+and coordinator above models, never importing training or each other; harness, cli, chaos and bench on
+top (chaos and bench never import the CLI). The registry and the planner are pure logic: no sockets, no
+event loop, no RPC.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ BOTTOM = {"wire", ""}  # "": the package root, which holds only __version__
 ALLOWED: dict[str, set[str]] = {
     "wire": BOTTOM,
     "models": {"models", *BOTTOM},
-    "node": {"node", "models", *BOTTOM},
+    "training": {"training", "models", *BOTTOM},
+    "node": {"node", "models", *BOTTOM},  # serves what models/ loads: never training
     "coordinator": {"coordinator", "models", *BOTTOM},
-    "harness": {"harness", "node", "models", *BOTTOM},  # faults.py wraps a real node
+    "harness": {"harness", "node", "training", "models", *BOTTOM},  # faults.py wraps a real node
     "client": {"client", *BOTTOM},
-    "chaos": {"chaos", "harness", "node", "coordinator", "models", *BOTTOM},
-    "bench": {"bench", "harness", "node", "coordinator", "models", *BOTTOM},
-    "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "models", *BOTTOM},
+    "chaos": {"chaos", "harness", "node", "coordinator", "training", "models", *BOTTOM},
+    "bench": {"bench", "harness", "node", "coordinator", "training", "models", *BOTTOM},
+    "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "training", "models", *BOTTOM},
 }
 # Entry points (`python -m ...`) sit at the top whatever their folder: the test-only faulty node parses
 # exactly what `layerswarm node` parses, so it uses the CLI's parser.

@@ -15,13 +15,9 @@ from PIL import Image
 
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.commands import image_time_budget, inherited_augmentation
 from layerswarm.models.config import patch_size_for
-from layerswarm.models.data import load_dataset
-from layerswarm.models.objective import augment
-from layerswarm.models.recipe import from_scratch_time_budget
-from layerswarm.models.reference import ReferenceResult, compare, far_behind_warning, train_reference
-from layerswarm.models.synthetic import (
+from layerswarm.training.data.datasets import load_dataset
+from layerswarm.training.data.synthetic import (
     COMPARE_CLASSES,
     PALETTE,
     RELATION_CLASSES,
@@ -32,7 +28,11 @@ from layerswarm.models.synthetic import (
     image,
     write,
 )
-from layerswarm.models.train import TrainRecipe
+from layerswarm.training.objective import augment
+from layerswarm.training.recipe import from_scratch_time_budget
+from layerswarm.training.reference import ReferenceResult, compare, far_behind_warning, train_reference
+from layerswarm.training.runs import image_time_budget, inherited_augmentation
+from layerswarm.training.train import TrainRecipe
 
 from .colour_data import colour_dataset
 

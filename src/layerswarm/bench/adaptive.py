@@ -24,10 +24,10 @@ import torch
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.path import DepthError
 from layerswarm.coordinator.planner import Policy
-from layerswarm.models.calibrate import CalibrationPlan, calibrate_ensemble, prefix_logits, sweep
 from layerswarm.models.checkpoint import load_model, read_manifest
-from layerswarm.models.data import Dataset, load_dataset, with_test_noise
 from layerswarm.models.exits import RULES, ExitRule
+from layerswarm.training.data.datasets import Dataset, load_dataset, with_test_noise
+from layerswarm.training.evaluation.calibrate import CalibrationPlan, calibrate_ensemble, prefix_logits, sweep
 
 from .fixtures import addresses, median_ms, nodes
 from .shipped import layout

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from layerswarm.models.evaluate import COLLAPSED_AT, kept_above_chance
-from layerswarm.models.size import block_params
-from layerswarm.models.train_report import kept_record as kept_epoch_record
+from layerswarm.training.evaluation.evaluate import COLLAPSED_AT, kept_above_chance
+from layerswarm.training.size import block_params
+from layerswarm.training.train_report import kept_record as kept_epoch_record
 
 from . import emit_table
 

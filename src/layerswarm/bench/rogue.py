@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from layerswarm.bench import emit_report
 from layerswarm.coordinator.core import ClassifyOptions, Coordinator
 from layerswarm.coordinator.settings import CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode, forge_model_dir
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
+from layerswarm.training.data.datasets import load_dataset
 
+from . import emit_report
 from .runner import environment
 
 log = logging.getLogger(__name__)

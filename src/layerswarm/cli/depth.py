@@ -60,7 +60,7 @@ def register(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from layerswarm.models.text.commands import text_depth_main
+    from layerswarm.training.text.runs import text_depth_main
 
     from .model_dirs import policy_targets
 

@@ -87,7 +87,7 @@ def writes_policy(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.eval_command import eval_main
+    from layerswarm.training.evaluation.runs import eval_main
 
     from .model_dirs import policy_targets
 

@@ -46,6 +46,6 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.commands import family_main
+    from layerswarm.training.runs import family_main
 
     return family_main(args)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 
 from layerswarm.models.config import STEMS, VARIANTS  # torch-free: building the parser stays fast
-from layerswarm.models.recipe import (
+from layerswarm.training.recipe import (
     BUDGET_FEW_IMAGES,
     BUDGET_FEW_S,
     BUDGET_MANY_IMAGES,
     BUDGET_MANY_S,
     FROM_SCRATCH_SHUFFLE_RAMP,
 )
-from layerswarm.models.recipe import TrainRecipe as R  # every training default, stated once
-from layerswarm.models.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
+from layerswarm.training.recipe import TrainRecipe as R  # every training default, stated once
+from layerswarm.training.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
 
 from .base import (
     Subparsers,
@@ -38,7 +38,7 @@ DATA_HELP = "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PAT
 
 def data_spec(text: str) -> str:
     """argparse type: a data spec (DATA_HELP), checked before any work starts."""
-    from layerswarm.models.data import check_spec  # only when a data spec is given: that command needs torch
+    from layerswarm.training.data.datasets import check_spec  # only when a data spec is given: that command needs torch
 
     try:
         return check_spec(text)
@@ -238,6 +238,6 @@ def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.commands import train_main
+    from layerswarm.training.runs import train_main
 
     return train_main(args)

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from layerswarm.models.images import IMAGE_SUFFIXES, decode_image, png_bytes
+
 from .folders import DEFAULT_MEMORY_LIMIT_BYTES, ImageFiles, load_imagefolder, usable_workers
-from .images import IMAGE_SUFFIXES, decode_image, png_bytes
 
 __all__ = ["IMAGE_SUFFIXES", "Dataset", "Images", "decode_image", "iterate_batches", "labelled_samples", "load_dataset"]
 
@@ -114,7 +115,7 @@ def check_spec(spec: str) -> str:
     """Check a spec without loading it (the command line's early, one-line error)."""
     kind, _, arg = spec.partition(":")
     if kind in ("words", "csv", "jsonl"):  # text data (models/text/data.py)
-        from .text.data import check_text_spec
+        from ..text.data import check_text_spec
 
         return check_text_spec(spec)
     if kind in ("shapes", "shapes1"):

@@ -20,17 +20,26 @@ import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from ..checkpoint import TOKENIZER, Lineage, Manifest, load_model, read_manifest, save_model, verified_file
-from ..config import ViTConfig
-from ..evaluate import EvalPlan, check_targets, evaluate_models, min_useful_depth
-from ..policy import MIN_BLOCKS, write_entry
+from layerswarm.models.checkpoint import (
+    TOKENIZER,
+    Lineage,
+    Manifest,
+    load_model,
+    read_manifest,
+    save_model,
+    verified_file,
+)
+from layerswarm.models.config import ViTConfig
+from layerswarm.models.policy import MIN_BLOCKS, write_entry
+from layerswarm.models.text.model import TextEncoder
+from layerswarm.models.text.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+from ..evaluation.evaluate import EvalPlan, check_targets, evaluate_models, min_useful_depth
 from ..recipe import TrainRecipe, recipe_from_args
 from ..train import Trainer
 from ..train_report import describe_epoch
 from ..train_state import TRAIN_STATE
 from .data import TextDataset, encode_corpus, load_corpus
-from .model import TextEncoder
-from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +53,7 @@ def model_tokenizer(model_dir: str | Path, manifest: Manifest | None = None) -> 
 
 
 def text_train_main(args: argparse.Namespace) -> int:
-    from ..commands import _quick_metrics, _report_run, chosen_size, pick_train_device
+    from ..runs import _quick_metrics, _report_run, chosen_size, pick_train_device
 
     started = time.perf_counter()
     size: dict[str, Any] | None = None  # from scratch only: a fine-tune keeps its parent's width and depth
@@ -93,7 +102,7 @@ def text_train_main(args: argparse.Namespace) -> int:
     save_tokenizer(tok, args.out)
     manifest = save_model(trained.cpu(), args.out, lineage, recipe=record, dataset=dataset, metrics=metrics)
     if recipe.token_depth:  # serve with the very tables it was trained with
-        from .depth import DEPTH_POLICY
+        from layerswarm.models.text.depth import DEPTH_POLICY
 
         write_entry(args.out, DEPTH_POLICY, read_manifest(args.init).policy[DEPTH_POLICY])
     event = {"event": "trained", "out": str(args.out), "model_id": manifest.model_id}
@@ -103,7 +112,7 @@ def text_train_main(args: argparse.Namespace) -> int:
 
 def _init_depth_table(args: argparse.Namespace, vocab_size: int) -> torch.Tensor:
     """The --init model's per-token depth table named by --token-depth (a clear error without one)."""
-    from .depth import DEPTH_POLICY
+    from layerswarm.models.text.depth import DEPTH_POLICY
 
     if not args.init:
         raise ValueError("--token-depth needs --init: the depth table comes from that model's policy")
@@ -132,7 +141,7 @@ def load_text_data(spec: str, model_dir: str | Path) -> TextDataset:
 
 
 def text_eval_main(args: argparse.Namespace, spec: str) -> int:
-    from ..eval_command import render_table
+    from ..evaluation.runs import render_table
 
     data = load_text_data(spec, args.model_dirs[0])
     plan = EvalPlan(orders=args.orders, merges=args.merges, seed=args.seed)
@@ -155,7 +164,9 @@ def text_eval_main(args: argparse.Namespace, spec: str) -> int:
 def text_depth_main(args: argparse.Namespace) -> int:
     """Depth tables from each model's own training split, written to its policy, then evaluated on
     its test split."""
-    from .depth import DEPTH_POLICY, depth_policy, mi_depths
+    from layerswarm.models.text.depth import DEPTH_POLICY
+
+    from .depth import depth_policy, mi_depths
     from .depth_eval import evaluate_depths
     from .reconstruction import reconstruction_depths
 

@@ -9,7 +9,10 @@ from typing import Any
 
 import torch
 
-from .adaptive_policy import write_policy
+from layerswarm.models.adaptive_policy import write_policy
+from layerswarm.models.checkpoint import load_model
+
+from ..data.datasets import Dataset
 from .calibrate import (
     CalibrationPlan,
     accuracy_at_blocks,
@@ -19,8 +22,6 @@ from .calibrate import (
     prefix_logits,
     repeats,
 )
-from .checkpoint import load_model
-from .data import Dataset
 
 log = logging.getLogger(__name__)
 

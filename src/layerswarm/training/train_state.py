@@ -21,7 +21,7 @@ from .recipe import recipe_changes
 if TYPE_CHECKING:
     from .train import Trainer
 
-log = logging.getLogger("layerswarm.models.train")
+log = logging.getLogger("layerswarm.training.train")
 
 TRAIN_STATE = ".train_state"  # OUT/.train_state: a run's resumable state, saved after every epoch
 STATE_FILE = "state.safetensors"

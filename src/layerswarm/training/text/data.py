@@ -21,8 +21,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from ..data import Dataset
-from .tokenizer import encode_one, pad_batch
+from layerswarm.models.text.tokenizer import encode_one, pad_batch
+
+from ..data.datasets import Dataset
 
 TEXT_KINDS = ("words", "csv", "jsonl")
 TEXT_SPECS = "words[:N_TRAIN[:N_TEST]], csv:PATH or jsonl:PATH (columns text, label)"
@@ -113,7 +114,7 @@ class TextDataset(Dataset):
 def load_corpus(spec: str, seed: int = 0) -> TextCorpus:
     kind, _, arg = spec.partition(":")
     if kind == "words":
-        from ..data import parse_shape_counts
+        from ..data.datasets import parse_shape_counts
 
         n_train, n_test = parse_shape_counts(arg)
         return make_words(n_train, n_test, seed, spec)
@@ -127,7 +128,7 @@ def load_corpus(spec: str, seed: int = 0) -> TextCorpus:
 def check_text_spec(spec: str) -> str:
     kind, _, arg = spec.partition(":")
     if kind == "words":
-        from ..data import parse_shape_counts
+        from ..data.datasets import parse_shape_counts
 
         parse_shape_counts(arg)
     else:

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .checkpoint import read_manifest
-from .data import Dataset
+from layerswarm.models.checkpoint import read_manifest
+
+from .data.datasets import Dataset
 from .reference import ReferenceResult, compare, far_behind_warning, train_reference
 from .train import Trainer
 from .train_report import kept_record

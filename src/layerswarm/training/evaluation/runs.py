@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from .checkpoint import read_manifest
-from .data import Dataset, load_dataset
+from layerswarm.models.checkpoint import read_manifest
+
+from ..data.datasets import Dataset, load_dataset
+from ..train import check_same_classes
 from .evaluate import EvalPlan, check_targets, evaluate_models
-from .train import check_same_classes
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def eval_main(args: argparse.Namespace) -> int:
     if not spec:
         raise ValueError("--data is needed (the manifest names no dataset)")
     if first.config.is_text:
-        from .text.commands import text_eval_main
+        from ..text.runs import text_eval_main
 
         return text_eval_main(args, spec)
     data = load_dataset(
@@ -39,7 +40,7 @@ def eval_main(args: argparse.Namespace) -> int:
     for model_dir in args.model_dirs:
         check_same_classes(read_manifest(model_dir).config.class_names, data.class_names, str(model_dir))
     if args.test_noise:
-        from .data import with_test_noise
+        from ..data.datasets import with_test_noise
 
         data = with_test_noise(data, args.test_noise)
         args.no_write_policy = True  # a policy is calibrated on the data the model serves
@@ -68,7 +69,7 @@ def eval_main(args: argparse.Namespace) -> int:
     if report["models"]:
         print(render_table(report))
     if report.get("calibration"):
-        from .adaptive_eval import render_calibration
+        from .adaptive import render_calibration
 
         print(render_calibration(report["calibration"]))
     return 0
@@ -77,10 +78,11 @@ def eval_main(args: argparse.Namespace) -> int:
 def write_policies(model_dirs: list[Path], report: dict[str, Any], data: Dataset, margin: float) -> None:
     """Into each model dir: its minimum useful depth (its family's pruning curve when it has one, in
     arbitrary order for shuffle-robust variants) and per-position activation statistics."""
-    from .checkpoint import load_model
-    from .data import iterate_batches
+    from layerswarm.models.checkpoint import load_model
+    from layerswarm.models.policy import ACTIVATION_STATS, MIN_BLOCKS, write_entry
+
+    from ..data.datasets import iterate_batches
     from .evaluate import activation_stats, min_useful_depth, odd_images
-    from .policy import ACTIVATION_STATS, MIN_BLOCKS, write_entry
 
     test = torch.cat(list(iterate_batches(data.test_x, [torch.arange(min(len(data.test_y), 2048))])))
     images = torch.cat([test, odd_images(test)])
@@ -98,7 +100,7 @@ def write_policies(model_dirs: list[Path], report: dict[str, Any], data: Dataset
 
 
 def _calibrate(args: argparse.Namespace, data: Any) -> dict[str, Any]:
-    from .adaptive_eval import calibrate_model
+    from .adaptive import calibrate_model
     from .calibrate import CalibrationPlan
 
     # --margin (0-100) and --exit-min-blocks (>= 1): checked by the parser (cli/eval.py)

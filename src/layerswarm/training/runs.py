@@ -16,9 +16,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .checkpoint import MANIFEST, read_manifest, save_model
-from .config import patch_size_for
-from .data import Dataset, load_dataset
+from layerswarm.models.checkpoint import MANIFEST, read_manifest, save_model
+from layerswarm.models.config import patch_size_for
+from layerswarm.models.vit import ViT
+
+from .data.datasets import Dataset, load_dataset
 from .learned import (
     against_inherited,
     against_reference,
@@ -32,7 +34,6 @@ from .size import AUTO, choose_size
 from .train import Trainer, build_model, init_image_size
 from .train_report import below_majority_warning, best_epoch, describe_epoch, near_chance_warning, render_history
 from .train_state import TRAIN_STATE, saved_time_budget
-from .vit import ViT
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def train_main(args: argparse.Namespace) -> int:
 
     check_out_writable(args.out, args.resume, args.overwrite)
     if is_text_spec(args.data):
-        from .text.commands import text_train_main
+        from .text.runs import text_train_main
 
         return text_train_main(args)
     started = time.perf_counter()

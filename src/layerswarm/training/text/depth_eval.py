@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..vit import ViT
-from .depth import token_depths
-from .model import key_mask_of
-from .tokens import ACTIVE_CODE, hop_mask, run_active, scatter_active
+from layerswarm.models.text.depth import token_depths
+from layerswarm.models.text.model import key_mask_of
+from layerswarm.models.text.tokens import ACTIVE_CODE, hop_mask, run_active, scatter_active
+from layerswarm.models.vit import ViT
 
 
 @torch.inference_mode()

@@ -19,15 +19,16 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .checkpoint import Lineage, Manifest, load_model, read_manifest
-from .config import ViTConfig, is_shuffle_robust
-from .data import Dataset, iterate_batches
+from layerswarm.models.checkpoint import Lineage, Manifest, load_model, read_manifest
+from layerswarm.models.config import ViTConfig, is_shuffle_robust
+from layerswarm.models.vit import ViT
+
+from .data.datasets import Dataset, iterate_batches
+from .data.split import validation_split
 from .objective import augment, batch_order, evaluate_loss, mixup_batch, training_loss
 from .recipe import TrainRecipe
-from .split import validation_split
 from .train_report import describe_epoch, peak_memory_mb
 from .train_state import load_state, save_state
-from .vit import ViT
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,12 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from .checkpoint import Manifest, load_model
-from .config import is_shuffle_robust
-from .data import Dataset, iterate_batches
-from .paths import spread_evenly
-from .vit import ViT, run_blocks
+from layerswarm.models.checkpoint import Manifest, load_model
+from layerswarm.models.config import is_shuffle_robust
+from layerswarm.models.paths import spread_evenly
+from layerswarm.models.vit import ViT, run_blocks
+
+from ..data.datasets import Dataset, iterate_batches
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def _load(model_dir: str, data: Dataset, workers: int = 0) -> Evaluated:
         raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has {len(data.class_names)}")
     name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
     if manifest.config.is_text:  # token ids: the stem is cheap, padding is masked in every block
-        from .text.model import key_mask_of
+        from layerswarm.models.text.model import key_mask_of
 
         assert isinstance(data.test_x, Tensor)
         return Evaluated(name, model, manifest, model.stem(data.test_x), key_mask_of(data.test_x))

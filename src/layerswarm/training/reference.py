@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .data import Images, iterate_batches
+from .data.datasets import Images, iterate_batches
 
 FAR_BEHIND = 0.9  # the ViT is "far behind" below this fraction of the reference's accuracy
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .exits import RULES, ExitPolicy, ExitRule, simulate
-from .vit import run_blocks
+from layerswarm.models.exits import RULES, ExitPolicy, ExitRule, simulate
+from layerswarm.models.vit import run_blocks
 
 CONFIDENCE_SWEEP = (0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
 ENTROPY_SWEEP = (0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.07, 0.05, 0.03, 0.02, 0.01, 0.005, 0.001, 0.0)
