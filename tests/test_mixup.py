@@ -17,11 +17,11 @@ from layerswarm.cli import main
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.vit import ViT
-from layerswarm.training import runs, train
+from layerswarm.training import family, train
 from layerswarm.training.data.datasets import Dataset
+from layerswarm.training.family import inherited_augmentation
 from layerswarm.training.objective import Mix, label_loss, mixup_batch, training_loss
 from layerswarm.training.recipe import TrainRecipe
-from layerswarm.training.runs import inherited_augmentation
 from layerswarm.training.train import Trainer
 
 from .colour_data import colour_images
@@ -186,7 +186,7 @@ def test_manifest_records_mixup_and_family_members_inherit_it(
         launched.extend(cmds)
         return len(cmds)  # "failed": nothing is trained, the command lines are what is checked
 
-    monkeypatch.setattr(runs, "_run_parallel", capture)
+    monkeypatch.setattr(family, "run_parallel", capture)
     assert main(["family", "--base", str(base), "--out", str(tmp_path / "fam"), "--members", "2"]) == 1
     assert len(launched) == 2
     for cmd in launched:

@@ -11,10 +11,11 @@ import torch
 
 from layerswarm.bench.own_data import kept_record
 from layerswarm.cli import main
+from layerswarm.cli.train import recipe_from_args
 from layerswarm.training.data.datasets import Dataset
 from layerswarm.training.learned import kept_accuracies
 from layerswarm.training.objective import batch_order
-from layerswarm.training.recipe import FROM_SCRATCH_SHUFFLE_RAMP, recipe_from_args
+from layerswarm.training.recipe import FROM_SCRATCH_SHUFFLE_RAMP
 from layerswarm.training.train import Trainer, TrainRecipe, build_model
 from layerswarm.training.train_report import best_epoch, near_chance_warning
 

@@ -31,8 +31,8 @@ from layerswarm.training.text.data import (
     encode_corpus,
     load_corpus,
     make_words,
+    model_tokenizer,
 )
-from layerswarm.training.text.runs import model_tokenizer
 from layerswarm.training.train import Trainer, TrainRecipe
 
 TEXT_CFG = ViTConfig(kind="text", vocab_size=50, max_tokens=16, num_classes=3, dim=32, heads=2, depth=3)

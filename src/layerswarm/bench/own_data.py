@@ -204,7 +204,7 @@ def kept_record(recipe: dict[str, Any]) -> dict[str, Any]:
         steps_per_epoch = round(history[0]["seconds"] / history[0]["step_s"])
         past = [h for h in history if h["epoch"] * steps_per_epoch >= share * h["planned_steps"]]
         return min(past, key=lambda h: h["val_loss"]) if past else history[-1]
-    return kept_epoch_record(history) or {}
+    return dict(kept_epoch_record(history) or {})
 
 
 # Flags that say where a run reads and writes or how fast it goes, not what it trains: left out of the table.

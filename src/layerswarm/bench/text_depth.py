@@ -24,7 +24,7 @@ from layerswarm.harness.procs import node_address, node_cmd, spawn_many, stop_al
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.text.depth import DEPTH_POLICY, token_depths
 from layerswarm.models.text.tokenizer import PAD_ID
-from layerswarm.training.text.runs import load_text_data
+from layerswarm.training.text.data import load_text_data
 
 
 def run_swarm_bench(model_dir: Path, requests: int, seed: int = 0) -> dict[str, Any]:

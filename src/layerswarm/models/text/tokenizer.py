@@ -1,7 +1,7 @@
 """The text family's tokenizer: a word-level HF `tokenizers` model trained from the training texts.
 
 Saved as DIR/tokenizer.json (plain JSON, hashed in the manifest like the weights; never pickled). Word
-level on purpose: the per-token depth estimates of `depth.py` are per word, as in the source paper.
+level on purpose: the per-token depth estimates (training/text/depth.py) are per word, as in the source paper.
 Every sequence starts with [CLS] (the head reads it); [PAD] fills batches and is never attended to.
 """
 

@@ -1,7 +1,7 @@
 """Per-token depth, measured: accuracy and mean depth per token for fixed depth vs the MI and
 reconstruction estimates, in sequential and arbitrary block order (what `layerswarm depth` reports).
 
-Frozen tokens are computed exactly as a node computes them (tokens.run_active: active tokens get
+Frozen tokens are computed exactly as a node computes them (models/text/tokens.run_active: active tokens get
 queries and the MLP, frozen ones are only keys and values); depth counts hops run, whatever the order.
 """
 
