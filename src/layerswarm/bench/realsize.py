@@ -39,7 +39,7 @@ from layerswarm.training.train import Trainer
 
 from . import emit_report
 from .fixtures import VITB, coordinator_process, median_ms, nodes
-from .runner import environment
+from .machine import environment
 
 log = logging.getLogger(__name__)
 

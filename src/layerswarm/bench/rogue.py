@@ -33,7 +33,7 @@ from layerswarm.node.settings import NodeSettings
 from layerswarm.training.data.datasets import load_dataset
 
 from . import emit_report
-from .runner import environment
+from .machine import environment
 
 log = logging.getLogger(__name__)
 ROGUE_BLOCKS = range(4)

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Awaitable
 from typing import Any
 
+import ifaddr
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
@@ -20,8 +21,6 @@ def routable_addresses(host: str) -> list[str]:
     """Addresses to put in the record: the bound host, or every IPv4 address when bound to all."""
     if host not in ("0.0.0.0", "", "::"):
         return [socket.gethostbyname(host)]
-    import ifaddr
-
     found = [
         ip.ip
         for adapter in ifaddr.get_adapters()

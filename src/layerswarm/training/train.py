@@ -25,6 +25,7 @@ from layerswarm.models.vit import ViT
 
 from .data.datasets import Dataset, check_same_classes, iterate_batches
 from .data.split import validation_split
+from .hf_import import import_hf_vit
 from .objective import augment, batch_order, evaluate_loss, mixup_batch, training_loss
 from .recipe import TrainRecipe
 from .train_report import EpochRecord, describe_epoch, peak_memory_mb
@@ -310,8 +311,6 @@ def build_model(
         model = ViT(cfg)
         return model, Lineage(source="scratch")  # its own root, fixed when it is saved
     if init.startswith("hf:"):
-        from .hf_import import import_hf_vit
-
         model, lineage = import_hf_vit(
             Path(init[3:]), variant=variant, num_classes=len(data.class_names), class_names=data.class_names
         )

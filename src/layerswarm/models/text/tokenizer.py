@@ -14,9 +14,29 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-PAD, UNK, CLS, MASK = "[PAD]", "[UNK]", "[CLS]", "[MASK]"
-SPECIALS = (PAD, UNK, CLS, MASK)  # ids 0..3 in this order
-PAD_ID, UNK_ID, CLS_ID, MASK_ID = range(4)
+from .specials import CLS, CLS_ID, MASK, MASK_ID, PAD, PAD_ID, SPECIALS, UNK, UNK_ID
+
+# The special tokens are the tokenizer's too: importers of this module read them here.
+__all__ = [
+    "CLS",
+    "CLS_ID",
+    "MASK",
+    "MASK_ID",
+    "PAD",
+    "PAD_ID",
+    "SPECIALS",
+    "TOKENIZER_FILE",
+    "UNK",
+    "UNK_ID",
+    "TextInputError",
+    "encode_batch",
+    "encode_one",
+    "load_tokenizer",
+    "pad_batch",
+    "save_tokenizer",
+    "train_tokenizer",
+]
+
 TOKENIZER_FILE = "tokenizer.json"
 
 

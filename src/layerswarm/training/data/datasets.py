@@ -263,7 +263,8 @@ def _draw_shapes(rng: np.random.Generator, kinds: list[int], size: int) -> np.nd
 
 def load_digits(spec: str, image_size: int) -> Dataset:
     """8 x 8 digits upsampled (nearest: sharp strokes) to the model's side."""
-    from sklearn.datasets import load_digits as sk_digits
+    # scikit-learn is the optional `train` extra, needed only for this data set
+    from sklearn.datasets import load_digits as sk_digits  # noqa: PLC0415
 
     bunch = sk_digits()
     x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0)[:, None]  # (N, 1, 8, 8)

@@ -27,6 +27,7 @@ from typing_extensions import NotRequired, TypedDict
 from layerswarm.models.checkpoint import Manifest, load_model
 from layerswarm.models.config import is_shuffle_robust
 from layerswarm.models.paths import spread_evenly
+from layerswarm.models.text.model import key_mask_of
 from layerswarm.models.vit import ViT, run_blocks
 
 from ..data.datasets import Dataset, iterate_batches
@@ -134,8 +135,6 @@ def _load(model_dir: str, data: Dataset, workers: int = 0) -> Evaluated:
         raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has {len(data.class_names)}")
     name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
     if manifest.config.is_text:  # token ids: the stem is cheap, padding is masked in every block
-        from layerswarm.models.text.model import key_mask_of
-
         assert isinstance(data.test_x, Tensor)
         return Evaluated(name, model, manifest, model.stem(data.test_x), key_mask_of(data.test_x))
     if manifest.config.image_size != data.image_shape[1]:
