@@ -31,12 +31,32 @@ from .report import render
 T = TypeVar("T")
 
 
+class _Loop:
+    """What asyncio.Runner (Python 3.11) does, for 3.10 too: one event loop that runs coroutine after
+    coroutine, then shuts down its async generators and executor and closes."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            self.loop.close()
+
+
 @functools.cache
-def _loop() -> asyncio.Runner:
+def _loop() -> _Loop:
     """One event loop for the whole run. grpc.aio binds every loop that ever used it to its poller and
     keeps waking them all; a loop closed by an earlier asyncio.run then gets grpc's late events and logs
     "Event loop is closed" (grpc/grpc#25364)."""
-    return asyncio.Runner()
+    return _Loop()
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

@@ -5,8 +5,7 @@ the CLI's parser can list the ladder in --help without importing torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from typing_extensions import TypedDict
+from typing import TypedDict
 
 HEAD_CHANNELS = 16  # every size keeps 16 channels per attention head, as the long-standing D 64 / 4 heads does
 MLP_RATIO = 4  # vit.Block's hidden width over D
