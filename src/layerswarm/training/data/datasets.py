@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from typing_extensions import Required, TypedDict
 
 from layerswarm.models.images import IMAGE_SUFFIXES, decode_image, png_bytes
 
@@ -35,6 +36,20 @@ DATA_SPECS = (
 )
 
 Images = torch.Tensor | ImageFiles  # in memory, or decoded from disk batch by batch
+
+
+class DataRecord(TypedDict, total=False):
+    """What a data set says of itself (a manifest's `dataset`, an eval report's, a train state's check)."""
+
+    spec: Required[str]
+    name: Required[str]
+    kind: str  # "text" for text data; images say nothing
+    train: Required[int]
+    test: Required[int]
+    classes: Required[list[str]]
+    image_shape: list[int]  # images: C, H, W
+    streamed: bool  # images: decoded from disk batch by batch
+    max_tokens: int  # text: the longest encoded sequence
 
 
 @dataclass
@@ -56,7 +71,7 @@ class Dataset:
     def streamed(self) -> bool:
         return isinstance(self.train_x, ImageFiles)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> DataRecord:
         return {
             "spec": self.spec,
             "name": self.name,

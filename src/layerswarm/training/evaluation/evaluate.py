@@ -17,7 +17,6 @@ import random
 import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -337,8 +336,24 @@ def min_useful_depth(pruned: dict[str, Pruned], order: str, margin: float = 0.01
     }
 
 
+class PositionRange(TypedDict):
+    max_abs: float
+    rms_min: float
+    rms_max: float
+
+
+class ActivationStats(TypedDict):
+    """A model's `activation_stats` policy entry: the range of activations after each position, which
+    the coordinator's range check (coordinator/ranges.py) reads."""
+
+    order: str
+    samples: int
+    orders: int
+    positions: list[PositionRange]
+
+
 @torch.inference_mode()
-def activation_stats(model: ViT, images: Tensor, orders: int = 5, seed: int = 0) -> dict[str, Any]:
+def activation_stats(model: ViT, images: Tensor, orders: int = 5, seed: int = 0) -> ActivationStats:
     """Per position p, the range of activations after p+1 blocks (arbitrary orders for shuffle-robust
     models, else in order): the largest |x| and the range of per-image RMS. A coordinator's cheap first
     filter for lying nodes. `images` should include odd inputs (noise, flat images) so that a strange

@@ -69,9 +69,7 @@ def _at(pruned: Pruned, order: str) -> float:
 
 def _chance_line(ax: Any, report: EvalReport) -> None:
     """Accuracy of guessing (1 / classes): a model near it has learned nothing."""
-    classes = report["dataset"]["classes"]
-    assert isinstance(classes, list)
-    chance = report.get("chance") or 1.0 / len(classes)
+    chance = report.get("chance") or 1.0 / len(report["dataset"]["classes"])
     ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=f"chance ({chance:.2f})")
 
 

@@ -11,9 +11,10 @@ EvalReport
 
 from __future__ import annotations
 
-from typing import Any
-
 from typing_extensions import NotRequired, TypedDict
+
+from ..data.datasets import DataRecord
+from .adaptive import CalibrationRecord
 
 
 class Summary(TypedDict):
@@ -70,13 +71,13 @@ Check = float | bool | str | list[float]
 
 
 class EvalReport(TypedDict):
-    dataset: dict[str, object]
+    dataset: DataRecord
     plan: NotRequired[PlanRecord]
     chance: NotRequired[float]
     models: dict[str, ModelRow]
     groups: dict[str, GroupRow]
     targets: NotRequired[dict[str, dict[str, Check]]]
-    calibration: NotRequired[dict[str, dict[str, Any]]]  # adaptive.calibrate_model's record per model
+    calibration: NotRequired[dict[str, CalibrationRecord]]
 
 
 def render_table(report: EvalReport) -> str:

@@ -98,7 +98,7 @@ def write_policies(model_dirs: list[Path], report: EvalReport, data: Dataset, ma
         order = "arbitrary" if row["variant"].startswith("layershuffle") else "sequential"
         depth_policy = min_useful_depth((group or row)["pruned"], order, margin)
         depth_policy["measured_on"] = "family" if group else "model"
-        write_entry(model_dir, MIN_BLOCKS, dict(depth_policy))
+        write_entry(model_dir, MIN_BLOCKS, depth_policy)
         model, _ = load_model(model_dir)
         write_entry(model_dir, ACTIVATION_STATS, activation_stats(model, images))
         log.info("%s: min_blocks %d", name, depth_policy["value"])

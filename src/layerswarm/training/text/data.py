@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from layerswarm.models.checkpoint import TOKENIZER, Manifest, read_manifest, verified_file
 from layerswarm.models.text.tokenizer import encode_one, load_tokenizer, pad_batch
 
-from ..data.datasets import Dataset, parse_shape_counts
+from ..data.datasets import DataRecord, Dataset, parse_shape_counts
 
 TEXT_KINDS = ("words", "csv", "jsonl")
 TEXT_SPECS = "words[:N_TRAIN[:N_TEST]], csv:PATH or jsonl:PATH (columns text, label)"
@@ -100,7 +100,7 @@ class TextDataset(Dataset):
     def image_shape(self) -> tuple[int, int, int]:
         raise TypeError("a text dataset has no image shape")
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> DataRecord:
         assert isinstance(self.train_x, torch.Tensor)
         return {
             "spec": self.spec,

@@ -18,7 +18,7 @@ which made "every word at depth 1" (the reconstruction estimate on `words`) clas
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,23 @@ def mi_depths(ids: Tensor, labels: Tensor, vocab_size: int, num_classes: int, bi
     return [int(d) for d in depth]
 
 
-def depth_policy(mi: list[int], reconstruction: list[int], depth: int) -> dict[str, Any]:
+# A text model's `token_depth` policy entry (models/text/depth.py serves it): a depth per token id from
+# each estimate, how they were made, and their mean over the vocabulary ("lambda" is a Python keyword:
+# hence the functional form).
+DepthTables = TypedDict(
+    "DepthTables",
+    {
+        "bins": int,
+        "smoothing": float,
+        "lambda": float,
+        "mi": list[int],
+        "reconstruction": list[int],
+        "mean_over_vocab": dict[str, float],
+    },
+)
+
+
+def depth_policy(mi: list[int], reconstruction: list[int], depth: int) -> DepthTables:
     def mean(values: list[int]) -> float:
         return round(sum(values) / len(values), 3)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,13 @@ def run_with_depths(model: ViT, ids: Tensor, blocks: Sequence[nn.Module], depth:
 
 
 def evaluate_depths(
-    model: ViT, ids: Tensor, labels: Tensor, policy: dict[str, Any], orders: int = 5, seed: int = 0, batch: int = 500
+    model: ViT,
+    ids: Tensor,
+    labels: Tensor,
+    policy: Mapping[str, object],
+    orders: int = 5,
+    seed: int = 0,
+    batch: int = 500,
 ) -> dict[str, Any]:
     """Per estimate (full, fixed at the MI mean, mi, reconstruction) and order: accuracy, mean depth per
     real token, tokens computed per sentence (vs full depth)."""
