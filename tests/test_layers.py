@@ -9,6 +9,8 @@ event loop, no RPC.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,21 @@ def test_the_checker_sees_a_violation() -> None:
     modules = imports_of(source, "layerswarm.coordinator")
     assert modules == {"layerswarm.node", "layerswarm.node.runtime"}
     assert {project_layer(m) for m in modules} == {"node"} and "node" not in ALLOWED["coordinator"]
+
+
+def test_servers_and_models_never_load_training() -> None:
+    """What a node or coordinator process imports, all of it, loads nothing of training/: the rule above
+    holds through every transitive import, not only each file's own (a fresh interpreter, so nothing
+    another test imported counts)."""
+    assert "training" not in ALLOWED["models"] | ALLOWED["node"] | ALLOWED["coordinator"]
+    script = (
+        "import importlib, pkgutil, sys\n"
+        "import layerswarm.models, layerswarm.node, layerswarm.coordinator\n"
+        "for package in (layerswarm.models, layerswarm.node, layerswarm.coordinator):\n"
+        "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('layerswarm.training')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
