@@ -11,8 +11,8 @@ import torch
 from layerswarm.bench.compare_verdicts import parse_verdicts, predictions, verdict_accuracy
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import load_model
-from layerswarm.models.data import load_dataset
-from layerswarm.models.synthetic import COMPARE_CLASSES, write
+from layerswarm.training.data.datasets import load_dataset
+from layerswarm.training.data.synthetic import COMPARE_CLASSES, write
 
 
 def test_each_verdict_is_scored_on_its_own() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from layerswarm.bench.seed_screen import main, outcome, parse_recipe, parse_seeds
-from layerswarm.models.synthetic import write
+from layerswarm.training.data.synthetic import write
 
 TINY = "--depth 2 --dim 16 --heads 2"
 

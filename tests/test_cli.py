@@ -20,9 +20,9 @@ from layerswarm.cli import build_parser, main
 from layerswarm.cli.base import UsageError, load_settings, one_line
 from layerswarm.cli.up import check_node_count
 from layerswarm.coordinator.settings import OPEN_PATHS, CoordinatorSettings
-from layerswarm.models.commands import check_out_writable
 from layerswarm.models.zoo import family_root
 from layerswarm.node.settings import NodeSettings
+from layerswarm.training.runs import check_out_writable
 
 SHIPPED = "zoo:shapes/layershuffle-0"
 EXIT_CONFIDENCE_5 = ("--exit-rule", "confidence", "--exit-threshold", "5")

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 
 from layerswarm.models.checkpoint import Lineage, load_model, load_stem_head, save_model
 from layerswarm.models.config import ViTConfig
-from layerswarm.models.data import Dataset
-from layerswarm.models.objective import random_translate
-from layerswarm.models.recipe import TrainRecipe
-from layerswarm.models.train import Trainer
 from layerswarm.models.vit import ShallowConvEmbed, ViT, run_blocks
+from layerswarm.training.data.datasets import Dataset
+from layerswarm.training.objective import random_translate
+from layerswarm.training.recipe import TrainRecipe
+from layerswarm.training.train import Trainer
 
 ZOO_MODEL = Path(__file__).parent.parent / "src" / "layerswarm" / "models" / "zoo" / "shapes" / "layershuffle-0"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from layerswarm.models.data import check_spec, iterate_batches, load_dataset
-from layerswarm.models.folders import ImageFiles, usable_workers
+from layerswarm.training.data.datasets import check_spec, iterate_batches, load_dataset
+from layerswarm.training.data.folders import ImageFiles, usable_workers
 
 
 def test_shapes_are_deterministic_and_balanced() -> None:
@@ -251,7 +251,7 @@ def test_a_class_of_one_image_is_never_split_away_from_training(tmp_path: Path) 
     """Very unequal classes: with seed 5 the random 20% test split drew the one "tiny" image (and the
     trainer's 10% validation split can draw it again), leaving a class never trained on, silently. It goes
     back to training; a split in which every class keeps an image is the plain permutation's, unchanged."""
-    from layerswarm.models.split import held_out_split
+    from layerswarm.training.data.split import held_out_split
 
     _write_folder(tmp_path, {"big": (0, 0, 0), "small": (128, 128, 128)}, 12)
     _write_folder(tmp_path, {"tiny": (255, 255, 255)}, 1)

@@ -363,7 +363,7 @@ def test_compose_topology_serves() -> None:
 
     from layerswarm.harness.netlab import NetLab
     from layerswarm.harness.samples import png_bytes
-    from layerswarm.models.data import load_dataset
+    from layerswarm.training.data.datasets import load_dataset
 
     from . import compose_lab as compose
 

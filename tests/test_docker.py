@@ -28,7 +28,7 @@ import yaml
 
 from layerswarm.bench.nodes import process_memory
 from layerswarm.harness.samples import png_bytes
-from layerswarm.models.data import load_dataset
+from layerswarm.training.data.datasets import load_dataset
 
 from . import docker_engine as de
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layerswarm.models.evaluate import check_targets, paired_interval
+from layerswarm.training.evaluation.evaluate import check_targets, paired_interval
 
 
 def test_a_clear_gain_has_an_interval_above_zero() -> None:

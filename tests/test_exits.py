@@ -10,12 +10,12 @@ import torch
 
 from layerswarm.coordinator.routing.exits import AdaptiveDefaults, ExitRuleError, load_defaults, request_policy
 from layerswarm.coordinator.routing.planner import Plan, Step, with_repeats
-from layerswarm.models.adaptive_eval import calibrate_model
 from layerswarm.models.adaptive_policy import POLICY_FILE, read_policy, write_policy
-from layerswarm.models.calibrate import CalibrationPlan, calibrate_exits, choose, sweep
 from layerswarm.models.checkpoint import ModelDirError, read_manifest
-from layerswarm.models.data import Dataset
 from layerswarm.models.exits import ExitPolicy, ExitRule, ExitTracker, simulate
+from layerswarm.training.data.datasets import Dataset
+from layerswarm.training.evaluation.adaptive import calibrate_model
+from layerswarm.training.evaluation.calibrate import CalibrationPlan, calibrate_exits, choose, sweep
 
 
 def logits_for(probs: list[list[float]]) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.commands import _run_parallel
+from layerswarm.training.family import run_parallel
 
 # Each job notes that it started, waits (up to 20 s) until at least two jobs have started, records how many
 # run at that moment, and ends. A serial runner leaves the first job waiting alone: it records 1.
@@ -31,7 +31,7 @@ sys.exit(3 if fail else 0)
 
 def test_parallel_runner_runs_jobs_at_once_but_never_more_than_asked(tmp_path: Path) -> None:
     cmds = [[sys.executable, "-c", JOB, str(tmp_path), str(i), "1" if i == 2 else "0"] for i in range(5)]
-    failed = _run_parallel(cmds, jobs=2)
+    failed = run_parallel(cmds, jobs=2)
     assert failed == 1  # job 2 exited 3
     running = [int((tmp_path / f"{i}.running").read_text()) for i in range(5)]
     assert running[0] == 2  # the first job found a partner running beside it

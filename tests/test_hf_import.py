@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswarm.models.hf_import import import_hf_vit
+from layerswarm.training.hf_import import import_hf_vit
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency")
 

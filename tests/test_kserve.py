@@ -14,7 +14,7 @@ import tritonclient.http as triton
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from layerswarm.models.data import decode_image
+from layerswarm.training.data.datasets import decode_image
 
 pytestmark = pytest.mark.slow
 

@@ -1,14 +1,17 @@
 """The import direction (docs/ARCHITECTURE.md), checked on the source: a layer imports only layers below it.
 
-wire and models at the bottom; node, coordinator and harness above them (the coordinator never imports
-the node); cli, chaos and bench on top (chaos and bench never import the CLI). Inside the coordinator
-its subsystems keep an order of their own (INNER_ORDER), and no module of it is part of an import
-circle. The registry and the planner are pure logic: no sockets, no event loop, no RPC.
+wire and models at the bottom; training above models (what makes and measures model directories); node
+and coordinator above models, never importing training or each other; harness, cli, chaos and bench on
+top (chaos and bench never import the CLI). Inside the coordinator its subsystems keep an order of their
+own (INNER_ORDER), and no module of it is part of an import circle. The registry and the planner are pure
+logic: no sockets, no event loop, no RPC.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +21,14 @@ BOTTOM = {"wire", ""}  # "": the package root, which holds only __version__
 ALLOWED: dict[str, set[str]] = {
     "wire": BOTTOM,
     "models": {"models", *BOTTOM},
-    "node": {"node", "models", *BOTTOM},
+    "training": {"training", "models", *BOTTOM},
+    "node": {"node", "models", *BOTTOM},  # serves what models/ loads: never training
     "coordinator": {"coordinator", "models", *BOTTOM},
-    "harness": {"harness", "node", "models", *BOTTOM},  # faults.py wraps a real node
+    "harness": {"harness", "node", "training", "models", *BOTTOM},  # faults.py wraps a real node
     "client": {"client", *BOTTOM},
-    "chaos": {"chaos", "harness", "node", "coordinator", "models", *BOTTOM},
-    "bench": {"bench", "harness", "node", "coordinator", "models", *BOTTOM},
-    "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "models", *BOTTOM},
+    "chaos": {"chaos", "harness", "node", "coordinator", "training", "models", *BOTTOM},
+    "bench": {"bench", "harness", "node", "coordinator", "training", "models", *BOTTOM},
+    "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "training", "models", *BOTTOM},
 }
 # Entry points (`python -m ...`) sit at the top whatever their folder: the test-only faulty node parses
 # exactly what `layerswarm node` parses, so it uses the CLI's parser.
@@ -193,3 +197,21 @@ def test_the_checker_sees_a_violation() -> None:
     order = INNER_ORDER.index
     assert {subsystem_of(m) for m in modules} == {"http", "relay", "process"}
     assert all(order(subsystem_of(m) or "") > order("routing") for m in modules)
+
+
+def test_servers_and_models_never_load_training() -> None:
+    """What a node or coordinator process imports, all of it, loads nothing of training/: the rule above
+    holds through every transitive import, not only each file's own (a fresh interpreter, so nothing
+    another test imported counts)."""
+    assert "training" not in ALLOWED["models"] | ALLOWED["node"] | ALLOWED["coordinator"]
+    script = (
+        "import importlib, pkgutil, sys\n"
+        "import layerswarm.models, layerswarm.node, layerswarm.coordinator\n"
+        "for package in (layerswarm.models, layerswarm.node, layerswarm.coordinator):\n"
+        "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('layerswarm.training')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

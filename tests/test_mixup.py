@@ -14,15 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from layerswarm.cli import main
-from layerswarm.models import commands, train
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.commands import inherited_augmentation
 from layerswarm.models.config import ViTConfig
-from layerswarm.models.data import Dataset
-from layerswarm.models.objective import Mix, label_loss, mixup_batch, training_loss
-from layerswarm.models.recipe import TrainRecipe
-from layerswarm.models.train import Trainer
 from layerswarm.models.vit import ViT
+from layerswarm.training import family, train
+from layerswarm.training.data.datasets import Dataset
+from layerswarm.training.family import inherited_augmentation
+from layerswarm.training.objective import Mix, label_loss, mixup_batch, training_loss
+from layerswarm.training.recipe import TrainRecipe
+from layerswarm.training.train import Trainer
 
 from .colour_data import colour_images
 
@@ -186,7 +186,7 @@ def test_manifest_records_mixup_and_family_members_inherit_it(
         launched.extend(cmds)
         return len(cmds)  # "failed": nothing is trained, the command lines are what is checked
 
-    monkeypatch.setattr(commands, "_run_parallel", capture)
+    monkeypatch.setattr(family, "run_parallel", capture)
     assert main(["family", "--base", str(base), "--out", str(tmp_path / "fam"), "--members", "2"]) == 1
     assert len(launched) == 2
     for cmd in launched:

@@ -10,8 +10,8 @@ import pytest
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.config import ViTConfig
-from layerswarm.models.size import AUTO, BY_NAME, DEFAULT, SIZES, auto_size, block_params, choose_size
 from layerswarm.models.vit import ViT
+from layerswarm.training.size import AUTO, BY_NAME, DEFAULT, SIZES, auto_size, block_params, choose_size
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: s.name)

@@ -15,9 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.models.checkpoint import block_file, load_block, read_manifest
+from layerswarm.node.peers import LinkEstimate
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
+from layerswarm.wire.stats import ewma
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -266,3 +268,17 @@ async def _status(stub: pb_grpc.BlockNodeStub, req: pb.ForwardRequest) -> grpc.S
     except grpc.aio.AioRpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
+
+
+def test_a_nodes_link_estimates_are_the_shared_ewma() -> None:
+    """Send time, bandwidth and probed RTT of a node's links average as wire.stats.ewma does everywhere:
+    the first sample starts each, later ones move it by ALPHA."""
+    link = LinkEstimate()
+    link.observe(1_000_000, 10.0)  # 1 MB in 10 ms: 800 Mbit/s
+    assert (link.send_ms, link.mbps, link.samples) == (10.0, 800.0, 1)
+    link.observe(1_000_000, 20.0)
+    assert link.send_ms == pytest.approx(ewma(10.0, 20.0, LinkEstimate.ALPHA)) == pytest.approx(12.0)
+    assert link.mbps == pytest.approx(ewma(800.0, 400.0, LinkEstimate.ALPHA)) == pytest.approx(720.0)
+    link.observe_rtt(5.0)
+    link.observe_rtt(10.0)
+    assert link.rtt_ms == pytest.approx(ewma(5.0, 10.0, LinkEstimate.ALPHA)) == pytest.approx(6.0)

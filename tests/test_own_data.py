@@ -3,7 +3,6 @@ what a trained ViT learned against chance and a reference CNN trained for the sa
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -15,13 +14,9 @@ from PIL import Image
 
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.commands import image_time_budget, inherited_augmentation
 from layerswarm.models.config import patch_size_for
-from layerswarm.models.data import load_dataset
-from layerswarm.models.objective import augment
-from layerswarm.models.recipe import from_scratch_time_budget
-from layerswarm.models.reference import ReferenceResult, compare, far_behind_warning, train_reference
-from layerswarm.models.synthetic import (
+from layerswarm.training.data.datasets import load_dataset
+from layerswarm.training.data.synthetic import (
     COMPARE_CLASSES,
     PALETTE,
     RELATION_CLASSES,
@@ -32,7 +27,12 @@ from layerswarm.models.synthetic import (
     image,
     write,
 )
-from layerswarm.models.train import TrainRecipe
+from layerswarm.training.family import inherited_augmentation
+from layerswarm.training.objective import augment
+from layerswarm.training.recipe import from_scratch_time_budget
+from layerswarm.training.reference import ReferenceResult, compare, far_behind_warning, train_reference
+from layerswarm.training.runs import image_time_budget
+from layerswarm.training.train import TrainRecipe
 
 from .colour_data import colour_dataset
 
@@ -172,16 +172,13 @@ def test_the_default_time_budget_grows_with_the_images_up_to_fifteen_minutes() -
 
 
 def test_an_asked_time_budget_wins_and_a_fine_tune_keeps_the_short_one() -> None:
-    def asked(budget: float | None, init: str | None = None) -> argparse.Namespace:
-        return argparse.Namespace(time_budget_s=budget, init=init)
-
-    assert image_time_budget(asked(None), 20_000) == 900.0
-    assert image_time_budget(asked(None), 4_000) == 600.0
-    assert image_time_budget(asked(120.0), 20_000) == 120.0  # the command line's, whatever the data
-    assert image_time_budget(asked(None, init="models/base"), 20_000) == TrainRecipe.time_budget_s == 600.0
+    assert image_time_budget(None, None, 20_000) == 900.0
+    assert image_time_budget(None, None, 4_000) == 600.0
+    assert image_time_budget(120.0, None, 20_000) == 120.0  # the command line's, whatever the data
+    assert image_time_budget(None, "models/base", 20_000) == TrainRecipe.time_budget_s == 600.0
     # --resume without --time-budget goes on with the budget its run started with, not today's default
-    assert image_time_budget(asked(None), 20_000, saved=600.0) == 600.0
-    assert image_time_budget(asked(300.0), 20_000, saved=600.0) == 300.0  # asked: then the refusal names it
+    assert image_time_budget(None, None, 20_000, saved=600.0) == 600.0
+    assert image_time_budget(300.0, None, 20_000, saved=600.0) == 300.0  # asked: then the refusal names it
 
 
 def test_family_members_inherit_the_bases_augmentation() -> None:

@@ -23,9 +23,9 @@ from layerswarm.cli import main
 from layerswarm.coordinator import ClassifyOptions, Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model, read_manifest
-from layerswarm.models.data import labelled_samples
-from layerswarm.models.hf_import import import_hf_vit
 from layerswarm.models.images import decode_image
+from layerswarm.training.data.datasets import labelled_samples
+from layerswarm.training.hf_import import import_hf_vit
 
 from .swarm import coordinator, coordinator_process, start_nodes
 

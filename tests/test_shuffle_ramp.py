@@ -11,12 +11,13 @@ import torch
 
 from layerswarm.bench.own_data import kept_record
 from layerswarm.cli import main
-from layerswarm.models.data import Dataset
-from layerswarm.models.learned import kept_accuracies
-from layerswarm.models.objective import batch_order
-from layerswarm.models.recipe import FROM_SCRATCH_SHUFFLE_RAMP, recipe_from_args
-from layerswarm.models.train import Trainer, TrainRecipe, build_model
-from layerswarm.models.train_report import best_epoch, near_chance_warning
+from layerswarm.cli.train import recipe_from_args
+from layerswarm.training.data.datasets import Dataset
+from layerswarm.training.learned import kept_accuracies
+from layerswarm.training.objective import batch_order
+from layerswarm.training.recipe import FROM_SCRATCH_SHUFFLE_RAMP
+from layerswarm.training.train import Trainer, TrainRecipe, build_model
+from layerswarm.training.train_report import best_epoch, near_chance_warning
 
 from .colour_data import colour_dataset
 

@@ -9,12 +9,13 @@ from torch import Tensor, nn
 
 from layerswarm.coordinator.routing.hop_call import text_reply
 from layerswarm.models.config import ViTConfig
-from layerswarm.models.text.depth import mi_depths, token_depths
-from layerswarm.models.text.depth_eval import run_with_depths
+from layerswarm.models.text.depth import token_depths
 from layerswarm.models.text.model import TextEncoder
-from layerswarm.models.text.reconstruction import depths_from_losses, reconstruction_depths
 from layerswarm.models.text.tokenizer import CLS_ID, PAD_ID
 from layerswarm.models.text.tokens import hop_mask
+from layerswarm.training.text.depth import mi_depths
+from layerswarm.training.text.depth_eval import run_with_depths
+from layerswarm.training.text.reconstruction import depths_from_losses, reconstruction_depths
 from layerswarm.wire import codec
 
 CFG = ViTConfig(kind="text", vocab_size=12, max_tokens=8, num_classes=2, dim=16, heads=2, depth=4)

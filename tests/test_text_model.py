@@ -12,16 +12,6 @@ import torch
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import ModelDirError, load_model, read_manifest
 from layerswarm.models.config import VARIANTS, ViTConfig
-from layerswarm.models.objective import evaluate_loss
-from layerswarm.models.text.commands import model_tokenizer
-from layerswarm.models.text.data import (
-    KEY_WORDS,
-    ORDERED_PAIRS,
-    TextCorpus,
-    encode_corpus,
-    load_corpus,
-    make_words,
-)
 from layerswarm.models.text.model import TextEncoder, key_mask_of
 from layerswarm.models.text.tokenizer import (
     CLS_ID,
@@ -31,9 +21,19 @@ from layerswarm.models.text.tokenizer import (
     encode_one,
     train_tokenizer,
 )
-from layerswarm.models.train import Trainer, TrainRecipe
 from layerswarm.models.vit import Block
 from layerswarm.models.zoo import family_root
+from layerswarm.training.objective import evaluate_loss
+from layerswarm.training.text.data import (
+    KEY_WORDS,
+    ORDERED_PAIRS,
+    TextCorpus,
+    encode_corpus,
+    load_corpus,
+    make_words,
+    model_tokenizer,
+)
+from layerswarm.training.train import Trainer, TrainRecipe
 
 TEXT_CFG = ViTConfig(kind="text", vocab_size=50, max_tokens=16, num_classes=3, dim=32, heads=2, depth=3)
 

@@ -16,7 +16,7 @@ from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import Lineage, load_block, load_model, save_model
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.policy import write_entry
-from layerswarm.models.text.depth import DEPTH_POLICY, depth_policy, mi_depths, token_depths
+from layerswarm.models.text.depth import DEPTH_POLICY, token_depths
 from layerswarm.models.text.model import TextEncoder
 from layerswarm.models.text.tokenizer import CLS_ID, encode_batch, save_tokenizer, train_tokenizer
 from layerswarm.models.text.tokens import (
@@ -29,6 +29,7 @@ from layerswarm.models.text.tokens import (
 )
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
+from layerswarm.training.text.depth import depth_policy, mi_depths
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -323,7 +324,7 @@ async def test_frozen_tokens_travel_int8_verified_and_counted(text_dir: Path) ->
     from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
     from layerswarm.harness.procs import node_address
     from layerswarm.models.checkpoint import read_manifest
-    from layerswarm.models.text.depth_eval import run_with_depths
+    from layerswarm.training.text.depth_eval import run_with_depths
 
     tok = train_tokenizer(SENTENCES)
     ids = encode_batch(tok, ["red fish swims far away"], 8)

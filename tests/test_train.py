@@ -12,11 +12,11 @@ from safetensors.torch import save_file
 from layerswarm.cli import main
 from layerswarm.models.checkpoint import load_model, read_manifest
 from layerswarm.models.config import VARIANTS
-from layerswarm.models.data import Dataset, load_dataset
-from layerswarm.models.objective import batch_order, evaluate_loss
-from layerswarm.models.split import validation_split
-from layerswarm.models.train import Trainer, TrainRecipe, build_model
-from layerswarm.models.train_state import read_state, saved_time_budget
+from layerswarm.training.data.datasets import Dataset, load_dataset
+from layerswarm.training.data.split import validation_split
+from layerswarm.training.objective import batch_order, evaluate_loss
+from layerswarm.training.train import Trainer, TrainRecipe, build_model
+from layerswarm.training.train_state import read_state, saved_time_budget
 
 from .colour_data import colour_dataset
 
@@ -124,9 +124,9 @@ def test_an_out_that_cannot_be_written_is_refused_before_training(
 ) -> None:
     """A read-only --out failed once the first epoch's train state was saved. os.access stands in for the
     read-only mount: tests may run as root, for whom a chmod changes nothing."""
-    from layerswarm.models import commands
+    from layerswarm.training import runs
 
-    monkeypatch.setattr(commands.os, "access", lambda path, mode: Path(path) != tmp_path)
+    monkeypatch.setattr(runs.os, "access", lambda path, mode: Path(path) != tmp_path)
     argv = ["train", "--data", "shapes1:32:8", "--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2"]
     assert main([*argv, "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
@@ -268,7 +268,7 @@ def test_trainer_talks_per_epoch_summary_and_near_chance(
 
 
 def test_no_chance_warning_for_a_model_that_learned(tmp_path: Path) -> None:
-    from layerswarm.models.train_report import near_chance_warning
+    from layerswarm.training.train_report import near_chance_warning
 
     learned = [{"epoch": 1, "val_loss": 0.3, "val_acc": 0.9, "val_acc_arbitrary": 0.12}]
     assert near_chance_warning(learned, 10, shuffle_robust=False) is None
@@ -279,7 +279,7 @@ def test_no_chance_warning_for_a_model_that_learned(tmp_path: Path) -> None:
 def test_unequal_classes_warn_when_the_model_is_not_above_the_most_common_class() -> None:
     """161 images, 150 of one class: a model that only ever answers it scores 0.93, far above chance
     (0.33), and was reported as learned with no word."""
-    from layerswarm.models.train_report import below_majority_warning
+    from layerswarm.training.train_report import below_majority_warning
 
     kept = [{"epoch": 1, "val_loss": 0.5, "val_acc": 0.93, "val_acc_arbitrary": 0.93}]
     warning = below_majority_warning(kept, 0.93, "big", 3, shuffle_robust=True)
@@ -332,7 +332,7 @@ def test_trained_model_round_trips(tmp_path: Path, data) -> None:  # type: ignor
 
 
 def test_plots_draw_the_chance_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from layerswarm.models import plots
+    from layerswarm.training.evaluation import plots
 
     figures: list = []  # type: ignore[type-arg]
     monkeypatch.setattr(plots.plt, "close", figures.append)
@@ -448,7 +448,7 @@ def test_weight_decay_is_decoupled_and_shrinks_only_the_weight_matrices(data) ->
     """With zero gradients, decoupled decay (AdamW) scales each matrix by exactly 1 - lr x wd; Adam's L2
     would have moved it by about lr per element instead. Biases, norms, the position embedding and the
     class token are not decayed."""
-    from layerswarm.models.train import make_optimizer
+    from layerswarm.training.train import make_optimizer
 
     model, _ = build_model(data, "layershuffle", None, ARCH, seed=0)
     recipe = TrainRecipe(lr=0.1, weight_decay=0.5)

@@ -16,7 +16,7 @@ from layerswarm.coordinator.membership.registry import Registry
 from layerswarm.coordinator.verification.verifier import Lie, Verifier, VerifySettings
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import load_block, load_model, read_manifest
-from layerswarm.models.evaluate import activation_stats, min_useful_depth
+from layerswarm.training.evaluation.evaluate import activation_stats, min_useful_depth
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 
 

@@ -120,7 +120,7 @@ async def test_the_next_hop_starts_while_a_check_runs_unless_deferral_is_off(
                 events.append("check 0 started")
                 try:
                     await asyncio.wait_for(released.wait(), 2.0)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin before Python 3.11
                     events.append("check 0 not released")
             await confirm(hop)
             if hop.position == 0:

@@ -22,10 +22,16 @@ from typing import Any
 import torch
 
 from layerswarm.coordinator import ClassifyOptions, Coordinator, DepthError, Policy
-from layerswarm.models.calibrate import CalibrationPlan, calibrate_ensemble, prefix_logits, sweep
 from layerswarm.models.checkpoint import load_model, read_manifest
-from layerswarm.models.data import Dataset, load_dataset, with_test_noise
 from layerswarm.models.exits import RULES, ExitRule
+from layerswarm.training.data.datasets import Dataset, load_dataset, with_test_noise
+from layerswarm.training.evaluation.calibrate import (
+    CalibrationPlan,
+    SweepPoint,
+    calibrate_ensemble,
+    prefix_logits,
+    sweep,
+)
 
 from .fixtures import addresses, median_ms, nodes
 from .shipped import layout
@@ -137,7 +143,7 @@ def _prefix_in_order(model: Any, h: torch.Tensor, order: list[int]) -> torch.Ten
     return torch.stack(steps, 1)
 
 
-def _gaps(local: list[dict[str, float]], live: list[dict[str, float]]) -> dict[str, float]:
+def _gaps(local: list[SweepPoint], live: list[SweepPoint]) -> dict[str, float]:
     pairs = list(zip(local, live, strict=True))
     return {
         "max_accuracy_gap": round(max(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),

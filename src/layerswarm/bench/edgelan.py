@@ -41,6 +41,7 @@ from layerswarm.models.vit import ViT
 
 from . import emit_table
 from .fixtures import VITB, median_ms
+from .machine import environment
 from .trace_cost import trace_signature_cost
 
 log = logging.getLogger(__name__)
@@ -387,8 +388,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from .runner import environment  # here: the runner imports this module
-
     report = {"environment": environment(), **run(args.quick)}
     return emit_table(report, render(report), args.json, args.markdown)
 

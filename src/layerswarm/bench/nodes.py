@@ -10,11 +10,17 @@ computes with torch. The probe (`layerswarm probe grpc`, the image's HEALTHCHECK
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +97,6 @@ def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
 
 def import_breakdown() -> dict[str, Any]:
     """RSS each group of a node's imports adds, in a fresh interpreter (where a node's memory goes)."""
-    import json
-
     cmd = [sys.executable, "-c", STEP_SCRIPT, json.dumps(IMPORT_STEPS)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     result: dict[str, Any] = json.loads(out.splitlines()[-1])
@@ -112,8 +116,6 @@ print(json.dumps({"python_objects_mib": round(traced / 2**20, 1), "torch_modules
 def torch_python_share() -> dict[str, Any]:
     """How much of `import torch` is Python objects (traced by tracemalloc; the rest of its RSS is native:
     libraries and operator registrations) and how many torch modules it loads."""
-    import json
-
     cmd = [sys.executable, "-c", TORCH_PYTHON_SHARE]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     result: dict[str, Any] = json.loads(out.splitlines()[-1])
@@ -123,8 +125,6 @@ def torch_python_share() -> dict[str, Any]:
 def probe_http_s(reps: int) -> float:
     """Median seconds of `layerswarm probe http` (the coordinator's HEALTHCHECK) against a local server
     answering 200: the interpreter, the CLI and one HTTP round trip."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Ready(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -185,10 +185,6 @@ def node_footprint(reps: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m layerswarm.bench.nodes --json FILE`: this part alone (`layerswarm bench` runs it too)."""
-    import argparse
-    import platform
-    from datetime import datetime, timezone
-
     parser = argparse.ArgumentParser(prog="python -m layerswarm.bench.nodes", description=__doc__)
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from layerswarm.models.evaluate import COLLAPSED_AT, kept_above_chance
-from layerswarm.models.size import block_params
-from layerswarm.models.train_report import kept_record as kept_epoch_record
+from layerswarm.training.evaluation.evaluate import COLLAPSED_AT, kept_above_chance
+from layerswarm.training.size import block_params
+from layerswarm.training.train_report import kept_record as kept_epoch_record
 
 from . import emit_table
 
@@ -204,7 +204,7 @@ def kept_record(recipe: dict[str, Any]) -> dict[str, Any]:
         steps_per_epoch = round(history[0]["seconds"] / history[0]["step_s"])
         past = [h for h in history if h["epoch"] * steps_per_epoch >= share * h["planned_steps"]]
         return min(past, key=lambda h: h["val_loss"]) if past else history[-1]
-    return kept_epoch_record(history) or {}
+    return dict(kept_epoch_record(history) or {})
 
 
 # Flags that say where a run reads and writes or how fast it goes, not what it trains: left out of the table.

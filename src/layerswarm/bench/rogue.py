@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from layerswarm.bench import emit_report
 from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode, forge_model_dir
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
+from layerswarm.training.data.datasets import load_dataset
 
-from .runner import environment
+from . import emit_report
+from .machine import environment
 
 log = logging.getLogger(__name__)
 ROGUE_BLOCKS = range(4)

@@ -9,19 +9,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import platform
 import secrets
 import tempfile
 import time
 from collections.abc import Coroutine
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 import torch
 
-from layerswarm import __version__
 from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.wire.memory import keep_large_buffers
@@ -29,17 +25,38 @@ from layerswarm.wire.memory import keep_large_buffers
 from . import activations, adaptive, edgelan, hop, process_ring, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
+from .machine import environment
 from .report import render
 
 T = TypeVar("T")
 
 
+class _Loop:
+    """What asyncio.Runner (Python 3.11) does, for 3.10 too: one event loop that runs coroutine after
+    coroutine, then shuts down its async generators and executor and closes."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            self.loop.close()
+
+
 @functools.cache
-def _loop() -> asyncio.Runner:
+def _loop() -> _Loop:
     """One event loop for the whole run. grpc.aio binds every loop that ever used it to its poller and
     keeps waking them all; a loop closed by an earlier asyncio.run then gets grpc's late events and logs
     "Event loop is closed" (grpc/grpc#25364)."""
-    return asyncio.Runner()
+    return _Loop()
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -200,33 +217,6 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     report["vitb_swarm_vs_monolith_ratio"] = headline["ratio_fp16_stream"]  # the default configuration
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
-
-
-def environment() -> dict[str, Any]:
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.machine(),
-        "processor": _cpu_name(),
-        "cores": _cores(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "grpcio": grpc.__version__,
-        "layerswarm": __version__,
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
 
 
 def main(quick: bool, json_path: Path | None, markdown_path: Path | None, only: str | None = None) -> int:

@@ -20,9 +20,9 @@ import torch
 from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.harness.procs import node_address, node_cmd, spawn_many, stop_all
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.text.commands import load_text_data
 from layerswarm.models.text.depth import DEPTH_POLICY, token_depths
 from layerswarm.models.text.tokenizer import PAD_ID
+from layerswarm.training.text.data import load_text_data
 
 
 def run_swarm_bench(model_dir: Path, requests: int, seed: int = 0) -> dict[str, Any]:

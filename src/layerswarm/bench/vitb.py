@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, NodeClient, Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model
 from layerswarm.models.vit import run_blocks
@@ -129,8 +129,6 @@ async def swarm_vs_monolith(
 async def nodes_compute_ms(procs: list[Proc]) -> float:
     """The sum of the nodes' own compute time per request (each node's recent average, from Info): set
     beside the monolith's blocks it shows how much slower a block computes in a node than in one process."""
-    from layerswarm.coordinator import NodeClient
-
     total = 0.0
     for address in addresses(procs):
         client = NodeClient(address, 1024 * 1024)
@@ -144,8 +142,6 @@ async def nodes_compute_ms(procs: list[Proc]) -> float:
 async def idle_vs_busy_compute(model_dir: Path, procs: list[Proc], reps: int) -> dict[str, Any]:
     """A block's compute time in a node (its own timer) when the nodes are called in turn, each idle
     while the others compute (as in a swarm's request), against the first node called back to back."""
-    from layerswarm.coordinator import NodeClient
-
     model, _ = load_model(model_dir)
     with torch.inference_mode():
         x = model.stem(torch.rand(1, 3, model.cfg.image_size, model.cfg.image_size))

@@ -38,7 +38,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.synthetic import write
+    from layerswarm.training.data.synthetic import write
 
     counts = write(args.task, args.dir, args.train, args.val, args.seed)
     print(f"{args.dir}: {counts['train']} training and {counts['val']} validation images of {args.task}")

@@ -53,7 +53,7 @@ from layerswarm.models.checkpoint import (
     rehash_model_dir,
 )
 from layerswarm.node.runtime import BlockRuntime
-from layerswarm.node.server import Node
+from layerswarm.node.server import Node, run
 from layerswarm.node.service import BlockService
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
@@ -193,8 +193,12 @@ def forge_model_dir(src: Path, dst: Path, scale: float = 0.5, seed: int = 0) -> 
     return dst
 
 
+# The CLI sits above the harness: only this module's `python -m` entry point (main, its --help) may use it, and
+# importing it at the top would load the CLI into every library user of FaultyNode (bench.rogue, the tests).
+
+
 def _fault_parser() -> argparse.ArgumentParser:
-    from layerswarm.cli.base import HelpFormatter
+    from layerswarm.cli.base import HelpFormatter  # noqa: PLC0415 - the entry point only (see above)
 
     p = argparse.ArgumentParser(
         prog="python -m layerswarm.harness.faults",
@@ -227,7 +231,7 @@ def _fault_parser() -> argparse.ArgumentParser:
 
 def _print_help() -> NoReturn:
     """--help: the fault flags, then the `layerswarm node` flags this wrapper passes on."""
-    from layerswarm.cli import build_parser
+    from layerswarm.cli import build_parser  # noqa: PLC0415 - the entry point only (see _fault_parser)
 
     print(_fault_parser().format_help())
     print("Every `layerswarm node` argument is accepted and passed on:\n", flush=True)
@@ -238,8 +242,7 @@ def _print_help() -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     """`layerswarm node` with a fault: the node's own argument parser and settings, our node class.
     The CLI is imported here (the top of the stack): this entry point is a test tool, not a library."""
-    from layerswarm.cli import node_settings_from_argv
-    from layerswarm.node.server import run
+    from layerswarm.cli import node_settings_from_argv  # noqa: PLC0415 - the entry point only (see _fault_parser)
 
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:

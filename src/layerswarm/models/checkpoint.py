@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ViTConfig
+from .text.model import TextEncoder, TextStem
 from .vit import Block, Head, Stem, ViT
 
 TOKENIZER = "tokenizer.json"  # text models: the tokenizer, hashed like the weights
@@ -280,16 +281,12 @@ def verified_file(model_dir: str | os.PathLike[str], manifest: Manifest, name: s
 def new_stem(cfg: ViTConfig) -> nn.Module:
     """The stem for the config's kind: patch embedding for images, token embedding for text."""
     if cfg.is_text:
-        from .text.model import TextStem
-
         return TextStem(cfg)
     return Stem(cfg)
 
 
 def new_model(cfg: ViTConfig) -> ViT:
     if cfg.is_text:
-        from .text.model import TextEncoder
-
         return TextEncoder(cfg)
     return ViT(cfg)
 

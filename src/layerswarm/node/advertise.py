@@ -9,6 +9,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+import ifaddr
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
@@ -65,8 +66,6 @@ def route_source(target: str) -> str | None:
 
 def interface_addresses() -> list[tuple[str, str]]:
     """(interface, IPv4 address) of every interface, in the system's order."""
-    import ifaddr
-
     return [(a.nice_name, ip.ip) for a in ifaddr.get_adapters() for ip in a.ips if isinstance(ip.ip, str)]
 
 

@@ -70,6 +70,8 @@ class NodeSettings(ProcessSettings):
     @field_validator("model_dir", mode="before")
     @classmethod
     def _shipped_model(cls, value: Any) -> Any:
-        from layerswarm.models.zoo import resolve  # zoo:FAMILY/MEMBER names a shipped model
+        # zoo:FAMILY/MEMBER names a shipped model. Imported here: the zoo reads manifests through
+        # models/checkpoint.py (torch), and `layerswarm --help` builds this class's flags without torch.
+        from layerswarm.models.zoo import resolve  # noqa: PLC0415
 
         return resolve(value) if isinstance(value, str) else value

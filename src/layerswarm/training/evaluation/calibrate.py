@@ -21,17 +21,100 @@ import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import NotRequired, TypedDict
 
-from .exits import RULES, ExitPolicy, ExitRule, simulate
-from .vit import run_blocks
+from layerswarm.models.exits import RULES, ExitPolicy, ExitRule, simulate
+from layerswarm.models.vit import run_blocks
 
 CONFIDENCE_SWEEP = (0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
 ENTROPY_SWEEP = (0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.07, 0.05, 0.03, 0.02, 0.01, 0.005, 0.001, 0.0)
 ENSEMBLE_SWEEP = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
+
+
+class SweepPoint(TypedDict):
+    threshold: float
+    accuracy: float
+    mean_blocks: float
+    exited: float  # the share of images that exited before the last block
+
+
+class Halves(TypedDict):
+    calibration: float
+    held_out: float
+
+
+class HeldOut(TypedDict):
+    held_out: float
+
+
+class ChosenExit(TypedDict):
+    threshold: float
+    calibration: SweepPoint  # where it was chosen
+    held_out: dict[str, float]  # accuracy and mean_blocks on the other half
+
+
+class RuleCalibration(TypedDict):
+    curve: list[SweepPoint]  # held out
+    chosen: ChosenExit | None  # None: no threshold within the margin
+
+
+class ExitChoice(TypedDict):
+    rule: str
+    threshold: float
+
+
+class ExitCalibration(TypedDict):
+    margin: float
+    min_blocks: int
+    depth: int
+    images: dict[str, int]  # calibration, held_out
+    full_accuracy: Halves
+    rules: dict[str, RuleCalibration]
+    default: ExitChoice | None  # the cheapest chosen rule
+
+
+class EnsemblePoint(TypedDict):
+    threshold: float
+    accuracy: float
+    hops_ratio: float  # hops against a single path
+    second_route: float  # the share of images that took a second route
+
+
+class ChosenEnsemble(TypedDict):
+    threshold: float
+    held_out: EnsemblePoint | None
+
+
+class EnsembleCalibration(TypedDict):
+    depth: int
+    single_accuracy: HeldOut
+    parallel_2_accuracy: HeldOut
+    curve: list[EnsemblePoint]
+    max_hops_ratio: float
+    chosen: ChosenEnsemble | None
+
+
+class RepeatReport(TypedDict):
+    order: str
+    by_missing: dict[str, dict[str, float]]  # k missing -> skipped, repeated
+    mean_gain: float
+    helps: bool
+
+
+class AdaptivePolicy(TypedDict):
+    """DIR/adaptive.json (models/adaptive_policy.py): what the coordinator reads."""
+
+    exit: ExitChoice | None
+    exit_thresholds: dict[str, float]
+    margin: float
+    min_blocks: int
+    ensemble_confidence: float | None
+    repeats: bool
+    model_id: NotRequired[str]  # written with the file: the model and data it was calibrated on
+    dataset: NotRequired[str]
 
 
 @dataclass
@@ -68,8 +151,8 @@ def prefix_logits(
     return torch.cat(out)
 
 
-def sweep(prefix: Tensor, y: Tensor, rule: ExitRule, min_blocks: int) -> list[dict[str, float]]:
-    points = []
+def sweep(prefix: Tensor, y: Tensor, rule: ExitRule, min_blocks: int) -> list[SweepPoint]:
+    points: list[SweepPoint] = []
     for t in thresholds(rule, prefix.shape[1]):
         depth, answer = simulate(prefix, ExitPolicy(rule, t), min_blocks)
         points.append(
@@ -83,21 +166,21 @@ def sweep(prefix: Tensor, y: Tensor, rule: ExitRule, min_blocks: int) -> list[di
     return points
 
 
-def choose(points: list[dict[str, float]], full_accuracy: float, margin: float) -> dict[str, float] | None:
+def choose(points: list[SweepPoint], full_accuracy: float, margin: float) -> SweepPoint | None:
     ok = [p for p in points if p["accuracy"] >= full_accuracy - margin]
     return min(ok, key=lambda p: (p["mean_blocks"], -p["accuracy"])) if ok else None
 
 
-def calibrate_exits(prefix: Tensor, y: Tensor, plan: CalibrationPlan) -> dict[str, Any]:
+def calibrate_exits(prefix: Tensor, y: Tensor, plan: CalibrationPlan) -> ExitCalibration:
     """Choose on the first half, report on the second half."""
     half = prefix.shape[0] // 2
     cal, held, y_cal, y_held = prefix[:half], prefix[half:], y[:half], y[half:]
     full_cal, full_held = _acc(cal[:, -1], y_cal), _acc(held[:, -1], y_held)
-    rules: dict[str, Any] = {}
+    rules: dict[str, RuleCalibration] = {}
     for name in RULES:
         rule = ExitRule(name)
         chosen = choose(sweep(cal, y_cal, rule, plan.min_blocks), full_cal, plan.margin)
-        entry: dict[str, Any] = {"curve": sweep(held, y_held, rule, plan.min_blocks), "chosen": None}
+        entry: RuleCalibration = {"curve": sweep(held, y_held, rule, plan.min_blocks), "chosen": None}
         if chosen is not None:
             depth, answer = simulate(held, ExitPolicy(rule, chosen["threshold"]), plan.min_blocks)
             entry["chosen"] = {
@@ -106,7 +189,7 @@ def calibrate_exits(prefix: Tensor, y: Tensor, plan: CalibrationPlan) -> dict[st
                 "held_out": {"accuracy": _acc(answer, y_held), "mean_blocks": float(depth.float().mean())},
             }
         rules[name] = entry
-    picked = [(n, r["chosen"]) for n, r in rules.items() if r["chosen"] is not None]
+    picked = [(n, rule_choice) for n, r in rules.items() if (rule_choice := r["chosen"]) is not None]
     best = min(picked, key=lambda p: p[1]["calibration"]["mean_blocks"]) if picked else None
     return {
         "margin": plan.margin,
@@ -119,15 +202,15 @@ def calibrate_exits(prefix: Tensor, y: Tensor, plan: CalibrationPlan) -> dict[st
     }
 
 
-def calibrate_ensemble(first: Tensor, second: Tensor, y: Tensor, plan: CalibrationPlan) -> dict[str, Any]:
+def calibrate_ensemble(first: Tensor, second: Tensor, y: Tensor, plan: CalibrationPlan) -> EnsembleCalibration:
     """first, second: (N, L, classes) prefix logits of two routes in different orders (full paths)."""
     half = first.shape[0] // 2
     depth = first.shape[1]
 
-    def curve(a: Tensor, b: Tensor, labels: Tensor) -> list[dict[str, float]]:
+    def curve(a: Tensor, b: Tensor, labels: Tensor) -> list[EnsemblePoint]:
         single = a[:, -1]
         both = (a[:, -1] + b[:, -1]) / 2
-        points = []
+        points: list[EnsemblePoint] = []
         for t in ENSEMBLE_SWEEP:
             unsure = single.softmax(-1).max(-1).values < t
             answer = torch.where(unsure[:, None], both, single)
@@ -159,7 +242,7 @@ def calibrate_ensemble(first: Tensor, second: Tensor, y: Tensor, plan: Calibrati
 @torch.inference_mode()
 def repeats(
     blocks: Sequence[nn.Module], head: nn.Module, x: Tensor, y: Tensor, robust: bool, plan: CalibrationPlan
-) -> dict[str, Any]:
+) -> RepeatReport:
     """Accuracy with k of L block indices missing: the path skips them, or repeats present ones."""
     rng = random.Random(plan.seed + 1)
     depth = len(blocks)
@@ -186,12 +269,12 @@ def repeats(
     }
 
 
-def policy_record(exits: dict[str, Any], ensemble: dict[str, Any], repeat: dict[str, Any]) -> dict[str, Any]:
+def policy_record(exits: ExitCalibration, ensemble: EnsembleCalibration, repeat: RepeatReport) -> AdaptivePolicy:
     """What the coordinator reads from DIR/adaptive.json (the full curves stay in the eval report)."""
     chosen = ensemble.get("chosen")
     return {
         "exit": exits["default"],
-        "exit_thresholds": {n: r["chosen"]["threshold"] for n, r in exits["rules"].items() if r["chosen"]},
+        "exit_thresholds": {n: c["threshold"] for n, r in exits["rules"].items() if (c := r["chosen"])},
         "margin": exits["margin"],
         "min_blocks": exits["min_blocks"],
         "ensemble_confidence": None if chosen is None else chosen["threshold"],
@@ -199,7 +282,7 @@ def policy_record(exits: dict[str, Any], ensemble: dict[str, Any], repeat: dict[
     }
 
 
-def accuracy_at_blocks(curve: list[dict[str, float]], blocks: float) -> float | None:
+def accuracy_at_blocks(curve: list[SweepPoint], blocks: float) -> float | None:
     """A sweep's accuracy at a given mean depth, linearly interpolated (None outside the curve):
     how two models compare at equal mean compute."""
     points = sorted((p["mean_blocks"], p["accuracy"]) for p in curve)

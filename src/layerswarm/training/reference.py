@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Required, TypedDict
 
-from .data import Images, iterate_batches
+from .data.datasets import Images, iterate_batches
 
 FAR_BEHIND = 0.9  # the ViT is "far behind" below this fraction of the reference's accuracy
 
@@ -43,6 +45,21 @@ class ReferenceResult:
     seconds: float
     steps: int
     epochs: float
+
+
+class LearnedRecord(TypedDict, total=False):
+    """A manifest's `metrics.learned`: the kept epoch's validation accuracy against chance and the
+    reference CNN (the arbitrary-order figures for shuffle-robust variants only), against always
+    answering the most common class, and, for a family member, whose reference it was."""
+
+    chance: Required[float]
+    reference: Required[dict[str, Any]]  # ReferenceResult's fields
+    vit_val_sequential: float
+    vit_val_arbitrary: float
+    ratio_val_sequential: float | None  # None: the reference scored 0, and a ratio says nothing
+    ratio_val_arbitrary: float | None
+    reference_from: str  # a family member: its base, whose reference this is
+    majority_baseline: float
 
 
 @torch.no_grad()
@@ -93,15 +110,19 @@ def train_reference(
     )
 
 
-def compare(vit_acc: dict[str, float], reference: ReferenceResult, num_classes: int) -> dict[str, object]:
-    """The record written into the manifest: the ViT's accuracies against chance and the reference."""
+def compare(vit_acc: dict[str, float], reference: ReferenceResult, num_classes: int) -> LearnedRecord:
+    """The record written into the manifest: the ViT's accuracies (`val_sequential`, and `val_arbitrary`
+    when measured) against chance and the reference."""
     ref = reference.val_acc  # at zero a ratio says nothing (it read 1e9): None
-    return {
-        "chance": round(1.0 / num_classes, 4),
-        "reference": asdict(reference),
-        **{f"vit_{k}": round(v, 4) for k, v in vit_acc.items()},
-        **{f"ratio_{k}": round(v / ref, 3) if ref > 0 else None for k, v in vit_acc.items()},
-    }
+    sequential, arbitrary = vit_acc["val_sequential"], vit_acc.get("val_arbitrary")
+    record: LearnedRecord = {"chance": round(1.0 / num_classes, 4), "reference": asdict(reference)}
+    record["vit_val_sequential"] = round(sequential, 4)
+    if arbitrary is not None:
+        record["vit_val_arbitrary"] = round(arbitrary, 4)
+    record["ratio_val_sequential"] = round(sequential / ref, 3) if ref > 0 else None
+    if arbitrary is not None:
+        record["ratio_val_arbitrary"] = round(arbitrary / ref, 3) if ref > 0 else None
+    return record
 
 
 def far_behind_warning(vit_acc: dict[str, float], reference: ReferenceResult) -> str | None:

@@ -9,25 +9,47 @@ import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .recipe import recipe_changes
+from layerswarm.models.vit import ViT
 
-if TYPE_CHECKING:
-    from .train import Trainer
+from .data.datasets import Dataset
+from .recipe import TrainRecipe, recipe_changes
+from .train_report import EpochRecord
 
-log = logging.getLogger("layerswarm.models.train")
+log = logging.getLogger("layerswarm.training.train")
 
 TRAIN_STATE = ".train_state"  # OUT/.train_state: a run's resumable state, saved after every epoch
 STATE_FILE = "state.safetensors"
 
 
-def save_state(trainer: Trainer) -> None:
+class Resumable(Protocol):
+    """A run as its state is saved and restored (the Trainer, train.py): stated here, so the state
+    needs nothing from the trainer that saves it."""
+
+    state_dir: Path
+    model: ViT
+    data: Dataset
+    recipe: TrainRecipe
+    device: torch.device
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    gen: torch.Generator
+    best_state: dict[str, Tensor] | None
+    history: list[EpochRecord]
+    epoch: int
+    best_val: float
+    stale: int
+    total_steps: int
+    planned: bool
+
+
+def save_state(trainer: Resumable) -> None:
     """Write the run so far; a run killed mid-write leaves the previous state whole."""
     trainer.state_dir.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in trainer.model.state_dict().items()}
@@ -58,7 +80,7 @@ def save_state(trainer: Trainer) -> None:
     (trainer.state_dir / "state.json").write_text(text)
 
 
-def _made_with(trainer: Trainer) -> dict[str, Any]:
+def _made_with(trainer: Resumable) -> dict[str, Any]:
     """The data and model a train state belongs to, as JSON reads them back. Without them, --resume
     with another --data of as many classes silently went on training the other data's weights, and
     one with another class count or --dim stopped in a traceback."""
@@ -81,7 +103,7 @@ def saved_time_budget(state_dir: Path) -> float | None:
     return float(budget) if isinstance(budget, int | float) else None
 
 
-def load_state(trainer: Trainer) -> bool:
+def load_state(trainer: Resumable) -> bool:
     path = trainer.state_dir / STATE_FILE
     if not path.is_file():
         return False

@@ -7,7 +7,8 @@
     csv:PATH | jsonl:PATH      a `text` and a `label` column / key per row; 20 % held out (seeded)
 
 A corpus is raw texts and labels; `encode_corpus` turns it into a Dataset of token ids with a model's
-tokenizer (trained from the training texts, or the --init model's own).
+tokenizer (trained from the training texts, or the --init model's own; `load_text_data`: a model's own,
+hash-checked).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from ..data import Dataset
-from .tokenizer import encode_one, pad_batch
+from layerswarm.models.checkpoint import TOKENIZER, Manifest, read_manifest, verified_file
+from layerswarm.models.text.tokenizer import encode_one, load_tokenizer, pad_batch
+
+from ..data.datasets import DataRecord, Dataset, parse_shape_counts
 
 TEXT_KINDS = ("words", "csv", "jsonl")
 TEXT_SPECS = "words[:N_TRAIN[:N_TEST]], csv:PATH or jsonl:PATH (columns text, label)"
@@ -97,7 +100,7 @@ class TextDataset(Dataset):
     def image_shape(self) -> tuple[int, int, int]:
         raise TypeError("a text dataset has no image shape")
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> DataRecord:
         assert isinstance(self.train_x, torch.Tensor)
         return {
             "spec": self.spec,
@@ -113,8 +116,6 @@ class TextDataset(Dataset):
 def load_corpus(spec: str, seed: int = 0) -> TextCorpus:
     kind, _, arg = spec.partition(":")
     if kind == "words":
-        from ..data import parse_shape_counts
-
         n_train, n_test = parse_shape_counts(arg)
         return make_words(n_train, n_test, seed, spec)
     if kind in ("csv", "jsonl"):
@@ -127,8 +128,6 @@ def load_corpus(spec: str, seed: int = 0) -> TextCorpus:
 def check_text_spec(spec: str) -> str:
     kind, _, arg = spec.partition(":")
     if kind == "words":
-        from ..data import parse_shape_counts
-
         parse_shape_counts(arg)
     else:
         _existing_file(kind, arg)
@@ -150,6 +149,21 @@ def encode_corpus(corpus: TextCorpus, tok: Tokenizer, max_tokens: int) -> TextDa
         corpus.test_y,
         corpus.class_names,
     )
+
+
+def model_tokenizer(model_dir: str | Path, manifest: Manifest | None = None) -> Tokenizer:
+    """A text model's tokenizer, after checking its hash against the manifest."""
+    manifest = manifest or read_manifest(model_dir)
+    if not manifest.config.is_text:
+        raise ValueError(f"{model_dir} is an image model; text data needs a text model")
+    return load_tokenizer(verified_file(model_dir, manifest, TOKENIZER))
+
+
+def load_text_data(spec: str, model_dir: str | Path) -> TextDataset:
+    """A text data spec encoded with a model's own tokenizer (what eval and serving clients use)."""
+    manifest = read_manifest(model_dir)
+    corpus = load_corpus(spec, seed=int(manifest.dataset.get("data_seed", 0)))
+    return encode_corpus(corpus, model_tokenizer(model_dir, manifest), manifest.config.max_tokens)
 
 
 # --- generated ------------------------------------------------------------------------------------

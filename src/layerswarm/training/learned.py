@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from .checkpoint import read_manifest
-from .data import Dataset
-from .reference import ReferenceResult, compare, far_behind_warning, train_reference
+from layerswarm.models.checkpoint import read_manifest
+
+from .data.datasets import Dataset
+from .reference import LearnedRecord, ReferenceResult, compare, far_behind_warning, train_reference
 from .train import Trainer
 from .train_report import kept_record
 
@@ -49,7 +49,7 @@ def inherited_reference(init: str | None) -> ReferenceResult | None:
     return ReferenceResult(**reference) if isinstance(reference, dict) else None
 
 
-def against_inherited(trainer: Trainer, reference: ReferenceResult, init: str, classes: int) -> dict[str, Any]:
+def against_inherited(trainer: Trainer, reference: ReferenceResult, init: str, classes: int) -> LearnedRecord:
     """A fine-tune without its own reference (family members) against its base's: the same data and the
     base's training time, on the base's validation split (a member's own split is drawn from its seed)."""
     vit = kept_accuracies(trainer)
@@ -73,7 +73,7 @@ def kept_accuracies(trainer: Trainer) -> dict[str, float]:
     return vit
 
 
-def against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers: int) -> dict[str, Any]:
+def against_reference(trainer: Trainer, data: Dataset, budget_s: float, workers: int) -> LearnedRecord:
     """Train the reference CNN on the trainer's own split for `budget_s`, compare, warn when far behind."""
     x = data.train_x
     train_x = x[trainer.train_idx] if isinstance(x, torch.Tensor) else x.subset(trainer.train_idx)

@@ -5,13 +5,20 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import Any
 
 import torch
+from typing_extensions import NotRequired, TypedDict
 
-from .adaptive_policy import write_policy
+from layerswarm.models.adaptive_policy import write_policy
+from layerswarm.models.checkpoint import load_model
+
+from ..data.datasets import Dataset
 from .calibrate import (
+    AdaptivePolicy,
     CalibrationPlan,
+    EnsembleCalibration,
+    ExitCalibration,
+    RepeatReport,
     accuracy_at_blocks,
     calibrate_ensemble,
     calibrate_exits,
@@ -19,14 +26,25 @@ from .calibrate import (
     prefix_logits,
     repeats,
 )
-from .checkpoint import load_model
-from .data import Dataset
 
 log = logging.getLogger(__name__)
 
 
+class CalibrationRecord(TypedDict):
+    """One model's calibration in the eval report (`calibration`), and the policy written from it."""
+
+    model_id: str
+    variant: str
+    order: str
+    exits: ExitCalibration
+    ensemble: EnsembleCalibration
+    repeats: RepeatReport
+    policy: AdaptivePolicy
+    policy_sha256: NotRequired[str]  # when written: DIR/adaptive.json's hash, as the manifest lists it
+
+
 @torch.inference_mode()
-def calibrate_model(model_dir: Path, data: Dataset, plan: CalibrationPlan, write: bool) -> dict[str, Any]:
+def calibrate_model(model_dir: Path, data: Dataset, plan: CalibrationPlan, write: bool) -> CalibrationRecord:
     model, manifest = load_model(model_dir)
     robust = manifest.config.shuffle_robust
     blocks, head = list(model.blocks), model.head
@@ -42,7 +60,7 @@ def calibrate_model(model_dir: Path, data: Dataset, plan: CalibrationPlan, write
     half = len(y) // 2  # repeats: on the held-out half only (the costliest part: many full passes)
     repeat = repeats(blocks, head, x[half:], y[half:], robust, plan)
     policy = policy_record(exits, ensemble, repeat)
-    result: dict[str, Any] = {
+    result: CalibrationRecord = {
         "model_id": manifest.model_id,
         "variant": manifest.variant,
         "order": "arbitrary" if robust else "sequential",
@@ -59,7 +77,7 @@ def calibrate_model(model_dir: Path, data: Dataset, plan: CalibrationPlan, write
     return result
 
 
-def render_calibration(calibration: dict[str, Any]) -> str:
+def render_calibration(calibration: dict[str, CalibrationRecord]) -> str:
     lines = [
         "| model | rule | threshold | accuracy (held out) | mean blocks | reduction | full-path accuracy |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -91,10 +109,11 @@ def render_calibration(calibration: dict[str, Any]) -> str:
     lines.append("| --- | --- | --- | --- |")
     for name, c in calibration.items():
         ens = c["ensemble"]
-        chosen = ens["chosen"]
+        second = ens["chosen"]
+        held_out = second["held_out"] if second else None
         adaptive = (
-            f"{chosen['held_out']['accuracy']:.4f} ({chosen['threshold']:g}, {chosen['held_out']['hops_ratio']:.2f}x)"
-            if chosen and chosen["held_out"]
+            f"{held_out['accuracy']:.4f} ({second['threshold']:g}, {held_out['hops_ratio']:.2f}x)"
+            if second and held_out
             else "-"
         )
         lines.append(

@@ -1,7 +1,7 @@
 """Per-token depth, measured: accuracy and mean depth per token for fixed depth vs the MI and
 reconstruction estimates, in sequential and arbitrary block order (what `layerswarm depth` reports).
 
-Frozen tokens are computed exactly as a node computes them (tokens.run_active: active tokens get
+Frozen tokens are computed exactly as a node computes them (models/text/tokens.run_active: active tokens get
 queries and the MLP, frozen ones are only keys and values); depth counts hops run, whatever the order.
 """
 
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..vit import ViT
-from .depth import token_depths
-from .model import key_mask_of
-from .tokens import ACTIVE_CODE, hop_mask, run_active, scatter_active
+from layerswarm.models.text.depth import token_depths
+from layerswarm.models.text.model import key_mask_of
+from layerswarm.models.text.tokens import ACTIVE_CODE, hop_mask, run_active, scatter_active
+from layerswarm.models.vit import ViT
 
 
 @torch.inference_mode()
@@ -36,7 +36,13 @@ def run_with_depths(model: ViT, ids: Tensor, blocks: Sequence[nn.Module], depth:
 
 
 def evaluate_depths(
-    model: ViT, ids: Tensor, labels: Tensor, policy: dict[str, Any], orders: int = 5, seed: int = 0, batch: int = 500
+    model: ViT,
+    ids: Tensor,
+    labels: Tensor,
+    policy: Mapping[str, object],
+    orders: int = 5,
+    seed: int = 0,
+    batch: int = 500,
 ) -> dict[str, Any]:
     """Per estimate (full, fixed at the MI mean, mi, reconstruction) and order: accuracy, mean depth per
     real token, tokens computed per sentence (vs full depth)."""

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..vit import ViT
-from .model import key_mask_of
-from .tokenizer import CLS_ID, MASK_ID, PAD_ID
+from layerswarm.models.text.model import key_mask_of
+from layerswarm.models.text.tokenizer import CLS_ID, MASK_ID, PAD_ID
+from layerswarm.models.vit import ViT
 
 LAMBDA = 0.1
 log = logging.getLogger(__name__)

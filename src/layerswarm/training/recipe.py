@@ -3,7 +3,6 @@ them in --help without importing torch)."""
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -53,7 +52,7 @@ class TrainRecipe:
     # blocks in a random order (not in order) rises linearly from 0 to 1; shuffled throughout after it. 0:
     # every batch shuffled from the first step. Only a model trained from scratch ramps (a fine-tune's base
     # already learnt the task), and the model kept is chosen after the ramp (Trainer.ramping). 0 here;
-    # `layerswarm train` from scratch asks for FROM_SCRATCH_SHUFFLE_RAMP (recipe_from_args).
+    # `layerswarm train` from scratch asks for FROM_SCRATCH_SHUFFLE_RAMP (cli/train.py, recipe_from_args).
     shuffle_ramp: float = 0.0
     batch_size: int = 128
     lr: float = 1e-3
@@ -117,23 +116,3 @@ def recipe_changes(saved: dict[str, Any], recipe: TrainRecipe) -> list[str]:
         if saved.get(name, defaults[name]) != value
     ]
     return changed + [f"{name}: {saved[name]!r} -> (no such setting in this version)" for name in unknown]
-
-
-def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> TrainRecipe:
-    """The recipe a `layerswarm train` command line asks for (`overrides`: what the data and model decide,
-    in place of the command line's; a --time-budget not given is the recipe's default unless overridden)."""
-    fields = (
-        *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "split_seed"),
-        *("threads", "exit_loss", "bootstrap"),
-        *("time_budget_s", "patience", "label_smoothing", "drop_path", "mixup"),
-    )
-    ramp = getattr(args, "shuffle_ramp", None)
-    if ramp is None:  # not asked: an image model from scratch ramps, a fine-tune's base has learnt already
-        ramp = FROM_SCRATCH_SHUFFLE_RAMP if getattr(args, "init", None) is None else 0.0
-    asked = {name: getattr(args, name) for name in fields}
-    if asked["time_budget_s"] is None:
-        asked["time_budget_s"] = TrainRecipe.time_budget_s
-    overrides = {"shuffle_ramp": ramp, **overrides}
-    if getattr(args, "token_depth", None):
-        overrides = {"token_depth": args.token_depth, **overrides}
-    return TrainRecipe(**{**asked, **overrides})

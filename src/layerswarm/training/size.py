@@ -5,7 +5,7 @@ the CLI's parser can list the ladder in --help without importing torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 HEAD_CHANNELS = 16  # every size keeps 16 channels per attention head, as the long-standing D 64 / 4 heads does
 MLP_RATIO = 4  # vit.Block's hidden width over D
@@ -65,6 +65,25 @@ def auto_size(train_images: int | None, image_size: int | None, time_budget_s: f
     return DEFAULT, f"--size auto: {AUTO_RULE}"
 
 
+class SizeInputs(TypedDict):
+    train_images: int | None
+    image_size: int | None
+    time_budget_s: float
+
+
+class SizeChoice(TypedDict):
+    """A from-scratch model's width and depth and why (the manifest's recipe.size)."""
+
+    size: str  # as asked (auto or a name)
+    size_chosen: str  # the ladder's size it came to
+    dim: int
+    depth: int
+    heads: int
+    block_params: int
+    size_reason: str
+    size_inputs: SizeInputs
+
+
 def choose_size(
     size: str,
     dim: int | None = None,
@@ -74,7 +93,7 @@ def choose_size(
     train_images: int | None = None,
     image_size: int | None = None,
     time_budget_s: float = 600.0,
-) -> dict[str, Any]:
+) -> SizeChoice:
     """Width, depth and heads of a from-scratch model, and how they were chosen: the named size (or the
     one `auto` derives from the data), with each of --dim/--depth/--heads that was given in its place."""
     if size == AUTO:
@@ -95,7 +114,9 @@ def choose_size(
     return {
         "size": size,
         "size_chosen": chosen.name,
-        **final,
+        "dim": final["dim"],
+        "depth": final["depth"],
+        "heads": final["heads"],
         "block_params": block_params(final["dim"], final["depth"]),
         "size_reason": reason,
         "size_inputs": {"train_images": train_images, "image_size": image_size, "time_budget_s": time_budget_s},

@@ -19,15 +19,17 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .checkpoint import Lineage, Manifest, load_model, read_manifest
-from .config import ViTConfig, is_shuffle_robust
-from .data import Dataset, iterate_batches
+from layerswarm.models.checkpoint import Lineage, Manifest, load_model, read_manifest
+from layerswarm.models.config import ViTConfig, is_shuffle_robust
+from layerswarm.models.vit import ViT
+
+from .data.datasets import Dataset, check_same_classes, iterate_batches
+from .data.split import validation_split
+from .hf_import import import_hf_vit
 from .objective import augment, batch_order, evaluate_loss, mixup_batch, training_loss
 from .recipe import TrainRecipe
-from .split import validation_split
-from .train_report import describe_epoch, peak_memory_mb
+from .train_report import EpochRecord, describe_epoch, peak_memory_mb
 from .train_state import load_state, save_state
-from .vit import ViT
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class Trainer:
         self.opt = make_optimizer(model, recipe)
         self.steps_per_epoch = math.ceil(len(self.train_idx) / recipe.batch_size)
         self.step_cap = self.total_steps = self.steps_per_epoch * recipe.epochs  # the schedule's longest
-        self.history: list[dict[str, float]] = []
+        self.history: list[EpochRecord] = []
         self.epoch_started: float | None = None
         self.stopped = ""  # why training ended before the last epoch, if it did
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
@@ -171,7 +173,7 @@ class Trainer:
             return f"validation loss has not improved for {self.stale} epochs"
         return None
 
-    def fit(self, on_epoch: Callable[[dict[str, float]], None] | None = None) -> dict[str, float]:
+    def fit(self, on_epoch: Callable[[EpochRecord], None] | None = None) -> EpochRecord:
         for epoch in range(self.epoch, self.recipe.epochs):
             record = self._train_epoch(epoch)
             record.update(self._validate())
@@ -205,7 +207,7 @@ class Trainer:
             self.stale += 1
         return False
 
-    def _train_epoch(self, epoch: int) -> dict[str, float]:
+    def _train_epoch(self, epoch: int) -> EpochRecord:
         self.model.train()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -249,24 +251,25 @@ class Trainer:
                 break
         bar.close()
         seconds, self.epoch_started = time.perf_counter() - started, None
-        return {
+        record: EpochRecord = {
             "epoch": epoch + 1,
             "train_loss": running / max(1, steps),
             "seconds": seconds,
             "step_s": seconds / max(1, steps),
             # CPU seconds of this process (all its threads): what a step costs when the machine is shared
             "step_cpu_s": (time.process_time() - cpu_started) / max(1, steps),
-            **peak_memory_mb(self.device),
         }
+        record.update(peak_memory_mb(self.device))
+        return record
 
-    def _validate(self) -> dict[str, float]:
+    def _validate(self) -> EpochRecord:
         val_loss, val_acc = evaluate_loss(self.model, self.val_x, self.val_y, workers=self.workers)
         arbitrary = [
             evaluate_loss(self.model, self.val_x, self.val_y, order=o, workers=self.workers)[1] for o in self.val_orders
         ]
         return {"val_loss": val_loss, "val_acc": val_acc, "val_acc_arbitrary": sum(arbitrary) / len(arbitrary)}
 
-    # --- resumable train state (models/train_state.py) -------------------------------------------------
+    # --- resumable train state (training/train_state.py) -----------------------------------------------
 
     def save_state(self) -> None:
         save_state(self)
@@ -308,8 +311,6 @@ def build_model(
         model = ViT(cfg)
         return model, Lineage(source="scratch")  # its own root, fixed when it is saved
     if init.startswith("hf:"):
-        from .hf_import import import_hf_vit
-
         model, lineage = import_hf_vit(
             Path(init[3:]), variant=variant, num_classes=len(data.class_names), class_names=data.class_names
         )
@@ -335,17 +336,3 @@ def _fine_tune_copy(parent: ViT, manifest: Manifest, data: Dataset, variant: str
     model = ViT(cfg)
     model.load_state_dict(parent.state_dict())
     return model, Lineage(root=manifest.lineage.root, parent=manifest.model_id, source="model")
-
-
-def check_same_classes(
-    model_classes: tuple[str, ...], data_classes: tuple[str, ...], model: str, hint: str = ""
-) -> None:
-    """Refuse data whose classes are not the model's, in its order: output i means model_classes[i], so
-    other names (cat/dog/eel fine-tuned into a model of a/b/c served "a" for a cat) or another order (a
-    folder with a class added or removed shifts every label after it) were trained or scored against the
-    wrong outputs, silently. A model that names no classes (written before they were recorded) is not checked."""
-    if model_classes and tuple(model_classes) != tuple(data_classes):
-        raise ValueError(
-            f"{model} has classes {list(model_classes)}, the data {list(data_classes)} (sorted folder names): "
-            f"they must be the same, in the same order{hint}"
-        )

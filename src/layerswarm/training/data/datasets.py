@@ -3,7 +3,7 @@
 A data spec names one:  shapes[:N_TRAIN[:N_TEST]] (pairs) | shapes1[...] (single shapes)  |  digits  |  imagefolder:PATH
 Each yields float32 images (N, C, H, W) in [0, 1] at the model's image size and int64 labels;
 normalisation is the stem's job, with mean and std saved in the model config. Generated sets are drawn
-at 32 x 32 and resized; image folders are decoded at the size asked for (see images.py for the
+at 32 x 32 and resized; image folders are decoded at the size asked for (see models/images.py for the
 policy), held in memory when they fit and streamed from disk otherwise (see folders.py).
 """
 
@@ -19,9 +19,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from typing_extensions import Required, TypedDict
+
+from layerswarm.models.images import IMAGE_SUFFIXES, decode_image, png_bytes
 
 from .folders import DEFAULT_MEMORY_LIMIT_BYTES, ImageFiles, load_imagefolder, usable_workers
-from .images import IMAGE_SUFFIXES, decode_image, png_bytes
 
 __all__ = ["IMAGE_SUFFIXES", "Dataset", "Images", "decode_image", "iterate_batches", "labelled_samples", "load_dataset"]
 
@@ -34,6 +36,20 @@ DATA_SPECS = (
 )
 
 Images = torch.Tensor | ImageFiles  # in memory, or decoded from disk batch by batch
+
+
+class DataRecord(TypedDict, total=False):
+    """What a data set says of itself (a manifest's `dataset`, an eval report's, a train state's check)."""
+
+    spec: Required[str]
+    name: Required[str]
+    kind: str  # "text" for text data; images say nothing
+    train: Required[int]
+    test: Required[int]
+    classes: Required[list[str]]
+    image_shape: list[int]  # images: C, H, W
+    streamed: bool  # images: decoded from disk batch by batch
+    max_tokens: int  # text: the longest encoded sequence
 
 
 @dataclass
@@ -55,7 +71,7 @@ class Dataset:
     def streamed(self) -> bool:
         return isinstance(self.train_x, ImageFiles)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> DataRecord:
         return {
             "spec": self.spec,
             "name": self.name,
@@ -111,12 +127,9 @@ def parse_shape_counts(arg: str) -> tuple[int, int]:
 
 
 def check_spec(spec: str) -> str:
-    """Check a spec without loading it (the command line's early, one-line error)."""
+    """Check an image data spec without loading it (the command line's early, one-line error; text specs:
+    training/text/data.py)."""
     kind, _, arg = spec.partition(":")
-    if kind in ("words", "csv", "jsonl"):  # text data (models/text/data.py)
-        from .text.data import check_text_spec
-
-        return check_text_spec(spec)
     if kind in ("shapes", "shapes1"):
         parse_shape_counts(arg)
     elif kind == "imagefolder":
@@ -127,6 +140,20 @@ def check_spec(spec: str) -> str:
     elif spec != "digits":
         raise ValueError(f"unknown data spec {spec!r}: use {DATA_SPECS}")
     return spec
+
+
+def check_same_classes(
+    model_classes: tuple[str, ...], data_classes: tuple[str, ...], model: str, hint: str = ""
+) -> None:
+    """Refuse data whose classes are not the model's, in its order: output i means model_classes[i], so
+    other names (cat/dog/eel fine-tuned into a model of a/b/c served "a" for a cat) or another order (a
+    folder with a class added or removed shifts every label after it) were trained or scored against the
+    wrong outputs, silently. A model that names no classes (written before they were recorded) is not checked."""
+    if model_classes and tuple(model_classes) != tuple(data_classes):
+        raise ValueError(
+            f"{model} has classes {list(model_classes)}, the data {list(data_classes)} (sorted folder names): "
+            f"they must be the same, in the same order{hint}"
+        )
 
 
 def _resized(data: Dataset, size: int) -> Dataset:
@@ -251,7 +278,8 @@ def _draw_shapes(rng: np.random.Generator, kinds: list[int], size: int) -> np.nd
 
 def load_digits(spec: str, image_size: int) -> Dataset:
     """8 x 8 digits upsampled (nearest: sharp strokes) to the model's side."""
-    from sklearn.datasets import load_digits as sk_digits
+    # scikit-learn is the optional `train` extra, needed only for this data set
+    from sklearn.datasets import load_digits as sk_digits  # noqa: PLC0415
 
     bunch = sk_digits()
     x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0)[:, None]  # (N, 1, 8, 8)

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .checkpoint import Lineage, sha256_file
-from .config import ViTConfig
-from .vit import ViT
+from layerswarm.models.checkpoint import Lineage, sha256_file
+from layerswarm.models.config import ViTConfig
+from layerswarm.models.vit import ViT
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import is_shuffle_robust
-from .data import Images, iterate_batches
-from .vit import Block, ViT
+from layerswarm.models.config import is_shuffle_robust
+from layerswarm.models.vit import Block, ViT
+
+from .data.datasets import Images, iterate_batches
 
 
 def batch_order(model: ViT, variant: str, gen: torch.Generator, shuffle_chance: float = 1.0) -> list[int]:

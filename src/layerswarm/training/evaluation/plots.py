@@ -10,13 +10,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from .report import EvalReport, Pruned
 
-def plot_pruning(report: dict[str, Any], path: Path) -> Path:
+
+def plot_pruning(report: EvalReport, path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, order in zip(axes, ("sequential", "arbitrary"), strict=True):
         for name, m in report["models"].items():
             ks = [int(k) for k in m["pruned"]]
-            ax.plot(ks, [m["pruned"][str(k)][order] for k in ks], marker="o", label=f"{name} ({m['variant']})")
+            ax.plot(ks, [_at(m["pruned"][str(k)], order) for k in ks], marker="o", label=f"{name} ({m['variant']})")
         _chance_line(ax, report)
         ax.set_title(f"{order} order")
         ax.set_xlabel("blocks kept")
@@ -30,7 +32,7 @@ def plot_pruning(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def plot_merged(report: dict[str, Any], path: Path) -> Path:
+def plot_merged(report: EvalReport, path: Path) -> Path:
     groups = report["groups"]
     fig, ax = plt.subplots(figsize=(max(4, 3 * len(groups)), 4))
     labels, positions = [], []
@@ -61,13 +63,17 @@ def plot_merged(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _chance_line(ax: Any, report: dict[str, Any]) -> None:
+def _at(pruned: Pruned, order: str) -> float:
+    return pruned["arbitrary"] if order == "arbitrary" else pruned["sequential"]
+
+
+def _chance_line(ax: Any, report: EvalReport) -> None:
     """Accuracy of guessing (1 / classes): a model near it has learned nothing."""
     chance = report.get("chance") or 1.0 / len(report["dataset"]["classes"])
     ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=f"chance ({chance:.2f})")
 
 
-def plot_exits(report: dict[str, Any], path: Path) -> Path:
+def plot_exits(report: EvalReport, path: Path) -> Path:
     """Accuracy against mean blocks run, one curve per exit rule and model (cf. the early-exit papers),
     with static pruning in arbitrary order for reference where the report has it."""
     calibration = report["calibration"]
@@ -80,7 +86,8 @@ def plot_exits(report: dict[str, Any], path: Path) -> Path:
             if r["chosen"]:
                 held = r["chosen"]["held_out"]
                 ax.scatter([held["mean_blocks"]], [held["accuracy"]], s=80, marker="*", zorder=5)
-        pruned = report.get("models", {}).get(name, {}).get("pruned")
+        row = report.get("models", {}).get(name)
+        pruned = row["pruned"] if row else None
         if pruned:
             ks = sorted(int(k) for k in pruned)
             ax.plot(ks, [pruned[str(k)]["arbitrary"] for k in ks], "k--", alpha=0.5, label="static pruning")

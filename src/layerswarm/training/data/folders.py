@@ -28,7 +28,8 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from .images import IMAGE_SUFFIXES, decode_image
+from layerswarm.models.images import IMAGE_SUFFIXES, decode_image
+
 from .split import held_out_split
 
 log = logging.getLogger(__name__)

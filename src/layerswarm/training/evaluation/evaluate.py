@@ -17,17 +17,20 @@ import random
 import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm
+from typing_extensions import NotRequired, TypedDict
 
-from .checkpoint import Manifest, load_model
-from .config import is_shuffle_robust
-from .data import Dataset, iterate_batches
-from .paths import spread_evenly
-from .vit import ViT, run_blocks
+from layerswarm.models.checkpoint import Manifest, load_model
+from layerswarm.models.config import is_shuffle_robust
+from layerswarm.models.paths import spread_evenly
+from layerswarm.models.text.model import key_mask_of
+from layerswarm.models.vit import ViT, run_blocks
+
+from ..data.datasets import Dataset, iterate_batches
+from .report import Check, EvalReport, GroupRow, ModelRow, Pruned, Summary
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,7 @@ def paired_interval(diff: Tensor, resamples: int, seed: int, level: float = 0.95
     return lo, hi
 
 
-def summary(values: list[float]) -> dict[str, float]:
+def summary(values: list[float]) -> Summary:
     return {
         "mean": statistics.fmean(values),
         "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
@@ -106,10 +109,10 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) -> dict[str, Any]:
+def evaluate_models(model_dirs: Sequence[str], data: Dataset, plan: EvalPlan) -> EvalReport:
     rng = random.Random(plan.seed)
     models = [_load(d, data, plan.workers) for d in model_dirs]
-    report: dict[str, Any] = {
+    report: EvalReport = {
         "dataset": data.describe(),
         "plan": {"orders": plan.orders, "merges": plan.merges, "prune_trials": plan.prune_trials, "seed": plan.seed},
         "chance": 1.0 / len(data.class_names),
@@ -131,8 +134,6 @@ def _load(model_dir: str, data: Dataset, workers: int = 0) -> Evaluated:
         raise ValueError(f"{model_dir} has {manifest.config.num_classes} classes, the data has {len(data.class_names)}")
     name = str(model_dir).rstrip("/").rsplit("/", 1)[-1]
     if manifest.config.is_text:  # token ids: the stem is cheap, padding is masked in every block
-        from .text.model import key_mask_of
-
         assert isinstance(data.test_x, Tensor)
         return Evaluated(name, model, manifest, model.stem(data.test_x), key_mask_of(data.test_x))
     if manifest.config.image_size != data.image_shape[1]:
@@ -150,13 +151,13 @@ def _stem_outputs(model: ViT, data: Dataset, workers: int, batch: int = 64) -> T
     return torch.cat([model.stem(images) for images in iterate_batches(data.test_x, chunks, workers)])
 
 
-def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) -> tuple[dict[str, Any], Tensor]:
+def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) -> tuple[ModelRow, Tensor]:
     """The model's row of the report, and its per-image hit rate over the random orders."""
     blocks, head, x, m = list(ev.model.blocks), ev.model.head, ev.stem_out, ev.key_mask
     depth = len(blocks)
     per_order = torch.stack([hits(head, x, _permuted(blocks, rng), y, m) for _ in range(plan.orders)])
     arbitrary = per_order.mean(1).tolist()
-    pruned: dict[str, dict[str, float]] = {}
+    pruned: dict[str, Pruned] = {}
     for k in plan.prune_ks or range(1, depth + 1):
         if not 1 <= k <= depth:
             continue
@@ -164,7 +165,7 @@ def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) 
         seq = accuracy(head, x, [blocks[i] for i in kept], y, m)
         arb = [accuracy(head, x, rng.sample(blocks, k), y, m) for _ in range(plan.prune_trials)]
         pruned[str(k)] = {"sequential": seq, "arbitrary": statistics.fmean(arb)}
-    row = {
+    row: ModelRow = {
         "model_id": ev.manifest.model_id,
         "family_id": ev.manifest.family_id,
         "variant": ev.manifest.variant,
@@ -177,12 +178,12 @@ def _evaluate_one(ev: Evaluated, y: Tensor, plan: EvalPlan, rng: random.Random) 
 
 def _evaluate_group(
     members: list[Evaluated],
-    per_model: dict[str, Any],
+    per_model: dict[str, ModelRow],
     arbitrary_hits: dict[str, Tensor],
     y: Tensor,
     plan: EvalPlan,
     rng: random.Random,
-) -> dict[str, Any]:
+) -> GroupRow:
     first = members[0]
     depth = len(first.model.blocks)
     head, x = first.model.head, first.stem_out  # merged models keep the first member's stem and head
@@ -204,7 +205,11 @@ def _evaluate_group(
         "sequential": statistics.fmean(r["sequential"] for r in rows),
         "arbitrary": summary([r["arbitrary"]["mean"] for r in rows]),
         "pruned": {
-            k: {o: statistics.fmean(r["pruned"][k][o] for r in rows) for o in ("sequential", "arbitrary")} for k in ks
+            k: {
+                "sequential": statistics.fmean(r["pruned"][k]["sequential"] for r in rows),
+                "arbitrary": statistics.fmean(r["pruned"][k]["arbitrary"] for r in rows),
+            }
+            for k in ks
         },
         "merged": summary(merged),
         "merged_sequential": summary(merged_seq),
@@ -247,9 +252,9 @@ def _groups(models: list[Evaluated]) -> dict[str, list[Evaluated]]:
     return {k: v for k, v in groups.items() if len(v) >= 2}
 
 
-def check_targets(report: dict[str, Any], chance: float) -> dict[str, Any]:
+def check_targets(report: EvalReport, chance: float) -> dict[str, dict[str, Check]]:
     """The issue's targets, evaluated on a report (for the README and the CLI summary)."""
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, Check]] = {}
     for key, g in report["groups"].items():
         if is_shuffle_robust(g["variant"]):
             arb = g["arbitrary"]["mean"]
@@ -286,7 +291,7 @@ def kept_above_chance(sequential: float, arbitrary: float, chance: float) -> flo
     return (arbitrary - chance) / learnt if learnt > 0 else 1.0
 
 
-def _ensemble_verdict(group: dict[str, Any]) -> dict[str, Any]:
+def _ensemble_verdict(group: GroupRow) -> dict[str, Check]:
     """Whether the ensemble beats its best member beyond the test set's noise: "above" when the whole
     95% interval is above zero, "below" when it is below, else "within noise" (reports before the
     interval existed have none, and get no verdict)."""
@@ -302,10 +307,22 @@ def _monotone(values: list[float], slack: float = 0.01) -> bool:
     return all(b >= a - slack for a, b in itertools.pairwise(values))
 
 
-def min_useful_depth(pruned: dict[str, dict[str, float]], order: str, margin: float = 0.01) -> dict[str, Any]:
+class MinDepth(TypedDict):
+    """A model's `min_blocks` policy entry (models/policy.py), which the coordinator reads as its default."""
+
+    value: int
+    margin: float
+    order: str  # the pruned curve it was read from: arbitrary or sequential
+    accuracy_full: float
+    accuracy_at_min: float
+    curve: dict[str, float]
+    measured_on: NotRequired[str]  # "family" (the group's mean curve) or "model"
+
+
+def min_useful_depth(pruned: dict[str, Pruned], order: str, margin: float = 0.01) -> MinDepth:
     """The fewest blocks whose accuracy (pruned curve, `order`: arbitrary or sequential) stays within
     `margin` of the full-depth accuracy on the same curve: the coordinator's honest default min_blocks."""
-    curve = {int(k): v[order] for k, v in pruned.items()}
+    curve = {int(k): v["arbitrary"] if order == "arbitrary" else v["sequential"] for k, v in pruned.items()}
     depth = max(curve)
     full = curve[depth]
     value = min(k for k, acc in curve.items() if acc >= full - margin)
@@ -319,8 +336,24 @@ def min_useful_depth(pruned: dict[str, dict[str, float]], order: str, margin: fl
     }
 
 
+class PositionRange(TypedDict):
+    max_abs: float
+    rms_min: float
+    rms_max: float
+
+
+class ActivationStats(TypedDict):
+    """A model's `activation_stats` policy entry: the range of activations after each position, which
+    the coordinator's range check (coordinator/ranges.py) reads."""
+
+    order: str
+    samples: int
+    orders: int
+    positions: list[PositionRange]
+
+
 @torch.inference_mode()
-def activation_stats(model: ViT, images: Tensor, orders: int = 5, seed: int = 0) -> dict[str, Any]:
+def activation_stats(model: ViT, images: Tensor, orders: int = 5, seed: int = 0) -> ActivationStats:
     """Per position p, the range of activations after p+1 blocks (arbitrary orders for shuffle-robust
     models, else in order): the largest |x| and the range of per-image RMS. A coordinator's cheap first
     filter for lying nodes. `images` should include odd inputs (noise, flat images) so that a strange
