@@ -21,7 +21,7 @@ from layerswarm.client import (
     SwarmClient,
     SwarmError,
 )
-from layerswarm.coordinator.http_models import ClassifyParams, ClassifyResponse
+from layerswarm.coordinator.http.schemas import ClassifyParams, ClassifyResponse
 from layerswarm.harness.procs import Proc, coordinator_cmd, launch, stop_all, wait_for_ready_line
 
 from .swarm import coordinator_process
