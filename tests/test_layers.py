@@ -18,13 +18,14 @@ BOTTOM = {"wire", ""}  # "": the package root, which holds only __version__
 ALLOWED: dict[str, set[str]] = {
     "wire": BOTTOM,
     "models": {"models", *BOTTOM},
+    "training": {"training", "models", *BOTTOM},
     "node": {"node", "models", *BOTTOM},
     "coordinator": {"coordinator", "models", *BOTTOM},
     "harness": {"harness", "node", "models", *BOTTOM},  # faults.py wraps a real node
     "client": {"client", *BOTTOM},
     "chaos": {"chaos", "harness", "node", "coordinator", "models", *BOTTOM},
     "bench": {"bench", "harness", "node", "coordinator", "models", *BOTTOM},
-    "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "models", *BOTTOM},
+    "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "training", "models", *BOTTOM},
 }
 # Entry points (`python -m ...`) sit at the top whatever their folder: the test-only faulty node parses
 # exactly what `layerswarm node` parses, so it uses the CLI's parser.

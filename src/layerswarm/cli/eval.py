@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import lm
 from .base import Subparsers, add_command, int_at_least, non_negative_float, positive_int
 from .train import add_image_args, data_spec
 
@@ -93,4 +94,6 @@ def run(args: argparse.Namespace) -> int:
 
     if writes_policy(args):
         args.model_dirs = policy_targets(args.model_dirs, args.policy_out, no_write_flag="--no-policy")
+    if lm.is_lm_dir(args.model_dirs[0]):
+        return lm.eval_command(args)
     return eval_main(args)

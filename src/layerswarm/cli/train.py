@@ -15,6 +15,7 @@ from layerswarm.models.recipe import (
 from layerswarm.models.recipe import TrainRecipe as R  # every training default, stated once
 from layerswarm.models.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
 
+from . import lm
 from .base import (
     Subparsers,
     add_command,
@@ -33,11 +34,22 @@ SIZE_HELP = (
     + ", ".join(s.describe() for s in SIZES)
     + f"; auto: {auto_rule()}"
 )
-DATA_HELP = "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH | words[...] | csv:PATH | jsonl:PATH"
+DATA_HELP = (
+    "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH | words[...] | csv:PATH | jsonl:PATH; "
+    "a language model: lm:SOURCE[+SOURCE...] with sources tasks[:N_TRAIN[:N_TEST]], pydoc, txt:PATH, jsonl:PATH"
+)
 
 
 def data_spec(text: str) -> str:
     """argparse type: a data spec (DATA_HELP), checked before any work starts."""
+    if text.startswith("lm:"):  # a language model (layerswarm.training.lm)
+        from layerswarm.training.lm.data import parse_spec
+
+        try:
+            parse_spec(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
     from layerswarm.models.data import check_spec  # only when a data spec is given: that command needs torch
 
     try:
@@ -215,6 +227,7 @@ def register(sub: Subparsers) -> None:
         help="weight of an early-exit loss: the shared head's cross-entropy after every truncation depth of "
         "the batch's random order (LayerSkip-style; 0: off)",
     )
+    lm.add_train_args(p)
 
 
 def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
@@ -238,6 +251,8 @@ def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data.startswith("lm:"):
+        return lm.train_command(args)
     from layerswarm.models.commands import train_main
 
     return train_main(args)

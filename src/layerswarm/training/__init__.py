@@ -1,0 +1,1 @@
+"""Training: what turns data into model directories (trainers, recipes, data, evaluation)."""
