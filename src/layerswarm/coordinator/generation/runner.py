@@ -118,6 +118,8 @@ class StreamRunner:
         checks: list[_Check] = []
         try:
             for slot in s.route[first:]:
+                if s.closed:  # its client left while the step ran: open nothing new on any node
+                    raise StreamFailed("the stream was closed")
                 if slot.skipped:
                     continue
                 x = slot.inputs.put(row, x)

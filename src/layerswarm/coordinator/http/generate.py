@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Message
 
 from ..generation.options import GenerationOptions
 from ..generation.runner import StreamFailed
@@ -126,7 +127,7 @@ def mount_generate(app: FastAPI, service: Service, slots: BodySlots) -> None:
         prompt = params.prompt_ids if params.prompt_ids is not None else generator.encode(params.prompt or "")
         run = await GenerationRun.start(service, prompt, params.options())
         if params.stream:
-            return EventSourceResponse(_events(run), ping=PING_S, headers={"Cache-Control": "no-store"})
+            return event_stream(run, _events(run))
         try:
             collected = await run.collect(request)
         except ClientGone:
@@ -134,6 +135,17 @@ def mount_generate(app: FastAPI, service: Service, slots: BodySlots) -> None:
         except StreamFailed as exc:
             raise ApiError(503, "stream_failed", str(exc)) from exc
         return JSONResponse(answer(run.session, collected))
+
+
+def event_stream(run: GenerationRun, events: AsyncIterator[ServerSentEvent]) -> EventSourceResponse:
+    """The events as a response. A client that leaves closes the run at once (its caches released),
+    even before the events began: a generator never started has no finally to do it."""
+
+    async def client_left(message: Message) -> None:
+        await run.finish()
+
+    headers = {"Cache-Control": "no-store"}
+    return EventSourceResponse(events, ping=PING_S, headers=headers, client_close_handler_callable=client_left)
 
 
 async def _events(run: GenerationRun) -> AsyncIterator[ServerSentEvent]:

@@ -27,13 +27,13 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
 from ..generation.options import GenerationOptions
 from ..generation.session import StreamSession
 from .bodies import BodySlots, read_json_object
 from .chat import CHAT_STOPS, Message, render
-from .generate import usage
+from .generate import event_stream, usage
 from .generation_run import ClientGone, GenerationRun
 from .openai_errors import MAPPED, OpenAIError, as_openai_error, error_event, install_openai_errors
 from .service import Service
@@ -41,7 +41,6 @@ from .service import Service
 OPENAI_ROUTES = ("/v1/completions", "/v1/chat/completions")
 MAX_BODY_BYTES = 1 << 20
 MAX_PROMPT_CHARS = 200_000
-PING_S = 15
 OPENAI_MAX_STOPS = 4
 
 
@@ -229,8 +228,7 @@ async def _serve(
         raise as_openai_error(exc) from exc
     if params.stream:
         include_usage = params.stream_options is not None and params.stream_options.include_usage
-        events = _events(run, shape, include_usage)
-        return EventSourceResponse(events, ping=PING_S, headers={"Cache-Control": "no-store"})
+        return event_stream(run, _events(run, shape, include_usage))
     try:
         collected = await run.collect(request)
     except ClientGone:
