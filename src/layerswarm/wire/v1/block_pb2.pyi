@@ -251,18 +251,22 @@ class DecodeRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., start: _Optional[int] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., reply_dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ..., fill: _Optional[_Union[Tensor, _Mapping]] = ..., release: _Optional[bool] = ..., kv_only: _Optional[bool] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("stream_id", "activations", "compute_ms", "length", "batched")
+    __slots__ = ("stream_id", "activations", "compute_ms", "length", "batched", "refused", "error")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     BATCHED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     activations: Tensor
     compute_ms: float
     length: int
     batched: int
-    def __init__(self, stream_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., length: _Optional[int] = ..., batched: _Optional[int] = ...) -> None: ...
+    refused: str
+    error: str
+    def __init__(self, stream_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., length: _Optional[int] = ..., batched: _Optional[int] = ..., refused: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("stream_ids",)
