@@ -6,11 +6,13 @@ holds fewer) with faults to inject. Tests of the whole swarm start real node pro
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import torch
 
 from layerswarm.coordinator import CoordinatorSettings
@@ -53,11 +55,12 @@ def make_lm_dir(
     return path
 
 
-def make_family(root: Path, members: int = 2, min_blocks: int | None = None) -> list[Path]:
-    base = make_lm_dir(root / "m0", seed=0, min_blocks=min_blocks)
+def make_family(root: Path, members: int = 2, min_blocks: int | None = None, **overrides: object) -> list[Path]:
+    base = make_lm_dir(root / "m0", seed=0, min_blocks=min_blocks, **overrides)
     lineage_root = read_lm_manifest(base).lineage.root
     siblings = [
-        make_lm_dir(root / f"m{i}", seed=i, root=lineage_root, min_blocks=min_blocks) for i in range(1, members)
+        make_lm_dir(root / f"m{i}", seed=i, root=lineage_root, min_blocks=min_blocks, **overrides)
+        for i in range(1, members)
     ]
     return [base, *siblings]
 
@@ -195,6 +198,16 @@ def fake_swarm(layout: list[tuple[Path, int]], model_dir: Path, **settings: Any)
         verifier = DecodeVerifier([model_dir, *family], verify, seed=0)
     generator = Generator(s, manifest, registry, FakePool(nodes), watch, verifier, codec.dtype_by_name(s.wire_dtype))  # type: ignore[arg-type]
     return FakeSwarm(generator, registry, nodes)
+
+
+def wait_ready(base: str, timeout: float = 30.0) -> None:
+    """Until the coordinator at `base` says it can open a stream (/readyz)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(f"{base}/readyz").status_code == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the coordinator at {base} did not become ready in {timeout:.0f} s")
 
 
 async def generate_all(generator: Generator, prompt: list[int], **options: Any) -> tuple[list[int], Any]:
