@@ -169,7 +169,14 @@ class FaultyNode(Node):
             index = self.fault.other_block if self.fault.other_block is not None else (self.settings.block + 1) % depth
             other = load_block(self.settings.model_dir, index, self.manifest)
         return FaultyService(
-            self.runtime, self.settings, self.metrics, self.boot_id, self.relayer, spec=self.fault, other=other
+            self.runtime,
+            self.settings,
+            self.metrics,
+            self.boot_id,
+            self.relayer,
+            decode=self.decode,  # a decoder block's generation stays honest: the faults here are Forward's
+            spec=self.fault,
+            other=other,
         )
 
 
