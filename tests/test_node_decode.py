@@ -7,6 +7,8 @@ blocks against the monolith and for memory (tests/test_node_decode_procs.py)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -514,3 +516,39 @@ async def test_the_swarm_token_guards_decode_decodestream_and_release(lm: tuple[
         assert [r.length async for r in stream] == [2]
         released = await stub.Release(pb.ReleaseRequest(stream_ids=["t"]), metadata=(signer.sign(method + "Release"),))
         assert released.released == 1
+
+
+async def test_under_mutual_tls_the_certificate_is_part_of_who_owns_a_stream(
+    lm: tuple[DecoderLM, Path], tmp_path: Path
+) -> None:
+    """Two coordinator certificates of one swarm (the second from a rotation of the first folder: same
+    CA, same name, another key) on the same host: each is its own caller."""
+    root = Path(__file__).resolve().parents[1]
+    first, second = tmp_path / "first", tmp_path / "second"
+    subprocess.run(["bash", str(root / "deploy" / "make-certs.sh"), str(first)], check=True, capture_output=True)
+    shutil.copytree(first, second)
+    subprocess.run(["bash", str(root / "deploy" / "make-certs.sh"), str(second)], check=True, capture_output=True)
+    assert (first / "coordinator.pem").read_bytes() != (second / "coordinator.pem").read_bytes()
+    node_tls = SecuritySettings.from_files(None, first / "node.pem", first / "node.key", first / "ca.pem")
+    node = Node(NodeSettings(model_dir=lm[1], block=1, advertise=False, grace_s=0.2, security=node_tls))
+    await node.start()
+    options = [("grpc.ssl_target_name_override", "layerswarm-node")]
+    try:
+        stubs = []
+        for folder in (first, second):
+            tls = SecuritySettings.from_files(
+                None, folder / "coordinator.pem", folder / "coordinator.key", folder / "ca.pem"
+            )
+            channel = grpc.aio.secure_channel(f"127.0.0.1:{node.port}", tls.channel_credentials(), options)
+            stubs.append((channel, pb_grpc.BlockNodeStub(channel)))
+        (_, one), (_, two) = stubs
+        await one.Decode(decode_request("tls", 0, x_(3)))
+        exc = await refusal(two.Decode(decode_request("tls", 3, x_())))
+        assert exc.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert (await one.Decode(decode_request("tls", 3, x_()))).length == 4
+        [owner] = [s.owner.principal for s in node.decode.table.streams()]  # type: ignore[union-attr]
+        assert owner.startswith("host 127.0.0.1 cert ")
+        for channel, _ in stubs:
+            await channel.close()
+    finally:
+        await node.stop()

@@ -4,6 +4,7 @@ monolith does; and a node's memory comes back after a thousand finished or aband
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +14,8 @@ import httpx
 import pytest
 import torch
 
-from layerswarm.harness.procs import Proc, node_address, stop_all
+from layerswarm.harness.procs import Proc, layerswarm_cmd, node_address, stop_all
+from layerswarm.models.checkpoint import block_file
 from layerswarm.models.lm.model import DecoderLM
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
@@ -200,3 +202,21 @@ async def test_a_node_gives_its_memory_back_after_a_thousand_streams(tmp_path: P
             assert after <= idle * 1.05
     finally:
         stop_all([node])
+
+
+def test_a_tampered_decoder_block_stops_the_node_from_starting(tmp_path: Path) -> None:
+    path = tmp_path / "model"
+    make_lm_dir(path, depth=2)
+    block = path / block_file(1)
+    data = bytearray(block.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    block.write_bytes(bytes(data))
+    result = subprocess.run(
+        layerswarm_cmd("node", "--model-dir", str(path), "--block", "1", "--no-advertise"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "sha256" in result.stderr and "tampered" in result.stderr and "Traceback" not in result.stderr

@@ -1,5 +1,6 @@
 """The decoder node's stream table (node/streams.py), as pure logic: limits, least-recently-used eviction,
-rollback, ownership, the idle timeout and the byte accounting, with real KV caches and a fake clock."""
+rollback, ownership, the idle timeout and the byte accounting, with real KV caches and a fake clock; and
+who a caller is (node/callers.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from layerswarm.models.lm.cache import KVCache
+from layerswarm.node.callers import caller_of, peer_host
 from layerswarm.node.streams import (
     BYTES,
     FAILED_PRECONDITION,
@@ -218,3 +220,38 @@ def test_random_traffic_keeps_every_bound_and_the_books_balanced() -> None:
     clock.now += 100
     t.expire()
     assert len(t) == 0 and t.booked_bytes == 0
+
+
+class FakeContext:
+    def __init__(self, peer: str, pem: bytes | None = None) -> None:
+        self._peer, self._pem = peer, pem
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"x509_pem_cert": [self._pem]} if self._pem else {}
+
+
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [
+        ("ipv4:10.0.0.7:5123", "10.0.0.7"),
+        ("ipv6:[::1]:5123", "::1"),
+        ("ipv6:%5B::ffff:127.0.0.1%5D:80", "::ffff:127.0.0.1"),
+        ("unix:/run/x.sock", "unix:/run/x.sock"),
+    ],
+)
+def test_the_callers_host_is_the_address_without_its_port(peer: str, host: str) -> None:
+    assert peer_host(peer) == host
+
+
+def test_a_caller_is_its_host_and_under_tls_its_certificate_too() -> None:
+    plain = caller_of(FakeContext("ipv4:10.0.0.7:5123"))
+    other_port = caller_of(FakeContext("ipv4:10.0.0.7:6000"), connection=3)
+    assert plain.principal == other_port.principal == "host 10.0.0.7" and other_port.connection == 3
+    one = caller_of(FakeContext("ipv4:10.0.0.7:5123", b"-----BEGIN CERTIFICATE-----one"))
+    two = caller_of(FakeContext("ipv4:10.0.0.7:5123", b"-----BEGIN CERTIFICATE-----two"))
+    elsewhere = caller_of(FakeContext("ipv4:10.0.0.8:5123", b"-----BEGIN CERTIFICATE-----one"))
+    assert len({plain.principal, one.principal, two.principal, elsewhere.principal}) == 4
+    assert one.principal.startswith("host 10.0.0.7 cert ")

@@ -212,7 +212,7 @@ class FaultyNode(Node):
             self.metrics,
             self.boot_id,
             self.relayer,
-            self.decode,  # a decoder block's generation service (None for a classifier's)
+            decode=self.decode,  # a decoder block's generation service (None for a classifier's): it lies too
             spec=self.fault,
             other=other,
         )

@@ -8,7 +8,9 @@ computed, or kv_only) run as one call of up to `max_batch` rows, each row agains
 
 Why only equal T: every T = 1 decode step of every stream merges, which is what continuous batching is
 for; a prefill or a verify (T > 1) merges with others of its own T (a speculative route's verifies all
-have k + 1). Padding a short row up to a long one's T would compute the padding (bench: decode_node).
+have k + 1). Padding rows to the longest T computes the padding: seven steps and a 64-token prefill took
+4.2x as long as one call per T (docs/results/decode-node.json); four steps with four verifies of 4 were
+about even (padded 12% faster in that run), too little to pay for the rule's complexity.
 
 A step's CALM fill (keys and values of earlier tokens that left the route before this block) goes into
 its cache first, in the same worker call, so its tokens follow at start + F.
