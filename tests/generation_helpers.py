@@ -77,6 +77,7 @@ class FakeNode:
     block: DecoderBlock
     dead: bool = False  # every call: UNAVAILABLE
     lie_from: int | None = None  # steps from this cache length on get a wrong answer
+    busy: int = 0  # the next this many calls: RESOURCE_EXHAUSTED (at its limits), nothing touched
     calls: int = 0
     caches: dict[str, KVCache] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -86,6 +87,9 @@ class FakeNode:
         self.calls += 1
         if self.dead:
             raise _error(grpc.StatusCode.UNAVAILABLE, "connection refused")
+        if self.busy > 0:
+            self.busy -= 1
+            raise _error(grpc.StatusCode.RESOURCE_EXHAUSTED, "node busy")
         cache = self.caches.get(request.stream_id)
         if cache is None:
             if request.start > 0:

@@ -106,6 +106,25 @@ async def test_a_lost_cache_is_rebuilt_on_the_same_node(family: list[Path]) -> N
     assert all(e["to"] == e["node"] for e in s.trace if e["kind"] == "rebuilt")  # type: ignore[attr-defined]
 
 
+async def test_a_busy_node_is_asked_again_before_the_position_moves(family: list[Path]) -> None:
+    swarm = fake_swarm(in_order(family[0], copies=2), family[0])
+    prompt = prompt_of(swarm)
+    g = swarm.generator
+    s = await g.open(prompt, GenerationOptions(max_tokens=TOKENS))
+    first, second = (swarm.nodes[s.route[p].node.address] for p in (1, 2))  # type: ignore[union-attr]
+    first.busy, second.busy = 2, 1000  # a busy moment; a node that stays at its limits
+    tokens: list[int] = []
+    logits = await g.prefill(s)
+    async for delta in g.tokens(s, logits):
+        if delta.token is not None:
+            tokens.append(delta.token)
+    g.close(s)
+    assert tokens == monolith(family[0], prompt)
+    events = [(e["kind"], e["position"]) for e in s.trace]
+    assert events == [("hop_failed", 2), ("rebuilt", 2)]  # position 1 waited out its busy moment
+    assert s.route[1].node.address == first.address  # type: ignore[union-attr]
+
+
 async def test_a_block_with_no_node_left_is_skipped_only_within_the_evaluated_depth(
     family: list[Path], evaluated: list[Path]
 ) -> None:

@@ -7,6 +7,7 @@ cache holds less, down to 0 on a node that holds nothing, where the position's R
 ever sent) is replayed: that is how a cache is rebuilt. When a hop fails (decode_call.Failure):
 
     LOST       rebuild on the same node (it is up; its cache went), once; then as DOWN
+    FULL       the same node again after a short backoff (a busy moment passes), a few times; then as DOWN
     others     rebuild on another node of the same block index (routes.choose: our own model, or a
                sibling model's block where the family is shuffle-robust), replaying the inputs
     none left  skip the block for the rest of the stream where the family's evaluated minimum depth
@@ -43,6 +44,10 @@ from .session import RouteSlot, StreamSession, TraceEvent
 log = logging.getLogger(__name__)
 
 MAX_REWINDS = 8  # per step: a swarm of liars cannot keep a stream rewinding for ever
+# A node at its limits (RESOURCE_EXHAUSTED) refuses before it touches our cache: a busy moment passes, so
+# the same node is asked again (0.02, 0.04, 0.08 s) before the position goes elsewhere.
+BUSY_RETRIES = 3
+BUSY_BACKOFF_S = 0.01
 
 
 class StreamFailed(Exception):
@@ -139,6 +144,7 @@ class StreamRunner:
         """The position's output for tokens row.. (x: its input for them, logged already)."""
         takeover: _Takeover | None = None
         lost_once: set[str] = set()
+        busy = 0  # refusals of a node at its limits, in a row
         while True:
             record = slot.node
             if record is None or not record.routable:
@@ -155,6 +161,10 @@ class StreamRunner:
             try:
                 reply = await self.calls.call(record, self._link(s, record), s.id, s.request_id, start, sent)
             except DecodeFailed as failure:
+                if failure.kind is Failure.FULL and busy < BUSY_RETRIES:  # refused before our cache was touched
+                    busy += 1
+                    await asyncio.sleep(BUSY_BACKOFF_S * 2**busy)
+                    continue
                 same = failure.kind is Failure.LOST and record.address not in lost_once
                 lost_once.add(record.address)
                 self._failed(s, slot, record, failure, retry_here=same)
