@@ -107,6 +107,17 @@ def test_generation_through_the_swarm_equals_the_monolith(family: list[Path], sw
     assert [hop["block"] for hop in final.route] == [0, 1, 2, 3] and final.trace == ()
 
 
+async def test_concurrent_streams_batched_at_the_nodes_each_equal_the_monolith(
+    family: list[Path], swarm: tuple[str, list[int]]
+) -> None:
+    base, _ = swarm
+    model, _ = load_lm(family[0])
+    prompts = [[1, 5 + i, 9, 30 + i] for i in range(6)]
+    async with AsyncSwarmClient(base) as client:
+        answers = await asyncio.gather(*(client.generate(p, max_tokens=TOKENS) for p in prompts))
+    assert [list(a.token_ids) for a in answers] == [model.generate(p, TOKENS) for p in prompts]
+
+
 def test_a_node_killed_mid_stream_leaves_a_stream_that_finishes(family: list[Path]) -> None:
     """Block 2 has a replica: its node's death is a rebuild there. Block 1 has none: it is skipped,
     which the family's evaluated minimum depth (3 of 4) allows. Both show in the trace and /metrics."""
