@@ -362,7 +362,7 @@ def test_every_command_is_a_module_with_its_own_entry_point() -> None:
     sub = build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
     for name, parser in sub.choices.items():  # type: ignore[union-attr]
         func = parser.get_default("func")
-        assert func is not None and func.__module__ == f"layerswarm.cli.{name}", name
+        assert func is not None and func.__module__ == f"layerswarm.cli.{name.replace('-', '_')}", name
 
 
 def test_the_documented_config_file_loads(tmp_path: Path) -> None:

@@ -37,7 +37,17 @@ ENTRY_POINTS = {"harness/faults.py": {"cli"}}
 # settings are read by all and import none; the process (process.py, assembly.py, server.py and the
 # public face, __init__.py) builds everything. Routing reaches relay chains and the metrics through
 # protocols it states (routing/router.py); HTTP reaches the process through one (http/service.py).
-INNER_ORDER = ("settings", "membership", "verification", "routing", "relay", "metrics", "http", "process")
+INNER_ORDER = (
+    "settings",
+    "membership",
+    "verification",
+    "routing",
+    "generation",
+    "relay",
+    "metrics",
+    "http",
+    "process",
+)
 ROOT_RANKS = {"settings.py": "settings", "metrics.py": "metrics"}  # other root modules: "process"
 PURE = {
     "coordinator/membership/registry.py",
@@ -48,6 +58,7 @@ PURE = {
     "coordinator/routing/planner.py",
     "coordinator/routing/netorder.py",
     "coordinator/routing/topology.py",
+    "coordinator/generation/routes.py",
     "coordinator/relay/chain_trace.py",
 }
 IO_MODULES = {"asyncio", "socket", "subprocess", "grpc", "httpx", "zeroconf", "fastapi", "uvicorn", "torch"}

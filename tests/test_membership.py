@@ -13,13 +13,13 @@ import torch
 
 from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.coordinator.membership.peer_memory import load_peers, save_peers
-from layerswarm.coordinator.membership.periodic import Periodic
 from layerswarm.coordinator.membership.records import FamilySpec, NodeEvent, NodeState
 from layerswarm.coordinator.membership.registry import Registry
 from layerswarm.harness.netns import in_private_netns, loopback_multicast_ready
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire.auth import AuthError, ReplayCache
+from layerswarm.wire.periodic import Periodic
 
 from .swarm import states, wait_until
 from .test_routing import Clock, ident

@@ -36,6 +36,7 @@ COMMANDS = (
     "samples",
     "datasets",
     "depth",
+    "import-hf",
 )
 
 EXAMPLES = """\
@@ -64,7 +65,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add_log_flags(parser, top=True)  # each command takes them too, after its name
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in (only,) if only in COMMANDS else COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # torch: imported when models are evaluated, not when the par
     from layerswarm.training.evaluation.report import EvalReport
     from layerswarm.training.evaluation.runs import EvalJob
 
+from . import lm
 from .base import Subparsers, add_command, int_at_least, non_negative_float, positive_int
 from .train import add_image_args, data_spec
 
@@ -94,6 +95,12 @@ def writes_policy(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if lm.is_lm_dir(args.model_dirs[0]):  # a decoder family: perplexity and exact match (training/lm)
+        from .model_dirs import policy_targets
+
+        if writes_policy(args):
+            args.model_dirs = policy_targets(args.model_dirs, args.policy_out, no_write_flag="--no-policy")
+        return lm.eval_command(args)
     from layerswarm.training.evaluation.adaptive import render_calibration
     from layerswarm.training.evaluation.report import render_table
     from layerswarm.training.evaluation.runs import eval_data, evaluate_image_models

@@ -41,6 +41,9 @@ def register(sub: Subparsers) -> None:
         "forward relay chains with a Relay call per chain, not over one long-lived stream per next node",
         action="store_false",
     )
+    f.add("--max-streams", "max_streams", type=int)
+    f.add("--max-cache-mib", "max_cache_mib", type=float)
+    f.add("--idle-timeout", "idle_timeout_s", type=float)
     f.add("--metrics-port", "metrics_port", type=int)
     f.add("--no-advertise", "advertise", "do not announce over mDNS (static peers only)", action="store_false")
     f.add("--advertise-address", "advertise_address")

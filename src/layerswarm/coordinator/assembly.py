@@ -1,19 +1,23 @@
-"""What a Coordinator is built from, read from its settings: the family it serves, its minimum depth,
-its verifier and wire format, and how node state changes are logged."""
+"""What a Coordinator is built from, read from its settings: the family it serves (classifier or decoder),
+its minimum depth, its verifier and wire format, and how node state changes are logged."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+import torch
+
 from layerswarm.models import policy
-from layerswarm.models.checkpoint import Manifest, ModelDirError, read_manifest
+from layerswarm.models.checkpoint import AnyManifest, Manifest, ModelDirError, read_any_manifest
 from layerswarm.models.config import ViTConfig
+from layerswarm.models.lm.config import LMConfig
 from layerswarm.wire import codec
 
 from .membership.records import FamilySpec, NodeEvent, NodeState
 from .routing.wire_choice import WireChoice, WireFormat, measure_codec_ms_per_mb
 from .settings import CoordinatorSettings
+from .verification.decode_check import DecodeVerifier
 from .verification.verifier import Verifier, VerifySettings
 
 log = logging.getLogger("layerswarm.coordinator.process")  # the name operators filter on
@@ -29,18 +33,20 @@ def log_node_event(event: NodeEvent) -> None:
     log.log(level, "node %s: %s -> %s (%s)", event.address, old, new, event.reason)
 
 
-def family_spec(settings: CoordinatorSettings) -> FamilySpec:
-    """The coordinator's family, with the weights its own and sibling manifests vouch for."""
-    own = read_manifest(settings.model_dir)
+def family_spec(settings: CoordinatorSettings, own: AnyManifest) -> FamilySpec:
+    """The coordinator's family, with the weights its own and sibling manifests vouch for. A decoder
+    family's nodes state its context as their tokens."""
     known: dict[tuple[str, int], str] = {}
     for model_dir in (settings.model_dir, *settings.family_dirs):
-        manifest = own if model_dir == settings.model_dir else read_manifest(model_dir)
+        manifest = own if model_dir == settings.model_dir else read_any_manifest(model_dir)
         if manifest.family_id != own.family_id:
             raise ModelDirError(f"{model_dir} is of family {manifest.family_id}, not {own.family_id}")
         for i in range(manifest.config.depth):
             known[(manifest.model_id, i)] = manifest.block_sha256(i)
     cfg = own.config
     strict = bool(settings.family_dirs) if settings.strict is None else settings.strict
+    if isinstance(cfg, LMConfig):
+        return FamilySpec(own.family_id, cfg.depth, cfg.max_seq_len, cfg.dim, known, strict, generative=True)
     return FamilySpec(own.family_id, cfg.depth, cfg.num_tokens, cfg.dim, known, strict)
 
 
@@ -77,6 +83,21 @@ def wire_choice(tokens: int, dim: int) -> WireChoice:
     choice = WireChoice(measure_codec_ms_per_mb(tokens, dim), dim)
     log.info("wire dtype auto: int8 codec %.2f ms per MB of fp16 activations", choice.codec_ms_per_mb)
     return choice
+
+
+def generation_wire(settings: CoordinatorSettings) -> torch.dtype:
+    """How a decoder's activations travel: --wire-dtype, with auto as fp16 (one token's states are a few
+    kB: no link is slow enough for int8's codec to pay)."""
+    return codec.dtype_by_name("fp16" if settings.wire_dtype == "auto" else settings.wire_dtype)
+
+
+def make_decode_verifier(settings: CoordinatorSettings) -> DecodeVerifier | None:
+    """A decoder family's checks: re-execution on the coordinator's own copies (decode hops have no
+    replicas' majority yet)."""
+    if settings.verify_rate is None:
+        return None
+    verify = VerifySettings(rate=settings.verify_rate, probation_hops=settings.verify_probation)
+    return DecodeVerifier([settings.model_dir, *settings.family_dirs], verify)
 
 
 def make_verifier(settings: CoordinatorSettings) -> Verifier | None:

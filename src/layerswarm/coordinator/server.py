@@ -64,7 +64,8 @@ async def serve(settings: CoordinatorSettings) -> None:
             )
         await task
     finally:
-        app.state.decoder.close()
+        if app.state.decoder is not None:  # a decoder family's app decodes no images
+            app.state.decoder.close()
         await coordinator.stop()
 
 

@@ -146,6 +146,13 @@ class CoordinatorSettings(ProcessSettings):
         "chain (needs --token-file; docs/relay.md); auto: per request, whichever has been faster here",
     )
     max_batch: int = Field(default=64, ge=1)
+    # Generation (decoder families): what a completion may ask, and what it gets when it asks nothing.
+    max_new_tokens: int = Field(
+        default=1024, ge=1, description="largest max_tokens a generation request may ask (also bounded by the context)"
+    )
+    default_max_tokens: int = Field(
+        default=64, ge=1, description="tokens generated when a request gives no max_tokens (bounded by the context)"
+    )
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="largest image accepted")
     access_log: bool = Field(
         default=False, description="log one line per HTTP request: method, path, status, duration, request id"

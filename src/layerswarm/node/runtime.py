@@ -11,14 +11,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
-from layerswarm.models.checkpoint import Manifest, load_block
+from layerswarm.models.checkpoint import AnyManifest, load_block
+from layerswarm.models.lm.model import DecoderBlock
 from layerswarm.models.text.tokens import run_active
+from layerswarm.models.vit import Block
 from layerswarm.wire.stats import ewma
+
+R = TypeVar("R")
 
 
 def pick_device(name: str) -> torch.device:
@@ -44,12 +50,15 @@ class BlockRuntime:
         self,
         model_dir: str,
         index: int,
-        manifest: Manifest,
+        manifest: AnyManifest,
         device: torch.device,
         micro_batch: bool = True,
         max_batch: int = 64,
     ) -> None:
         self.block = load_block(model_dir, index, manifest).to(device)
+        # A decoder block (generation): Forward runs it over whole sequences from position 0, without a
+        # cache; its streams' steps go through decode_batch.py on the same compute thread.
+        self.decoder = isinstance(self.block, DecoderBlock)
         self.manifest = manifest
         self.index = index
         self.device = device
@@ -85,6 +94,21 @@ class BlockRuntime:
         self.served += 1
         self.ewma_ms = ewma(self.ewma_ms if self.served > 1 else None, ms, self.EWMA_ALPHA)
         return out, ms
+
+    async def on_thread(self, fn: Callable[..., R], *args: object) -> R:
+        """Run `fn(*args)` on the block's one compute thread (decode steps share it with Forward)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def begin_call(self) -> None:
+        """A call (a decode step) is queued or computing: counted in `in_flight` until end_call."""
+        self.in_flight += 1
+
+    def end_call(self, ms: float | None) -> None:
+        """The call ended; `ms`: its compute time when it was served (for Info's load figures)."""
+        self.in_flight -= 1
+        if ms is not None:
+            self.served += 1
+            self.ewma_ms = ewma(self.ewma_ms if self.served > 1 else None, ms, self.EWMA_ALPHA)
 
     async def _batched(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
         """An idle block runs a request at once, from the caller's own coroutine: a lone request pays
@@ -159,13 +183,15 @@ class BlockRuntime:
     @torch.inference_mode()
     def _compute_tokens(self, x: torch.Tensor, position: int, token_mask: torch.Tensor) -> tuple[torch.Tensor, float]:
         started = time.perf_counter()
+        assert isinstance(self.block, Block)  # text classifiers only (a decoder refuses token masks)
         out = run_active(self.block, x.to(self.device, self.dtype), position, token_mask.to(self.device)).cpu()
         return out, (time.perf_counter() - started) * 1e3
 
     @torch.inference_mode()
     def _compute(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
         started = time.perf_counter()
-        out = self.block(x.to(self.device, self.dtype), position)
+        x = x.to(self.device, self.dtype)
+        out = self.block(x) if self.decoder else self.block(x, position)  # a decoder's positions are its tokens'
         out = out.cpu()
         return out, (time.perf_counter() - started) * 1e3
 

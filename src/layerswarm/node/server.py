@@ -15,18 +15,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
 
-from layerswarm.models.checkpoint import read_manifest
+from layerswarm.models.checkpoint import read_any_manifest
 from layerswarm.models.config import ViTConfig
+from layerswarm.models.lm.config import LMConfig
 from layerswarm.wire.auth import NodeAuthenticator
 from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
 from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertised, Advertiser, advertised_addresses
+from .decode import DecodeService
 from .metrics import NodeMetrics
 from .relay import Relayer
 from .runtime import BlockRuntime, pick_device
-from .service import BlockService
+from .service import BlockService, block_tokens
 from .settings import NodeSettings
 
 if TYPE_CHECKING:
@@ -35,14 +37,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def receive_limit(settings: NodeSettings, cfg: ViTConfig) -> int:
+def receive_limit(settings: NodeSettings, cfg: ViTConfig | LMConfig) -> int:
     """The largest request this node has a use for: `max_batch` activations of its model in float32
-    (int8 with its scales is smaller), twice for a text hop's frozen states, the token mask at 8 bytes a
-    token, and 1 MiB for the rest (ids, a relay chain). gRPC refuses a larger message before reading it
+    (int8 with its scales is smaller), twice for a text hop's frozen states (a decoder's Decode: its
+    activations and CALM fill, one row each, within that), the token mask at 8 bytes a token, and 1 MiB
+    for the rest (ids, a relay chain). gRPC refuses a larger message before reading it
     (RESOURCE_EXHAUSTED), so a stranger's padded call, read before its refusal, costs the node this and
     not the configured ceiling: about 1.3 MB for the shipped model's nodes instead of 64 MiB."""
-    tokens = cfg.num_tokens  # a text model's longest sequence
-    activations = settings.max_batch * tokens * cfg.dim * 4 * (2 if cfg.is_text else 1)
+    tokens = block_tokens(cfg)  # a text model's longest sequence, a decoder's context
+    doubled = isinstance(cfg, LMConfig) or cfg.is_text
+    activations = settings.max_batch * tokens * cfg.dim * 4 * (2 if doubled else 1)
     return min(settings.max_message_bytes, activations + settings.max_batch * tokens * 8 + (1 << 20))
 
 
@@ -61,7 +65,7 @@ class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
         self.boot_id = uuid.uuid4().hex
-        self.manifest = read_manifest(settings.model_dir)
+        self.manifest = read_any_manifest(settings.model_dir)
         device = pick_device(settings.device)
         self.runtime = self.make_runtime(device)
         self.relayer = Relayer(
@@ -80,6 +84,8 @@ class Node:
         )
         self.port = 0
         self.service: BlockService | None = None
+        # Decoder blocks: the generation streams' caches and their steps (node/decode.py).
+        self.decode = DecodeService(self.runtime, settings, self.metrics) if self.runtime.decoder else None
         self.advertiser: Advertiser | None = None
         self.advertised: Advertised | None = None  # what the mDNS record says, and why (in the ready line)
         self._metrics_server: tuple[Any, Any] | None = None
@@ -93,7 +99,7 @@ class Node:
     def make_service(self) -> BlockService:
         """The servicer. The test-only fault harness (harness/faults.py) overrides this and
         make_runtime to build a lying node from the real parts; production code never does."""
-        return BlockService(self.runtime, self.settings, self.metrics, self.boot_id, self.relayer)
+        return BlockService(self.runtime, self.settings, self.metrics, self.boot_id, self.relayer, self.decode)
 
     async def start(self) -> None:
         s = self.settings
@@ -108,6 +114,8 @@ class Node:
         if self.port == 0:
             raise OSError(f"could not bind {s.host}:{s.port}")
         await self.server.start()
+        if self.decode is not None:
+            self.decode.start()
         for service in ("", HEALTH_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if s.metrics_port is not None:
@@ -140,6 +148,8 @@ class Node:
         if self.service is not None:
             self.service.closing.set()  # relay streams end once their chains have (they never end by themselves)
         await self.server.stop(self.settings.grace_s)
+        if self.decode is not None:
+            await self.decode.stop()
         if self.advertiser is not None:
             await self.advertiser.stop()
         if self._metrics_server is not None:

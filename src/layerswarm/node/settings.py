@@ -37,6 +37,19 @@ class NodeSettings(ProcessSettings):
     # about half a millisecond more a hop on loopback).
     relay_streams: bool = True
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # Generation (decoder blocks, docs/generation.md): the streams whose keys and values this node keeps.
+    # A stream's tokens are bounded by the model's context (max_seq_len); these bound the node.
+    max_streams: int = Field(
+        default=64,
+        ge=1,
+        description="decoder blocks: streams held at once (then the least recently used idle one goes)",
+    )
+    max_cache_mib: float = Field(
+        default=256.0, gt=0, description="decoder blocks: MiB of keys and values for all streams together"
+    )
+    idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="decoder blocks: free a stream no step has touched for this many seconds"
+    )
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
     advertise: bool = True  # mDNS (DNS-SD) announcement
     advertise_address: str | None = Field(
@@ -57,6 +70,10 @@ class NodeSettings(ProcessSettings):
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
 
     _security = model_validator(mode="before")(security_from_files)
+
+    @property
+    def max_cache_bytes(self) -> int:
+        return int(self.max_cache_mib * 1024 * 1024)
 
     @field_validator("device")
     @classmethod

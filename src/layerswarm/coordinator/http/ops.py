@@ -12,7 +12,7 @@ from .service import Service
 
 
 def mount_ops(app: FastAPI, service: Service) -> None:
-    manifest = service.router.manifest
+    manifest = service.manifest
     cfg = manifest.config
 
     @app.get("/v1/nodes")

@@ -147,12 +147,46 @@ function renderRoutes(snap) {
   if (!snap.requests.length) list.append(el("li", "muted", "no requests yet"));
 }
 
+function renderStream(stream, live) {
+  const li = el("li", stream.error ? "failed" : "");
+  const state = live ? "live" : (stream.finish_reason || (stream.error ? "failed" : "abandoned"));
+  li.append(el("span", "meta", `${state} · ${stream.id}`));
+  const path = el("span", "path");
+  stream.route.forEach((slot, i) => {
+    if (i > 0) path.append(el("span", "arrow", "→"));
+    const chip = el("span", `hop ${slot.state}`, slot.block);
+    chip.title = slot.state === "skipped"
+      ? `block ${slot.block} skipped for the rest of the stream`
+      : `block ${slot.block} @ ${slot.node} [${short(slot.model_id)}]`
+        + (slot.rebuilds ? ` rebuilt ${slot.rebuilds}×` : "");
+    path.append(chip);
+  });
+  if (stream.error) path.append(el("span", "arrow", ` ${stream.error}`));
+  li.append(path);
+  const rate = stream.tokens_per_s === null ? "–" : `${stream.tokens_per_s.toFixed(1)} tok/s`;
+  const failovers = `rebuilt ${stream.rebuilt} · skipped ${stream.skipped}`;
+  li.append(el("span", "result", `${stream.tokens} tok · ${rate} · ${failovers}`));
+  return li;
+}
+
+function renderStreams(snap) {
+  if (!snap.streams) return;  // a classifier family: no streams
+  $("streams-section").hidden = false;
+  const list = $("streams");
+  list.replaceChildren(
+    ...snap.streams.live.map((s) => renderStream(s, true)),
+    ...snap.streams.recent.map((s) => renderStream(s, false)),
+  );
+  if (!list.children.length) list.append(el("li", "muted", "no streams yet"));
+}
+
 let seq = 0;
 function render(snap) {
   renderHeader(snap);
   renderBlocks(snap);
   renderNodes(snap);
   renderRoutes(snap);
+  renderStreams(snap);
   seq += 1;
   const updated = $("updated");
   updated.dataset.seq = seq;

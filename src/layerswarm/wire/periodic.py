@@ -1,7 +1,8 @@
 """A coroutine run every `interval_s` seconds in the background, cancelled cleanly on stop.
 
-A background loop that dies silently takes a whole duty with it (health checks, DNS discovery) for
-the life of the process, so every round's error is logged with its traceback and the loop goes on.
+A background loop that dies silently takes a whole duty with it (a node's idle-stream sweep, a
+coordinator's health checks) for the life of the process, so every round's error is logged with its
+traceback and the loop goes on. Shared by node and coordinator.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class Periodic:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=self.name)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
         if self._task is None:
