@@ -140,8 +140,11 @@ def test_fine_tune_family_and_eval_at_64(family: Path, capsys: pytest.CaptureFix
 def served(family: Path) -> Iterator[tuple[Path, list[Proc], httpx.Client]]:
     member = family / "family" / "member-0"
     nodes = start_nodes([(member, b) for b in range(3)])
-    coord = coordinator_process(member, nodes, "--wire-dtype", "fp32", "--policy", "sequential")
-    client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=30)
+    # These tests check the path and the numbers, not timing: on a loaded machine a slow hop must not
+    # become a substitution or a skip (a 2 s hop timeout did, at load average 12, failing a full suite run).
+    slow_ok = ("--hop-timeout", "30", "--request-timeout", "120")
+    coord = coordinator_process(member, nodes, "--wire-dtype", "fp32", "--policy", "sequential", *slow_ok)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=150)
     try:
         yield member, nodes, client
     finally:
