@@ -33,6 +33,10 @@ def choose_engine(engine: str, device: str) -> str:
     if engine not in ENGINES:
         raise EngineError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     on_cpu = device in ("auto", "cpu")
+    if engine == "auto" and not on_cpu and not torch_installed():
+        raise EngineError(
+            f"--device {device} needs torch, which is not installed here (pip install 'layerswarm[torch]')"
+        )
     if engine == "auto":
         engine = "torch" if torch_installed() else "numpy"
     if engine == "torch" and not torch_installed():
