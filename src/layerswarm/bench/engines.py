@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch
 
 from layerswarm.bench import emit_report
 from layerswarm.bench.machine import environment
-from layerswarm.models.checkpoint import Lineage, read_any_manifest, save_model
+from layerswarm.models.checkpoint import Lineage, read_any_manifest, read_manifest, save_model
 from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.lm.model import DecoderLM
 from layerswarm.models.zoo import family_root, robust_members
@@ -88,7 +89,7 @@ def onnx_session(engine: BlockEngine, x: np.ndarray) -> Callable[[np.ndarray], n
     torch.onnx.export(
         AtZero().eval(),
         (torch.from_numpy(x),),
-        buffer,
+        buffer,  # type: ignore[arg-type]  # a file object works (torch's own examples use BytesIO)
         dynamo=False,
         input_names=["x"],
         output_names=["y"],
@@ -98,21 +99,26 @@ def onnx_session(engine: BlockEngine, x: np.ndarray) -> Callable[[np.ndarray], n
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
-    return lambda a: session.run(None, {"x": a})[0]  # type: ignore[no-any-return]
+
+    def run(a: np.ndarray) -> np.ndarray:
+        out: np.ndarray = session.run(None, {"x": a})[0]
+        return out
+
+    return run
 
 
 def forward_figures(reps: int) -> dict[str, Any]:
     member = robust_members(family_root())[0]
-    manifest = read_any_manifest(member)
+    manifest = read_manifest(member)
     engines = {name: load_engine(member, 0, manifest, name, "cpu", 1) for name in ("torch", "numpy")}
     cfg = manifest.config
     rows: dict[str, dict[str, float]] = {}
     for batch in (1, 16):
         x = np.random.default_rng(0).standard_normal((batch, cfg.num_tokens, cfg.dim), dtype=np.float32)
-        calls: dict[str, Callable[[], object]] = {n: (lambda e=e, x=x: e.forward(x, 0)) for n, e in engines.items()}
+        calls: dict[str, Callable[[], object]] = {n: partial(e.forward, x, 0) for n, e in engines.items()}
         run = onnx_session(engines["torch"], x)
         if run is not None:
-            calls["onnxruntime"] = lambda run=run, x=x: run(x)
+            calls["onnxruntime"] = partial(run, x)
             diff = float(np.abs(run(x) - engines["torch"].forward(x, 0)).max())
             rows.setdefault("onnxruntime_max_abs_diff", {})[f"batch_{batch}"] = diff
         rows.setdefault("numpy_max_abs_diff", {})[f"batch_{batch}"] = float(
