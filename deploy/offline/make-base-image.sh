@@ -13,7 +13,7 @@
 # ARCH (the host's by default: amd64) picks Debian's architecture: ARCH=arm64 on an x86 machine runs
 # debootstrap's first stage here and its second stage under emulation (qemu-user-static from Debian,
 # registered with binfmt_misc's F flag: apt-get install qemu-user-static binfmt-support), and the
-# import marks the image linux/arm64.
+# image is labelled linux/arm64 (loaded as an image archive: deploy/offline/image_archive.py).
 set -euo pipefail
 out="${1:?usage: make-base-image.sh OUT.tar [IMAGE_TAG]}"
 tag="${2:-}"
@@ -51,7 +51,7 @@ tar --numeric-owner -C "$root" -cf "$out.partial" .
 mv "$out.partial" "$out"
 echo "make-base-image: wrote $out ($(du -h "$out" | cut -f1))"
 if [ -n "$tag" ]; then
-  docker import --platform "linux/$arch" --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$out" "$tag" >/dev/null
-  echo "make-base-image: imported as $tag"
+  # An image archive, not `docker import`: Docker 20.10 ignores import's --platform (image_archive.py).
+  python3 "$(dirname "$0")/image_archive.py" "$out" "$tag" "$arch" | docker load >/dev/null
+  echo "make-base-image: loaded as $tag ($arch)"
 fi

@@ -4,9 +4,9 @@
 # build backend), nothing else: no dev or training extras.
 #
 #   deploy/offline/make-wheelhouse.sh .wheelhouse          # CPU image (EXTRAS=coordinator: torch, HTTP)
-#   EXTRAS= deploy/offline/make-wheelhouse.sh .wheelhouse-node                   # the lean node image
-#   EXTRAS= ARCH=aarch64 deploy/offline/make-wheelhouse.sh .wheelhouse-node-aarch64   # ... for arm64
-#   EXTRAS= ARCH=aarch64 PYTHON_VERSION=3.10 deploy/offline/make-wheelhouse.sh .wheelhouse-jetson
+#   EXTRAS='' deploy/offline/make-wheelhouse.sh .wheelhouse-node                   # the lean node image
+#   EXTRAS='' ARCH=aarch64 deploy/offline/make-wheelhouse.sh .wheelhouse-node-aarch64   # ... for arm64
+#   EXTRAS='' ARCH=aarch64 PYTHON_VERSION=3.10 deploy/offline/make-wheelhouse.sh .wheelhouse-jetson
 #                                                          # Jetson (JetPack 6): torch is the base image's
 #   docker build ... --build-arg WHEELHOUSE=.wheelhouse    # the directory must be inside the build context
 #
