@@ -1,9 +1,10 @@
 """The compose swarm under a real Docker engine, offline: build the CPU image (the coordinator's) and the
-lean node image (the nodes', no torch) from the debootstrap base and the wheelhouses, `compose up` the docker-compose.yml users run, wait for every HEALTHCHECK and for the
-coordinator to discover every node over mDNS on the compose network, classify through the published
-port, crash a node container, classify again, and watch the restart policy bring it back and the
-coordinator re-admit it. Figures (image size, build time, up-to-ready, per-container memory) go to
-runs/docker/compose.json (LAYERSWARM_DOCKER_REPORT to change).
+lean node image (the nodes', no torch) from the debootstrap base and the wheelhouses, `compose up` the
+docker-compose.yml users run, wait for every HEALTHCHECK and for the coordinator to discover every node
+over mDNS on the compose network, classify through the published port, crash a node container, classify
+again, and watch the restart policy bring it back and the coordinator re-admit it. Figures (image sizes,
+build times, up-to-ready, per-container memory) go to runs/docker/compose.json (LAYERSWARM_DOCKER_REPORT
+to change).
 
 Minutes long, so it runs when asked: LAYERSWARM_DOCKER=1 scripts/test tests/test_docker.py (CI does).
 It skips, with the reason, where no engine can start.
