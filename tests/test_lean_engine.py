@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def numpy_engine(model_dir: Path, block: int) -> NumpyEngine:
-    engine = load_engine(model_dir, block, read_any_manifest(model_dir), "numpy", "cpu", 1)
+    engine = load_engine(model_dir, block, read_any_manifest(model_dir), "numpy", "cpu")
     assert isinstance(engine, NumpyEngine)
     return engine
 

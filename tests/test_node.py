@@ -208,7 +208,7 @@ async def test_micro_batching_merges_queued_requests_and_splits_results(model_di
     from layerswarm.node.runtime import BlockRuntime
 
     manifest = manifest_of(model_dir)
-    runtime = BlockRuntime(load_engine(model_dir, 1, manifest, engine, "cpu", 1), 1, manifest, micro_batch=True)
+    runtime = BlockRuntime(load_engine(model_dir, 1, manifest, engine, "cpu"), 1, manifest, micro_batch=True)
     local = load_block(model_dir, 1)
     xs = [torch.randn(b, 5, 32) for b in (1, 2, 1, 3)]
     positions = [0, 0, 2, 0]
@@ -229,7 +229,7 @@ async def test_micro_batching_off_runs_each_request_alone(model_dir: Path) -> No
     from layerswarm.node.runtime import BlockRuntime
 
     manifest = manifest_of(model_dir)
-    runtime = BlockRuntime(load_engine(model_dir, 1, manifest, "numpy", "cpu", 1), 1, manifest, micro_batch=False)
+    runtime = BlockRuntime(load_engine(model_dir, 1, manifest, "numpy", "cpu"), 1, manifest, micro_batch=False)
     await asyncio.gather(*(runtime.forward(torch.randn(1, 5, 32).numpy(), 0) for _ in range(4)))
     runtime.close()
     assert runtime.served == 4 and runtime.batches == 4

@@ -110,7 +110,7 @@ def onnx_session(engine: BlockEngine, x: np.ndarray) -> Callable[[np.ndarray], n
 def forward_figures(reps: int) -> dict[str, Any]:
     member = robust_members(family_root())[0]
     manifest = read_manifest(member)
-    engines = {name: load_engine(member, 0, manifest, name, "cpu", 1) for name in ("torch", "numpy")}
+    engines = {name: load_engine(member, 0, manifest, name, "cpu") for name in ("torch", "numpy")}
     cfg = manifest.config
     rows: dict[str, dict[str, float]] = {}
     for batch in (1, 16):
@@ -136,7 +136,7 @@ def decode_figures(reps: int) -> dict[str, Any]:
         (path / "tokenizer.json").write_text("{}")
         save_model(DecoderLM(LMConfig(**DECODER)).eval(), path, Lineage(source="scratch"))  # type: ignore[arg-type]
         manifest = read_any_manifest(path)
-        engines = {name: load_engine(path, 0, manifest, name, "cpu", 1) for name in ("torch", "numpy")}
+        engines = {name: load_engine(path, 0, manifest, name, "cpu") for name in ("torch", "numpy")}
     rng = np.random.default_rng(1)
     prompt = rng.standard_normal((1, 32, DECODER["dim"]), dtype=np.float32)
     step = rng.standard_normal((1, 1, DECODER["dim"]), dtype=np.float32)

@@ -77,8 +77,12 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     try:  # torch or numpy, checked before anything is loaded: a wrong choice is the operator's
-        choose_engine(settings.engine, settings.device)
+        engine = choose_engine(settings.engine, settings.device)
     except EngineError as exc:
         raise UsageError(str(exc)) from None
+    if engine == "torch":
+        import torch
+
+        torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
     return serve(settings)

@@ -173,7 +173,7 @@ class DecodeService:
         except asyncio.CancelledError:
             await asyncio.wait([task])
             raise
-        except RuntimeError as exc:  # a device error, out of memory: the caller must see why
+        except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the caller must see why
             log.exception("decode step failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
 

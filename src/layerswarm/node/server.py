@@ -64,9 +64,7 @@ class Node:
         self.settings = settings
         self.boot_id = uuid.uuid4().hex
         self.manifest = read_any_manifest(settings.model_dir)
-        engine = load_engine(
-            settings.model_dir, settings.block, self.manifest, settings.engine, settings.device, settings.threads
-        )
+        engine = load_engine(settings.model_dir, settings.block, self.manifest, settings.engine, settings.device)
         self.runtime = self.make_runtime(engine)
         self.relayer = Relayer(
             settings.security, settings.max_message_bytes, streams=settings.relay_streams, block=settings.block

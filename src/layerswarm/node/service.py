@@ -193,7 +193,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.metrics.in_flight.inc()
         try:
             out, ms = await self.runtime.forward(x, request.position, token_mask)
-        except RuntimeError as exc:  # a device error, out of memory: the client must see why
+        except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the client must see why
             log.exception("block compute failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
         finally:

@@ -50,11 +50,11 @@ def choose_engine(engine: str, device: str) -> str:
 
 
 def load_engine(
-    model_dir: str | os.PathLike[str], index: int, manifest: AnyManifest, engine: str, device: str, threads: int
+    model_dir: str | os.PathLike[str], index: int, manifest: AnyManifest, engine: str, device: str
 ) -> BlockEngine:
     """The block, sha256-verified and loaded by the chosen engine."""
     if choose_engine(engine, device) == "numpy":
         return NumpyEngine(model_dir, index, manifest)
     from .torch_engine import TorchEngine  # noqa: PLC0415 - torch only where the torch engine runs
 
-    return TorchEngine(model_dir, index, manifest, device, threads)
+    return TorchEngine(model_dir, index, manifest, device)

@@ -34,10 +34,7 @@ def pick_device(name: str) -> torch.device:
 class TorchEngine:
     name = "torch"
 
-    def __init__(
-        self, model_dir: str | os.PathLike[str], index: int, manifest: AnyManifest, device: str, threads: int
-    ) -> None:
-        torch.set_num_threads(threads)  # once per process, at start-up
+    def __init__(self, model_dir: str | os.PathLike[str], index: int, manifest: AnyManifest, device: str) -> None:
         self.torch_device = pick_device(device)
         self.device = str(self.torch_device)
         self.block: Block | DecoderBlock = load_block(model_dir, index, manifest).to(self.torch_device)
