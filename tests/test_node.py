@@ -201,15 +201,18 @@ async def test_probe_command_reads_grpc_health(node: Node) -> None:
     assert not healthy and "UNAVAILABLE" in message
 
 
-async def test_micro_batching_merges_queued_requests_and_splits_results(model_dir: Path) -> None:
+@pytest.mark.parametrize("engine", ["torch", "numpy"])
+async def test_micro_batching_merges_queued_requests_and_splits_results(model_dir: Path, engine: str) -> None:
     from layerswarm.models.checkpoint import read_manifest as manifest_of
+    from layerswarm.node.engines import load_engine
     from layerswarm.node.runtime import BlockRuntime
 
-    runtime = BlockRuntime(str(model_dir), 1, manifest_of(model_dir), torch.device("cpu"), micro_batch=True)
+    manifest = manifest_of(model_dir)
+    runtime = BlockRuntime(load_engine(model_dir, 1, manifest, engine, "cpu"), 1, manifest, micro_batch=True)
     local = load_block(model_dir, 1)
     xs = [torch.randn(b, 5, 32) for b in (1, 2, 1, 3)]
     positions = [0, 0, 2, 0]
-    results = await asyncio.gather(*(runtime.forward(x, p) for x, p in zip(xs, positions, strict=True)))
+    results = await asyncio.gather(*(runtime.forward(x.numpy(), p) for x, p in zip(xs, positions, strict=True)))
     runtime.close()
     # The first runs at once on the idle block; the three that queued behind it run as two batches:
     # position 0 (two requests merged) and position 2.
@@ -217,15 +220,17 @@ async def test_micro_batching_merges_queued_requests_and_splits_results(model_di
     with torch.inference_mode():
         for (out, _ms), x, p in zip(results, xs, positions, strict=True):
             assert out.shape == x.shape
-            assert torch.allclose(out, local(x, p), atol=1e-5)
+            assert torch.allclose(torch.from_numpy(out), local(x, p), atol=1e-5)
 
 
 async def test_micro_batching_off_runs_each_request_alone(model_dir: Path) -> None:
     from layerswarm.models.checkpoint import read_manifest as manifest_of
+    from layerswarm.node.engines import load_engine
     from layerswarm.node.runtime import BlockRuntime
 
-    runtime = BlockRuntime(str(model_dir), 1, manifest_of(model_dir), torch.device("cpu"), micro_batch=False)
-    await asyncio.gather(*(runtime.forward(torch.randn(1, 5, 32), 0) for _ in range(4)))
+    manifest = manifest_of(model_dir)
+    runtime = BlockRuntime(load_engine(model_dir, 1, manifest, "numpy", "cpu"), 1, manifest, micro_batch=False)
+    await asyncio.gather(*(runtime.forward(torch.randn(1, 5, 32).numpy(), 0) for _ in range(4)))
     runtime.close()
     assert runtime.served == 4 and runtime.batches == 4
 

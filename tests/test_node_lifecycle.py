@@ -9,11 +9,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from layerswarm.harness.procs import node_cmd, spawn, stop_all
 from layerswarm.node.server import Node
@@ -23,22 +24,24 @@ from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 
-class SlowThenBroken(nn.Module):
-    """The first call is slow (so later requests queue up behind it) and succeeds; then every call fails,
-    as a device error would."""
+class SlowThenBroken:
+    """An engine whose first call is slow (so later requests queue up behind it) and succeeds; then every
+    call fails, as a device error would."""
 
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block, self.calls, self.batch_sizes = block, 0, []  # type: ignore[var-annotated]
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.calls, self.batch_sizes = engine, 0, []  # type: ignore[var-annotated]
         self.first_running = threading.Event()
 
-    def forward(self, x: torch.Tensor, position: int) -> torch.Tensor:
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def forward(self, x: np.ndarray, position: int) -> np.ndarray:
         self.calls += 1
         self.batch_sizes.append(x.shape[0])
         if self.calls == 1:
             self.first_running.set()
             time.sleep(0.5)
-            return self.block(x, position)  # type: ignore[no-any-return]
+            return self.engine.forward(x, position)  # type: ignore[no-any-return]
         raise RuntimeError("CUDA error: device-side assert (injected)")
 
 
@@ -49,8 +52,8 @@ def forward_request(i: int) -> pb.ForwardRequest:
 async def test_a_failed_micro_batch_reaches_every_waiting_request(model_dir: Path) -> None:
     node = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.1, max_in_flight=64))
     await node.start()
-    broken = SlowThenBroken(node.runtime.block)
-    node.runtime.block = broken
+    broken = SlowThenBroken(node.runtime.engine)
+    node.runtime.engine = broken  # type: ignore[assignment]
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
             stub = pb_grpc.BlockNodeStub(channel)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -54,6 +55,7 @@ from layerswarm.models.checkpoint import (
     read_manifest,
     rehash_model_dir,
 )
+from layerswarm.node.engines import BlockEngine
 from layerswarm.node.runtime import BlockRuntime
 from layerswarm.node.server import Node, run
 from layerswarm.node.service import BlockService
@@ -87,7 +89,7 @@ class FaultyRuntime(BlockRuntime):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fault = spec
 
-    def _compute(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
+    def _compute(self, x: np.ndarray, position: int) -> tuple[np.ndarray, float]:
         out, ms = super()._compute(x, position)
         if self.fault.mode == "runtime-overflow" and self.served >= self.fault.after:
             out = out * 1e6
@@ -188,13 +190,12 @@ class FaultyNode(Node):
                 raise ValueError("--fault-mode other-block: not for decoder blocks (use noise, zeros, ...)")
             self.decode.decode = lying_decode(self.decode.decode, spec)  # type: ignore[method-assign,assignment]
 
-    def make_runtime(self, device: torch.device) -> BlockRuntime:
+    def make_runtime(self, engine: BlockEngine) -> BlockRuntime:
         s = self.settings
         return FaultyRuntime(
-            str(s.model_dir),
+            engine,
             s.block,
             self.manifest,
-            device,
             micro_batch=s.micro_batch,
             max_batch=s.max_batch,
             spec=self.fault,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import grpc
-import torch
+import numpy as np
 
-from layerswarm.wire import codec
+from layerswarm.wire import arrays
 from layerswarm.wire.v1 import block_pb2 as pb
 
 # An input whose largest value is past this fraction of the reply dtype's limit leaves a block no room
@@ -29,42 +29,46 @@ class RequestError(Exception):
         self.code = code
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+# Wire dtype codes (wire/arrays.py: FP32, FP16, BF16, INT8) by the names torch gives them in messages.
+_DTYPE_NAMES = {arrays.FP32: "float32", arrays.FP16: "float16", arrays.BF16: "bfloat16", arrays.INT8: "int8"}
 
 
-def output_problem(out: torch.Tensor, reply_dtype: torch.dtype) -> str | None:
-    """Why `out` must not be sent as `reply_dtype`, or None when it can be."""
-    peak = codec.peak_abs(out) if out.numel() else 0.0
+def dtype_name(code: int) -> str:
+    return _DTYPE_NAMES[code]
+
+
+def output_problem(out: np.ndarray, reply_dtype: int) -> str | None:
+    """Why `out` must not be sent as wire dtype `reply_dtype`, or None when it can be."""
+    peak = arrays.peak_abs(out) if out.size else 0.0
     if not math.isfinite(peak):
         return "has NaN or Inf values"
-    limit = codec.value_limit(reply_dtype)
+    limit = arrays.value_limit(reply_dtype)
     if peak > limit:
         return f"is out of range for {dtype_name(reply_dtype)} (max |x| {peak:.4g} > {limit:.6g})"
     return None
 
 
-def reply_dtype_of(asked: int, sent: int) -> torch.dtype:
-    """The reply's dtype: the one asked for, else the request's own (int8 in, int8 back: the link is as
-    slow both ways)."""
+def reply_dtype_of(asked: int, sent: int) -> int:
+    """The reply's wire dtype: the one asked for, else the request's own (int8 in, int8 back: the link is
+    as slow both ways)."""
     try:
-        return codec.torch_dtype(sent if asked == pb.DTYPE_UNSPECIFIED else asked)
-    except codec.TensorError as exc:
+        return arrays.check_wire(sent if asked == pb.DTYPE_UNSPECIFIED else asked)
+    except arrays.TensorError as exc:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
 
 
-def decoded(msg: pb.Tensor, spec: codec.TensorSpec, what: str) -> torch.Tensor:
-    """A tensor from the wire, checked against `spec` (codec.decode); its faults are INVALID_ARGUMENT."""
+def decoded(msg: pb.Tensor, spec: arrays.TensorSpec, what: str) -> np.ndarray:
+    """An array from the wire, checked against `spec` (arrays.decode); its faults are INVALID_ARGUMENT."""
     try:
-        return codec.decode(msg, spec)
-    except codec.TensorError as exc:
+        return arrays.decode(msg, spec)
+    except arrays.TensorError as exc:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}") from exc
 
 
-def check_input_range(x: torch.Tensor, reply_dtype: torch.dtype, what: str = "input activations") -> None:
+def check_input_range(x: np.ndarray, reply_dtype: int, what: str = "input activations") -> None:
     """Refuse an input too large for the block to add to and still fit the reply dtype."""
-    limit = codec.value_limit(reply_dtype) * INPUT_HEADROOM
-    peak = codec.peak_abs(x) if x.numel() else 0.0
+    limit = arrays.value_limit(reply_dtype) * INPUT_HEADROOM
+    peak = arrays.peak_abs(x) if x.size else 0.0
     if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
         raise RequestError(
             grpc.StatusCode.INVALID_ARGUMENT,

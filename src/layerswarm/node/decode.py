@@ -22,18 +22,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
-import torch
+import numpy as np
 
-from layerswarm.models.lm.cache import KVCache
 from layerswarm.models.lm.config import LMConfig
-from layerswarm.models.lm.model import DecoderBlock
-from layerswarm.wire import codec
+from layerswarm.wire import arrays
 from layerswarm.wire.memory import give_back_free_memory
 from layerswarm.wire.periodic import Periodic
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .checks import RequestError, check_input_range, decoded, output_problem, reply_dtype_of
 from .decode_batch import DecodeBatcher, DecodeStep, StepResult
+from .engines import EngineCache
 from .metrics import NodeMetrics
 from .runtime import BlockRuntime
 from .settings import NodeSettings
@@ -54,10 +53,10 @@ TRIM_AFTER_BYTES = 16 * 1024 * 1024
 class Asked:
     """A checked request's step, before any stream is touched."""
 
-    x: torch.Tensor  # (1, T, D) in the block's dtype
-    fill: torch.Tensor | None  # (1, F, D)
+    x: np.ndarray  # (1, T, D) in the block's dtype
+    fill: np.ndarray | None  # (1, F, D)
     kv_only: bool
-    reply_dtype: torch.dtype
+    reply_dtype: int  # a wire dtype (wire/arrays.py)
 
     @property
     def tokens(self) -> int:
@@ -68,30 +67,27 @@ class Asked:
 class DecodeService:
     def __init__(self, runtime: BlockRuntime, settings: NodeSettings, metrics: NodeMetrics) -> None:
         cfg = runtime.manifest.config
-        block = runtime.block
-        if not isinstance(cfg, LMConfig) or not isinstance(block, DecoderBlock):
+        engine = runtime.engine
+        if not isinstance(cfg, LMConfig) or not engine.decoder:
             raise TypeError("DecodeService serves decoder blocks only")
         self.runtime, self.settings, self.metrics = runtime, settings, metrics
         self.dim = cfg.dim
-        itemsize = torch.empty((), dtype=runtime.dtype).element_size()
         self.limits = Limits(
             max_streams=settings.max_streams,
             max_seq_len=cfg.max_seq_len,
             max_cache_bytes=settings.max_cache_bytes,
             idle_timeout_s=settings.idle_timeout_s,
         )
-        self.table: StreamTable[KVCache] = StreamTable(
-            self.limits, block.new_cache, 2 * cfg.kv_heads * cfg.head_size * itemsize, on_free=self._freed
+        self.table: StreamTable[EngineCache] = StreamTable(
+            self.limits, engine.new_cache, engine.kv_bytes_per_token, on_free=self._freed
         )
-        self.batcher = DecodeBatcher(
-            block, runtime.device, runtime.on_thread, settings.max_batch, on_call=metrics.batch_size.observe
-        )
-        self.spec = codec.TensorSpec((1, None, cfg.dim), max_batch=1, max_bytes=settings.max_message_bytes)
+        self.batcher = DecodeBatcher(engine, runtime.on_thread, settings.max_batch, on_call=metrics.batch_size.observe)
+        self.spec = arrays.TensorSpec((1, None, cfg.dim), max_batch=1, max_bytes=settings.max_message_bytes)
         interval = min(max(settings.idle_timeout_s / SWEEPS_PER_TIMEOUT, 0.05), 5.0)
         self.sweeper = Periodic("idle-stream-sweep", interval, self._sweep)
         self.freed_bytes = 0  # cache bytes freed since the heap was last trimmed
         self.trims = 0
-        full = self.table.bytes_per_token * block.new_cache().capacity_after(cfg.max_seq_len)
+        full = self.table.bytes_per_token * engine.new_cache().capacity_after(cfg.max_seq_len)
         if full > self.limits.max_cache_bytes:
             log.warning(
                 "max_cache_mib %.3g holds less than one stream at the full context (%d bytes): long streams "
@@ -143,7 +139,7 @@ class DecodeService:
         self.metrics.latency.observe(reply.compute_ms / 1e3)
         return reply
 
-    async def _step(self, stream: Stream[KVCache], request: pb.DecodeRequest, asked: Asked) -> pb.DecodeResponse:
+    async def _step(self, stream: Stream[EngineCache], request: pb.DecodeRequest, asked: Asked) -> pb.DecodeResponse:
         """A claimed stream's step, under its lock (begin and done too: the rollback point is this step's).
         The claim is matched by exactly one table.done, whatever happens."""
         if stream.serial is None:
@@ -177,7 +173,7 @@ class DecodeService:
         except asyncio.CancelledError:
             await asyncio.wait([task])
             raise
-        except RuntimeError as exc:  # a device error, out of memory: the caller must see why
+        except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the caller must see why
             log.exception("decode step failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
 
@@ -265,9 +261,10 @@ class DecodeService:
                 f"the context is {self.limits.max_seq_len}",
             )
         dtype = self.runtime.dtype
-        return Asked(x.to(dtype), fill.to(dtype) if fill is not None else None, request.kv_only, reply_dtype)
+        x = x.astype(dtype, copy=False)
+        return Asked(x, fill.astype(dtype, copy=False) if fill is not None else None, request.kv_only, reply_dtype)
 
-    def _claim(self, stream_id: str, caller: Caller, start: int) -> Stream[KVCache]:
+    def _claim(self, stream_id: str, caller: Caller, start: int) -> Stream[EngineCache]:
         try:
             return self.table.claim(stream_id, caller, start)
         except StreamError as exc:
@@ -276,7 +273,7 @@ class DecodeService:
             self._observe()
 
     def _reply(
-        self, request: pb.DecodeRequest, stream: Stream[KVCache], result: StepResult, reply_dtype: torch.dtype
+        self, request: pb.DecodeRequest, stream: Stream[EngineCache], result: StepResult, reply_dtype: int
     ) -> pb.DecodeResponse:
         reply = pb.DecodeResponse(
             stream_id=request.stream_id,
@@ -290,7 +287,7 @@ class DecodeService:
                 self.metrics.refused_outputs.inc()
                 log.warning("refusing to send block output: %s", problem)
                 raise RequestError(grpc.StatusCode.INTERNAL, f"block output {problem}: not sent")
-            reply.activations.CopyFrom(codec.encode(result.out, reply_dtype))
+            reply.activations.CopyFrom(arrays.encode(result.out, reply_dtype))
         return reply
 
     async def _sweep(self) -> None:
@@ -306,7 +303,7 @@ class DecodeService:
             self.trims += 1
             log.debug("gave free heap memory back after %d freed cache bytes (%.1f ms)", freed, _ms_since(started))
 
-    def _freed(self, stream: Stream[KVCache], reason: str) -> None:
+    def _freed(self, stream: Stream[EngineCache], reason: str) -> None:
         self.freed_bytes += stream.cache.nbytes
         if reason in EVICTION_REASONS:
             self.metrics.evictions.labels(reason).inc()

@@ -4,7 +4,7 @@ The style of runtime.py: one compute thread (the runtime's), an idle block runs 
 caller's coroutine (a lone stream pays no batching delay), and steps that arrive while the block is busy
 queue up; when it is free, the queued steps with the same number of new tokens T (and the same kind:
 computed, or kv_only) run as one call of up to `max_batch` rows, each row against its own cache
-(DecoderBlock.forward pads and masks rows of different lengths), and are split again.
+(the engine attends row by row, each against its own cache), and are split again.
 
 Why only equal T: every T = 1 decode step of every stream merges, which is what continuous batching is
 for; a prefill or a verify (T > 1) merges with others of its own T (a speculative route's verifies all
@@ -25,19 +25,18 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
-from layerswarm.models.lm.cache import KVCache
-from layerswarm.models.lm.model import DecoderBlock
+from .engines import BlockEngine, EngineCache
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class DecodeStep:
-    cache: KVCache  # the stream's, already rolled back to the step's start
-    x: torch.Tensor  # (1, T, D) in the block's dtype
-    fill: torch.Tensor | None = None  # (1, F, D): keys and values only, before x
+    cache: EngineCache  # the stream's, already rolled back to the step's start
+    x: np.ndarray  # (1, T, D) in the block's dtype
+    fill: np.ndarray | None = None  # (1, F, D): keys and values only, before x
     kv_only: bool = False  # x's keys and values only: no output
 
     @property
@@ -47,7 +46,7 @@ class DecodeStep:
 
 @dataclass
 class StepResult:
-    out: torch.Tensor | None  # (1, T, D) on the CPU; None for kv_only
+    out: np.ndarray | None  # (1, T, D); None for kv_only
     compute_ms: float
     batched: int  # steps in the block call this one ran in
 
@@ -58,21 +57,19 @@ class _Queued:
     done: asyncio.Future[StepResult] = field(repr=False)
 
 
-Computed = tuple[list[torch.Tensor | None], float]  # one output per step (None: kv_only), milliseconds
+Computed = tuple[list[np.ndarray | None], float]  # one output per step (None: kv_only), milliseconds
 OnThread = Callable[[Callable[[list[DecodeStep]], Computed], list[DecodeStep]], Awaitable[Computed]]
 
 
 class DecodeBatcher:
     def __init__(
         self,
-        block: DecoderBlock,
-        device: torch.device,
+        engine: BlockEngine,
         on_thread: OnThread,
         max_batch: int,
         on_call: Callable[[int], None] = lambda steps: None,
     ) -> None:
-        self.block = block
-        self.device = device
+        self.engine = engine
         self.on_thread = on_thread  # runs a function on the node's one compute thread
         self.max_batch = max_batch
         self.on_call = on_call  # told each block call's number of steps (the batch size metric)
@@ -133,22 +130,20 @@ class DecodeBatcher:
         self._queue = kept
         return group
 
-    @torch.inference_mode()
     def compute(self, steps: list[DecodeStep]) -> Computed:
         """On the compute thread: fills, then every step's tokens as one block call (rows of one T)."""
         started = time.perf_counter()
         for s in steps:
             if s.fill is not None:
-                self.block.append_kv(s.fill.to(self.device), [s.cache])
+                self.engine.append_kv(s.fill, [s.cache])
         caches = [s.cache for s in steps]
-        x = steps[0].x if len(steps) == 1 else torch.cat([s.x for s in steps])
-        x = x.to(self.device)
-        outs: Sequence[torch.Tensor | None]
+        x = steps[0].x if len(steps) == 1 else np.concatenate([s.x for s in steps])
+        outs: Sequence[np.ndarray | None]
         if steps[0].kv_only:
-            self.block.append_kv(x, caches)
+            self.engine.append_kv(x, caches)
             outs = [None] * len(steps)
         else:
-            out = self.block(x, caches=caches).cpu()
+            out = self.engine.decode(x, caches)
             outs = [out[row : row + 1] for row in range(len(steps))]
         return list(outs), (time.perf_counter() - started) * 1e3
 

@@ -8,16 +8,16 @@ import logging
 import signal
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
 
-from layerswarm.models.checkpoint import read_any_manifest
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.lm.config import LMConfig
+from layerswarm.models.manifest import read_any_manifest
 from layerswarm.wire.auth import NodeAuthenticator
 from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
 from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
@@ -25,14 +25,12 @@ from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertised, Advertiser, advertised_addresses
 from .decode import DecodeService
+from .engines import BlockEngine, load_engine
 from .metrics import NodeMetrics
 from .relay import Relayer
-from .runtime import BlockRuntime, pick_device
+from .runtime import BlockRuntime
 from .service import BlockService, block_tokens
 from .settings import NodeSettings
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +64,8 @@ class Node:
         self.settings = settings
         self.boot_id = uuid.uuid4().hex
         self.manifest = read_any_manifest(settings.model_dir)
-        device = pick_device(settings.device)
-        self.runtime = self.make_runtime(device)
+        engine = load_engine(settings.model_dir, settings.block, self.manifest, settings.engine, settings.device)
+        self.runtime = self.make_runtime(engine)
         self.relayer = Relayer(
             settings.security, settings.max_message_bytes, streams=settings.relay_streams, block=settings.block
         )
@@ -90,11 +88,9 @@ class Node:
         self.advertised: Advertised | None = None  # what the mDNS record says, and why (in the ready line)
         self._metrics_server: tuple[Any, Any] | None = None
 
-    def make_runtime(self, device: torch.device) -> BlockRuntime:
+    def make_runtime(self, engine: BlockEngine) -> BlockRuntime:
         s = self.settings
-        return BlockRuntime(
-            str(s.model_dir), s.block, self.manifest, device, micro_batch=s.micro_batch, max_batch=s.max_batch
-        )
+        return BlockRuntime(engine, s.block, self.manifest, micro_batch=s.micro_batch, max_batch=s.max_batch)
 
     def make_service(self) -> BlockService:
         """The servicer. The test-only fault harness (harness/faults.py) overrides this and
@@ -169,6 +165,8 @@ class Node:
                 "model_id": self.manifest.model_id,
                 "family_id": self.manifest.family_id,
                 "boot_id": self.boot_id,
+                "engine": self.runtime.engine.name,  # torch or numpy (--engine)
+                "device": self.runtime.device,
                 # Where peers are told to dial (none: --no-advertise), and the rule that chose it.
                 "advertised": self.advertised.addresses if self.advertised else [],
                 "advertised_by": self.advertised.rule if self.advertised else None,

@@ -7,13 +7,13 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
-import torch
+import numpy as np
 
 from layerswarm import __version__
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.lm.config import LMConfig
-from layerswarm.models.text.tokens import join_states, mask_problem, split_problem
-from layerswarm.wire import codec
+from layerswarm.models.text.codes import join_states, mask_problem, split_problem
+from layerswarm.wire import arrays
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.relay_stream import serve_relay_stream
 from layerswarm.wire.security import SecuritySettings
@@ -52,7 +52,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.max_tokens = block_tokens(cfg)
         # Text and decoders: any T up to the family's maximum (checked in _validate); images: exactly their T.
         fixed = cfg.num_tokens if isinstance(cfg, ViTConfig) and not cfg.is_text else None
-        self.spec = codec.TensorSpec(
+        self.spec = arrays.TensorSpec(
             shape=(None, fixed, cfg.dim),
             max_batch=settings.max_batch,
             max_bytes=settings.max_message_bytes,
@@ -124,7 +124,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
             variant=cfg.variant,
             weights_sha256=rt.manifest.block_sha256(rt.index),
             device=str(rt.device),
-            compute_dtype=codec.wire_dtype(rt.dtype),  # type: ignore[arg-type]
+            compute_dtype=pb.DTYPE_FLOAT32,  # every engine computes in float32
             software_version=__version__,
             protocol_version=PROTOCOL_VERSION,
             boot_id=self.boot_id,
@@ -193,7 +193,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.metrics.in_flight.inc()
         try:
             out, ms = await self.runtime.forward(x, request.position, token_mask)
-        except RuntimeError as exc:  # a device error, out of memory: the client must see why
+        except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the client must see why
             log.exception("block compute failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
         finally:
@@ -201,10 +201,10 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.metrics.latency.observe(ms / 1e3)
         self._check_output(out, reply_dtype)
         return pb.ForwardResponse(
-            request_id=request.request_id, activations=codec.encode(out, reply_dtype), compute_ms=ms
+            request_id=request.request_id, activations=arrays.encode(out, reply_dtype), compute_ms=ms
         )
 
-    def _check_output(self, out: torch.Tensor, reply_dtype: torch.dtype) -> None:
+    def _check_output(self, out: np.ndarray, reply_dtype: int) -> None:
         """Never send what the next hop cannot use: non-finite values, or values the cast to the reply
         dtype would turn into Inf. The input was in range (checked first): this node is at fault."""
         problem = output_problem(out, reply_dtype)
@@ -213,7 +213,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
             log.warning("refusing to send block output: %s", problem)
             raise RequestError(grpc.StatusCode.INTERNAL, f"block output {problem}: not sent")
 
-    def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype, torch.Tensor | None]:
+    def _validate(self, request: pb.ForwardRequest) -> tuple[np.ndarray, int, np.ndarray | None]:
         cfg = self.runtime.manifest.config
         depth = cfg.depth
         if not request.HasField("activations"):
@@ -245,25 +245,25 @@ class BlockService(pb_grpc.BlockNodeServicer):
         check_input_range(x, reply_dtype)
         return x, reply_dtype, token_mask
 
-    def _token_mask(self, request: pb.ForwardRequest) -> torch.Tensor | None:
+    def _token_mask(self, request: pb.ForwardRequest) -> np.ndarray | None:
         """Text: the (B, T) token mask (models/text/tokens.py) if sent, T within the family's maximum."""
         if not request.HasField("token_mask"):
             return None
-        spec = codec.TensorSpec((None, None), max_batch=self.settings.max_batch)
-        mask = decoded(request.token_mask, spec, "token_mask").to(torch.float32)
+        spec = arrays.TensorSpec((None, None), max_batch=self.settings.max_batch)
+        mask = decoded(request.token_mask, spec, "token_mask").astype(np.float32, copy=False)
         if mask.shape[1] > self.max_tokens:
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{mask.shape[1]} tokens; this family takes {self.max_tokens}"
             )
         return mask
 
-    def _joined(self, request: pb.ForwardRequest, mask: torch.Tensor | None) -> torch.Tensor:
+    def _joined(self, request: pb.ForwardRequest, mask: np.ndarray | None) -> np.ndarray:
         """The split form (text): active and frozen rows, placed by the mask, as one (B, T, D) input."""
         if mask is None:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "frozen needs a token_mask to place its rows")
-        rows = codec.TensorSpec(
+        rows = arrays.TensorSpec(
             (None, self.runtime.manifest.config.dim),
-            max_batch=mask.numel(),
+            max_batch=mask.size,
             max_bytes=self.settings.max_message_bytes,
         )
         active = decoded(request.activations, rows, "activations")
