@@ -238,6 +238,53 @@ def test_a_relay_link_s_per_byte_cost_leaves_out_both_ways_of_the_rtt() -> None:
     assert links.transfer_ms("a:1", "b:2", 1_000_000) == pytest.approx(12.0)
 
 
+async def test_auto_is_the_default_topology_and_relays_only_where_a_chain_keeps_the_request(
+    relay_swarm: tuple[Path, Path, list[Proc]],
+) -> None:
+    """With a swarm token and no --topology, routes run star or relay, whichever has measured faster
+    (both tried first), each route's trace and the page say which; a request that needs a per-hop
+    exit or an anytime deadline stays on star, since a chain would drop them."""
+    from dataclasses import replace
+
+    from layerswarm.coordinator.http.activity import Activity
+    from layerswarm.coordinator.http.page import swarm_snapshot
+    from layerswarm.coordinator.routing.topology import MIN_SAMPLES
+
+    model_dir, token_file, procs = relay_swarm
+    assert CoordinatorSettings.model_fields["topology"].default == "auto"
+    coord = coordinator(model_dir, procs, token_file=token_file, verify_rate=None)
+    await coord.start()
+    try:
+        await wait_until(lambda: coord.registry.reachable_depth() == DEPTH, what="all blocks reachable")
+        ran = [(await coord.router.classify(images(), SEQ)).path.topology for _ in range(2 * MIN_SAMPLES)]
+        assert sorted(ran) == ["relay"] * MIN_SAMPLES + ["star"] * MIN_SAMPLES
+        for options in (replace(SEQ, exit_rule="confidence", exit_threshold=0.99), replace(SEQ, deadline_ms=5_000)):
+            for _ in range(4):
+                assert (await coord.router.classify(images(), options)).path.topology == "star"
+        view = swarm_snapshot(coord, Activity())["topology"]
+        assert view["setting"] == "auto" and view["relay_available"]
+        assert view["measured"] is not None and view["measured"]["relay"]["samples"] == MIN_SAMPLES
+    finally:
+        await coord.stop()
+
+
+async def test_auto_without_a_swarm_token_stays_on_star_and_says_why(
+    relay_swarm: tuple[Path, Path, list[Proc]],
+) -> None:
+    from layerswarm.coordinator.http.activity import Activity
+    from layerswarm.coordinator.http.page import swarm_snapshot
+
+    model_dir, _, procs = relay_swarm
+    coord = coordinator(model_dir, procs, verify_rate=None)  # the nodes want a token: only readiness matters
+    await coord.start()
+    try:
+        view = swarm_snapshot(coord, Activity())["topology"]
+        assert view["setting"] == "auto" and not view["relay_available"] and "no swarm token" in view["why"]
+        assert coord.router.topology is None  # nothing measured: relay cannot run here
+    finally:
+        await coord.stop()
+
+
 async def test_a_node_killed_mid_chain_is_handed_back_and_the_request_answers(
     relay_swarm: tuple[Path, Path, list[Proc]],
 ) -> None:

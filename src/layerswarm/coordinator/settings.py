@@ -138,12 +138,14 @@ class CoordinatorSettings(ProcessSettings):
     transport: str = Field(
         default="stream", description="stream: reused bidirectional streams; unary: one call per hop"
     )
-    # Star stays the default: relay pays only where links are slow (bench: edge LAN) and gives up per-hop
-    # early exit, hedging and anytime answers inside a chain.
+    # auto is the default: it relays where relaying has measured faster (slow links: docs/relay.md) and stays
+    # on star without a swarm token (nodes check chains with it) and for requests that need a per-hop exit or
+    # an anytime deadline, which a chain gives up.
     topology: str = Field(
-        default="star",
-        description="star: every hop through the coordinator; relay: nodes forward to each other along a MACed "
-        "chain (needs --token-file; docs/relay.md); auto: per request, whichever has been faster here",
+        default="auto",
+        description="auto: per request, star or relay, whichever has been faster here (star without a token); "
+        "star: every hop through the coordinator; relay: nodes forward to each other along a MACed chain "
+        "(needs --token-file; docs/relay.md)",
     )
     max_batch: int = Field(default=64, ge=1)
     # Generation (decoder families): what a completion may ask, and what it gets when it asks nothing.
@@ -194,8 +196,8 @@ class CoordinatorSettings(ProcessSettings):
 
     @model_validator(mode="after")
     def _relay_needs_token(self) -> CoordinatorSettings:
-        if self.topology != "star" and not self.security.token:
-            raise ValueError(f"topology {self.topology} needs a swarm token (--token-file): nodes check chains with it")
+        if self.topology == "relay" and not self.security.token:
+            raise ValueError("topology relay needs a swarm token (--token-file): nodes check chains with it")
         return self
 
     @field_validator("model_dir", mode="before")

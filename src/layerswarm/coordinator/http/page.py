@@ -66,6 +66,8 @@ def swarm_snapshot(service: Service, activity: Activity) -> dict[str, Any]:
         "stats": activity.stats(),
         "requests": activity.routes(ROUTES_SHOWN),
     }
+    if not service.generative:  # star or relay, and under auto what was measured
+        snapshot["topology"] = service.router.topology_view()
     if service.generative:  # a decoder family: its live streams and the latest finished ones
         live, recent = service.generator.views()
         snapshot["streams"] = {"live": live, "recent": recent}

@@ -33,7 +33,7 @@ from .members import Member, load_members
 from .netorder import NetPlan, plan_from_registry
 from .planner import Plan, Policy, plan_path, with_repeats
 from .request import ClassifyOptions, Request, check_images, check_options, check_stem_output
-from .topology import TopologyChooser
+from .topology import TopologyChooser, TopologyState
 from .trace import PathResult
 from .wire_choice import WireFormat
 
@@ -176,7 +176,7 @@ class Router:
             preferred_model=member.model_id,
             keep_to_model=self._over_members(request.options),
         )
-        topology = self._topology(len(plan.steps))
+        topology = self._topology(len(plan.steps), request, exit_policy)
         netplan = self._network_plan(plan, x, topology) if request.policy is Policy.NETWORK else None
         if netplan is not None:
             plan = Plan(netplan.plan.steps, plan.unreachable)
@@ -211,11 +211,33 @@ class Router:
         (whose nodes the route then keeps to, where they are up)."""
         return self.members[index % len(self.members)] if self._over_members(options) else self.members[0]
 
-    def _topology(self, steps: int) -> str:
-        """star or relay for this route: the setting, or under `auto` the measured faster one."""
+    def _topology(self, steps: int, request: Request, exit_policy: ExitPolicy | None) -> str:
+        """star or relay for this route: the setting, or under `auto` the measured faster one. auto keeps
+        to star where a chain would drop what the request asked for: a per-hop exit or an anytime deadline."""
         if self.relay is None or steps < 2 or self.config.is_text:  # relays do not carry token masks yet
             return "star"
-        return self.topology.choose() if self.topology is not None else "relay"
+        if self.topology is None:
+            return "relay"
+        if exit_policy is not None or request.anytime_deadline is not None:
+            return "star"
+        return self.topology.choose()
+
+    def topology_view(self) -> TopologyState:
+        """What the page shows: the setting, whether relay can be used here (and why not), and under
+        auto each topology's measured time per hop."""
+        setting = self.settings.topology
+        if self.config.is_text:
+            why = "text family: star (relay chains do not carry token masks yet)"
+        elif setting != "star" and self.relay is None:
+            why = "no swarm token (--token-file): star only; relay chains are MACed with it"
+        else:
+            why = {
+                "auto": "per request, whichever has been faster per hop (star for exits and deadlines)",
+                "relay": "every route a relay chain",
+                "star": "every hop through the coordinator",
+            }[setting]
+        measured = self.topology.to_json() if self.topology is not None else None
+        return {"setting": setting, "relay_available": self.relay is not None, "why": why, "measured": measured}
 
     def _network_plan(self, plan: Plan, x: torch.Tensor, topology: str) -> NetPlan:
         """The planned blocks, ordered (robust families) and placed to minimise expected time."""

@@ -24,10 +24,24 @@ function renderHeader(snap) {
   $("reason").textContent = s.reason;
   $("depth").textContent = `${s.reachable_depth} / ${s.depth}`;
   $("inflight").textContent = s.in_flight;
+  renderTopology(snap.topology);
   const st = snap.stats;
   $("rate").textContent = st.requests_per_s.toFixed(2);
   $("errors").textContent = st.error_rate === null ? st.errors : `${st.errors} (${pct(st.error_rate)})`;
   $("accuracy").textContent = st.accuracy === null ? "–" : `${pct(st.accuracy)} of ${st.labelled}`;
+}
+
+// star or relay (and under auto each one's measured time per hop); a decoder family has none.
+function renderTopology(t) {
+  const card = $("topology-card");
+  card.hidden = !t;
+  if (!t) return;
+  const m = t.measured;
+  const perHop = m
+    ? ` · star ${ms(m.star.ms_per_hop)}/hop, relay ${ms(m.relay.ms_per_hop)}/hop`
+    : "";
+  $("topology").textContent = t.setting;
+  $("topology").title = `${t.why}${perHop}`;
 }
 
 function renderBlocks(snap) {
@@ -111,7 +125,8 @@ function renderRoute(req) {
   const li = el("li", req.status >= 400 ? "failed" : "");
   li.dataset.seq = req.seq;
   const when = new Date(req.at * 1000).toLocaleTimeString();
-  li.append(el("span", "meta", `${when} · ${req.api}${req.batch > 1 ? ` · ×${req.batch}` : ""}`));
+  const via = req.topology ? ` · ${req.topology}` : "";
+  li.append(el("span", "meta", `${when} · ${req.api}${req.batch > 1 ? ` · ×${req.batch}` : ""}${via}`));
   const path = el("span", "path");
   if (req.status >= 400) {
     path.textContent = `${req.status} ${req.error}`;
