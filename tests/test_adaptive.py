@@ -139,22 +139,34 @@ def test_metrics_count_blocks_exits_routes(swarm: tuple[httpx.Client, Path]) -> 
 
 
 def test_repeats_fill_a_thin_swarm_instead_of_failing(family_dirs: list[Path]) -> None:
-    """Blocks 0 and 1 reachable, min depth 3: repeats run one of them again; without them, 503."""
+    """Blocks 0 and 1 reachable, min depth 3: repeats run one of them again; without them, 503 naming
+    block 2, before any node worked on it: a rule that fires at once does not make it an answer."""
     nodes = start_nodes([(family_dirs[0], b) for b in range(2)])
     coord: Proc | None = None
     try:
         coord = coordinator_process(family_dirs[0], nodes, "--health-interval", "0.2", "--min-blocks", "3")
+        assert coord.ready["readiness"]["min_blocks"] == 3 and "--min-blocks" in coord.ready["readiness"]["rule"]
         with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=30) as client:
             body = classify(client, 0, repeats=True, exit_rule="none")
             hops = body["trace"]["hops"]  # type: ignore[index]
             assert body["depth"] == 3 and sum(h["repeat"] for h in hops) == 1
             assert sorted({h["block"] for h in hops}) == [0, 1]
-            reply = client.post(
-                "/v1/classify", files={"file": ("a.png", png(0), "image/png")}, data={"repeats": "false"}
-            )
-            assert reply.status_code == 503 and reply.json()["error"] == "insufficient_depth"
+            for fields in ({"repeats": "false"}, {"repeats": "false", "exit_rule": "entropy", "exit_threshold": "1"}):
+                reply = client.post("/v1/classify", files={"file": ("a.png", png(0), "image/png")}, data=fields)
+                assert reply.status_code == 503 and reply.json()["error"] == "insufficient_depth", reply.text
+                assert reply.json()["missing_blocks"] == [2] and "block indices [2]" in reply.json()["detail"]
+            readyz = client.get("/readyz").json()  # repeats are off for this model: not ready, and why
+            assert readyz["status"] == "not_ready" and "block indices [2]" in readyz["detail"], readyz
     finally:
         stop_all([c for c in (coord,) if c is not None] + nodes)
+
+
+def test_an_exit_may_stop_below_the_readiness_minimum(swarm: tuple[httpx.Client, Path]) -> None:
+    """Readiness (how many blocks must be reachable) is not the exit floor: with all three blocks up and a
+    request's minimum of 3, a rule that fires at once answers after one block (it waited for 3 before)."""
+    client, _ = swarm
+    body = classify(client, 2, min_blocks=3, exit_rule="entropy", exit_threshold=1.0)
+    assert body["depth"] == 1 and body["exited_early"] is True and body["exit_rule"] == "entropy"
 
 
 def test_anytime_answers_before_a_late_hop(family_dirs: list[Path]) -> None:
@@ -170,10 +182,16 @@ def test_anytime_answers_before_a_late_hop(family_dirs: list[Path]) -> None:
                 body = classify(client, seed, deadline_ms=700, exit_rule="none")
                 assert body["anytime"] is True and body["trace"]["anytime"] is True  # type: ignore[index]
                 assert 1 <= body["depth"] < 3  # type: ignore[operator]
-            # below the minimum depth the budget does not cut: the answer comes late, at full depth, unmarked
-            late = classify(client, 0, deadline_ms=700, min_blocks=3, exit_rule="none")
-            assert late["depth"] == 3 and late["anytime"] is False and late["elapsed_ms"] > 700  # type: ignore[operator]
             assert "layerswarm_anytime_answers_total 3.0" in client.get("/metrics").text
+        coord.stop()
+        # below the anytime floor the budget does not cut: the answer comes late, at full depth, unmarked
+        coord = coordinator_process(
+            family_dirs[0], nodes, "--health-interval", "0.2", "--hedge-quantile", "0", "--anytime-min-blocks", "3"
+        )
+        with httpx.Client(base_url=f"http://127.0.0.1:{coord.ready['port']}", timeout=30) as client:
+            assert classify(client, 9, exit_rule="none")["depth"] == 3
+            late = classify(client, 0, deadline_ms=700, exit_rule="none")
+            assert late["depth"] == 3 and late["anytime"] is False and late["elapsed_ms"] > 700  # type: ignore[operator]
     finally:
         stop_all([c for c in (coord,) if c is not None] + nodes)
 

@@ -123,7 +123,8 @@ async def test_readyz_is_503_with_the_reason_below_the_minimum_depth(family_dirs
             await coord.watch.wait_first_round(10.0)
             reply = await client.get("/readyz")
             assert reply.status_code == 503
-            assert reply.json() == {"status": "not_ready", "detail": "only 1 of 3 blocks reachable, minimum depth is 2"}
+            detail = "only 1 of 3 blocks reachable, minimum depth is 2: no node for block indices [1, 2]"
+            assert reply.json() == {"status": "not_ready", "detail": detail}
             assert (await client.get("/healthz")).status_code == 200  # alive, just not ready
             # Where repeats are on by default (calibration showed they help), a request with the defaults
             # is answered, the path filled by running a block again: ready says the same (before: 503

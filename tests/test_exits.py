@@ -15,7 +15,13 @@ from layerswarm.models.checkpoint import ModelDirError, read_manifest
 from layerswarm.models.exits import ExitPolicy, ExitRule, ExitTracker, simulate
 from layerswarm.training.data.datasets import Dataset
 from layerswarm.training.evaluation.adaptive import calibrate_model
-from layerswarm.training.evaluation.calibrate import CalibrationPlan, calibrate_exits, choose, sweep
+from layerswarm.training.evaluation.calibrate import (
+    CalibrationPlan,
+    calibrate_anytime,
+    calibrate_exits,
+    choose,
+    sweep,
+)
 
 
 def logits_for(probs: list[list[float]]) -> torch.Tensor:
@@ -113,6 +119,19 @@ def test_calibrate_exits_picks_a_default_rule() -> None:
     assert all(r["curve"] for r in report["rules"].values())
 
 
+def test_anytime_floor_is_the_fewest_blocks_within_the_margin() -> None:
+    """Rows right from hop 3 on (of 4): the floor is 3 within a point, 1 within 100 points; each hop's
+    accuracy is reported on both halves (a floor taken from the wrong hop, or off by one, fails this)."""
+    right = torch.stack([SURE_AT_THIRD] * 4)  # class 0 from the first hop
+    wrong_early = torch.stack([SURE_AT_THIRD.flip(1)[:2].flip(0)] * 4)  # class 2 after hops 1 and 2
+    prefix = torch.cat([wrong_early, right[:, 2:]], 1)
+    y = torch.zeros(4, dtype=torch.long)
+    tight = calibrate_anytime(prefix, y, CalibrationPlan(anytime_margin=0.01))
+    assert tight["min_blocks"] == 3 and tight["curve"]["2"] == {"calibration": 0.0, "held_out": 0.0}
+    assert tight["curve"]["3"]["held_out"] == 1.0
+    assert calibrate_anytime(prefix, y, CalibrationPlan(anytime_margin=1.0))["min_blocks"] == 1
+
+
 def test_calibration_writes_a_hashed_policy_the_coordinator_reads(model_dir: Path) -> None:
     manifest = read_manifest(model_dir)
     gen = torch.Generator().manual_seed(0)
@@ -126,8 +145,11 @@ def test_calibration_writes_a_hashed_policy_the_coordinator_reads(model_dir: Pat
     assert read_manifest(model_dir).model_id == manifest.model_id  # the policy does not change the model id
     policy = read_policy(model_dir)
     assert policy is not None and policy["model_id"] == manifest.model_id and "exit" in policy
-    write_policy(model_dir, {**policy, "exit": {"rule": "patience", "threshold": 2}})
-    assert load_defaults(model_dir, "calibrated", None).exit == ExitPolicy(ExitRule.PATIENCE, 2)
+    assert policy["exit_min_blocks"] == 1 and 1 <= policy["anytime_min_blocks"] <= 3
+    write_policy(model_dir, {**policy, "exit": {"rule": "patience", "threshold": 2}, "exit_min_blocks": 2})
+    defaults = load_defaults(model_dir, "calibrated", None)
+    assert defaults.exit == ExitPolicy(ExitRule.PATIENCE, 2) and defaults.exit_min_blocks == 2
+    assert defaults.anytime_min_blocks == policy["anytime_min_blocks"]
     assert load_defaults(model_dir, "none", None).exit is None
     (model_dir / POLICY_FILE).write_text((model_dir / POLICY_FILE).read_text().replace("patience", "entropy"))
     with pytest.raises(ModelDirError, match="sha256"):

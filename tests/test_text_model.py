@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from layerswarm.cli import main
+from layerswarm.models.adaptive_policy import read_policy
 from layerswarm.models.checkpoint import ModelDirError, load_model, read_manifest
 from layerswarm.models.config import VARIANTS, ViTConfig
 from layerswarm.models.text.model import TextEncoder, key_mask_of
@@ -162,6 +163,13 @@ def test_cli_train_family_eval_on_text(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["eval", str(member), str(base), str(base), "--json", str(report)]) == 0
     assert "| member | layershuffle |" in capsys.readouterr().out
     assert json.loads(report.read_text())["models"]["member"]["sequential"] > 0.9
+    # calibration on text: exit rules and floors into the member's own adaptive.json, as for images
+    assert main(["eval", str(member), "--calibrate-only", "--json", str(report)]) == 0
+    calibrated = json.loads(report.read_text())["calibration"]["member"]
+    assert calibrated["exits"]["full_accuracy"]["held_out"] > 0.9  # the padding masked, as the swarm does
+    policy = read_policy(member)
+    assert policy is not None and policy["model_id"] == m_member.model_id
+    assert 1 <= policy["anytime_min_blocks"] <= 2 and policy["exit_min_blocks"] == 1
     (base / "tokenizer.json").write_text((base / "tokenizer.json").read_text().replace("red", "der"))
     with pytest.raises(ModelDirError, match=r"tokenizer\.json"):
         model_tokenizer(base)

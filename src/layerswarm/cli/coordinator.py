@@ -33,6 +33,7 @@ def register(sub: Subparsers) -> None:
     f.add("--http-port", "http_port", type=int)
     f.add("--policy", "default_policy", choices=CHOICES["default_policy"])
     f.add("--min-blocks", "min_blocks", type=int)
+    f.add("--anytime-min-blocks", "anytime_min_blocks", type=int)
     f.add(
         "--no-strict",
         "strict",

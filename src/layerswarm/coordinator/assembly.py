@@ -9,12 +9,14 @@ from pathlib import Path
 import torch
 
 from layerswarm.models import policy
+from layerswarm.models.adaptive_policy import read_policy
 from layerswarm.models.checkpoint import AnyManifest, Manifest, ModelDirError, read_any_manifest
 from layerswarm.models.config import ViTConfig
 from layerswarm.models.lm.config import LMConfig
 from layerswarm.wire import codec
 
 from .membership.records import FamilySpec, NodeEvent, NodeState
+from .routing.depth import DepthRule
 from .routing.wire_choice import WireChoice, WireFormat, measure_codec_ms_per_mb
 from .settings import CoordinatorSettings
 from .verification.decode_check import DecodeVerifier
@@ -50,19 +52,42 @@ def family_spec(settings: CoordinatorSettings, own: AnyManifest) -> FamilySpec:
     return FamilySpec(own.family_id, cfg.depth, cfg.num_tokens, cfg.dim, known, strict)
 
 
-def default_min_blocks(settings: CoordinatorSettings, manifest: Manifest) -> int:
-    """--min-blocks, else the minimum useful depth `layerswarm eval` measured, else 1 (with a warning)."""
+def depth_rule(settings: CoordinatorSettings, manifest: Manifest) -> DepthRule:
+    """How many blocks a request needs (routing/depth.py): the flags, else the model's own evaluation
+    and calibration files. Raises ValueError for a flag past the model's depth."""
+    depth = manifest.config.depth
+    min_blocks, source = readiness_minimum(settings, manifest)
+    policy = read_policy(settings.model_dir) or {}
+    calibrated = policy.get("anytime_min_blocks")
+    if settings.anytime_min_blocks is not None:
+        if settings.anytime_min_blocks > depth:
+            raise ValueError(f"--anytime-min-blocks {settings.anytime_min_blocks} is past the model's depth of {depth}")
+        anytime, anytime_source = settings.anytime_min_blocks, "--anytime-min-blocks"
+    elif isinstance(calibrated, int) and 1 <= calibrated <= depth:
+        margin = float(policy.get("anytime_margin", 0.1)) * 100
+        anytime, anytime_source = calibrated, f"calibrated: within {margin:g} points of the full path, adaptive.json"
+    else:
+        anytime, anytime_source = min_blocks, "the readiness minimum: no calibrated anytime floor"
+    return DepthRule(depth, min_blocks, source, anytime, anytime_source, repeats=bool(policy.get("repeats")))
+
+
+def readiness_minimum(settings: CoordinatorSettings, manifest: AnyManifest) -> tuple[int, str]:
+    """--min-blocks, else the minimum useful depth `layerswarm eval` measured, else 1 (with a warning);
+    and where the number came from."""
+    depth = manifest.config.depth
     if settings.min_blocks is not None:
-        if settings.min_blocks > manifest.config.depth:  # paths past the depth: every node would refuse them
-            raise ValueError(f"--min-blocks {settings.min_blocks} is past the model's depth of {manifest.config.depth}")
-        return settings.min_blocks
+        if settings.min_blocks > depth:  # paths past the depth: every node would refuse them
+            raise ValueError(f"--min-blocks {settings.min_blocks} is past the model's depth of {depth}")
+        return settings.min_blocks, "--min-blocks"
     evaluated = policy.min_blocks(manifest)
     if evaluated is None:
         if settings.model_dir not in _WARNED:  # once per process: benches build many coordinators
             _WARNED.add(settings.model_dir)
             log.warning("%s has no evaluated minimum depth (run layerswarm eval): min_blocks is 1", settings.model_dir)
-        return 1
-    return evaluated
+        return 1, "no evaluated minimum depth: run layerswarm eval"
+    entry = policy.entry(manifest, policy.MIN_BLOCKS) or {}
+    margin = float(entry.get("margin", 0.01)) * 100
+    return evaluated, f"the evaluated minimum useful depth, within {margin:g} point{'s' * (margin != 1)} of full depth"
 
 
 def wire_format(settings: CoordinatorSettings, config: ViTConfig) -> WireFormat:

@@ -12,7 +12,7 @@ from layerswarm.models.lm.config import LMConfig
 from layerswarm.wire.auth import derive_key
 
 from .assembly import (
-    default_min_blocks,
+    depth_rule,
     family_spec,
     generation_wire,
     log_node_event,
@@ -29,6 +29,7 @@ from .membership.watch import SwarmWatch
 from .metrics import CoordinatorMetrics
 from .relay.chains import RelayRunner
 from .relay.handbacks import HandbackReferee, forward_probe
+from .routing.depth import ReadinessView
 from .routing.executor import PathExecutor
 from .routing.router import Router
 from .settings import CoordinatorSettings
@@ -66,7 +67,7 @@ class Coordinator:
 
     def _build_classification(self, manifest: Manifest[ViTConfig]) -> None:
         settings = self.settings
-        min_blocks = default_min_blocks(settings, manifest)  # first: an impossible one is a usage error
+        depths = depth_rule(settings, manifest)  # first: an impossible one is a usage error
         self.verifier = make_verifier(settings)
         if self.verifier is not None:
             self.verifier.quarantine_referee = self.registry.quarantine
@@ -95,7 +96,7 @@ class Coordinator:
             else None
         )
         self._router = Router(
-            settings, manifest, min_blocks, wire, self.registry, self.watch, executor, relay, self.metrics
+            settings, manifest, depths, wire, self.registry, self.watch, executor, relay, self.metrics
         )
 
     def _build_generation(self, manifest: Manifest[LMConfig]) -> None:
@@ -170,6 +171,15 @@ class Coordinator:
         await self.pool.close()
         if self.verifier is not None:
             self.verifier.close()
+
+    def readiness(self) -> ReadinessView:
+        """How many blocks must answer, as the ready line and `layerswarm up` state it (routing/depth.py)."""
+        if self._generator is not None:
+            need, depth = self._generator.min_depth, self._generator.config.depth
+            rule = f"a stream keeps at least {need} of {depth} blocks; a block it cannot keep above that fails it"
+            return {"min_blocks": need, "depth": depth, "rule": rule}
+        depths = self.router.depth_rule
+        return {"min_blocks": depths.min_blocks, "depth": depths.depth, "rule": depths.describe()}
 
     def ready(self) -> tuple[bool, str]:
         if not self.watch.first_round_done:

@@ -58,6 +58,7 @@ async def serve(settings: CoordinatorSettings) -> None:
                         "host": settings.http_host,
                         "port": port,
                         "family_id": coordinator.manifest.family_id,
+                        "readiness": coordinator.readiness(),  # how many blocks must answer, and why
                     }
                 ),
                 flush=True,

@@ -85,10 +85,19 @@ class CoordinatorSettings(ProcessSettings):
     hedge_min_ms: float = Field(default=10.0, ge=0, description="never hedge sooner than this")
     hop_timeout_s: float = Field(default=2.0, gt=0, description="seconds per hop before substituting")
     request_timeout_s: float = Field(default=10.0, gt=0, description="seconds per request, all hops")
+    # How many blocks a request needs: coordinator/routing/depth.py states the rule and each default's source.
     min_blocks: int | None = Field(
         default=None,
         ge=1,
-        description="fail (503) below this depth (none: the model's evaluated minimum useful depth, else 1)",
+        description="readiness: block indices that must be reachable to answer at all, else 503 naming the missing "
+        "ones (none: the model's evaluated minimum useful depth from `layerswarm eval`, else 1); early exit and "
+        "deadlines may still stop a path below it",
+    )
+    anytime_min_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="the fewest blocks an answer cut by a request's deadline_ms may have (none: the model's "
+        "calibrated floor in adaptive.json, else the readiness minimum)",
     )
     strict: bool | None = None  # admit only listed model ids and hashes; None: strict when family_dirs given
     verify_rate: float | None = Field(  # None: no verification
@@ -112,7 +121,7 @@ class CoordinatorSettings(ProcessSettings):
     exit_rule: str = Field(
         default="calibrated",
         description="default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval "
-        "--calibrate`, none without one), none, or a rule",
+        "--calibrate`: its rule, threshold and exit floor; none without one), none, or a rule",
     )
     exit_threshold: float | None = Field(
         default=None, description="threshold of --exit-rule (none: its calibrated one)"

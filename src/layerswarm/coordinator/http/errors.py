@@ -68,7 +68,11 @@ def install_native_errors(app: FastAPI, activity: Activity) -> None:
 
     @app.exception_handler(DepthError)
     async def _too_thin(request: Request, exc: DepthError) -> JSONResponse:
-        return answer(request, *TOO_THIN, str(exc))
+        if request.url.path.startswith(INFERENCE):
+            activity.record_failure("v1", batch_of(request), TOO_THIN[0], TOO_THIN[1])
+        # the block indices no node answered for, named for the operator who has to bring one back
+        content = {"error": TOO_THIN[1], "detail": str(exc), "missing_blocks": exc.missing}
+        return JSONResponse(status_code=TOO_THIN[0], content=content)
 
     @app.exception_handler(StreamFailed)  # generation: a stream no node could carry on (before it started)
     async def _stream_failed(request: Request, exc: StreamFailed) -> JSONResponse:
