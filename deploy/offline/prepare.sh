@@ -6,7 +6,7 @@
 # namespace the Docker test runs in. The seconds each step took go to runs/docker/prepare.json (base
 # image: null when it was already there), which the test copies into its figures.
 #
-# ARM64=1 also makes the arm64 inputs of the lean node (tests/test_arm64.py): an arm64 base tarball
+# ARM64=1 also makes the arm64 inputs of the lean node (tests/deploy/test_arm64.py): an arm64 base tarball
 # (debootstrap's second stage under qemu-user-static, registered with binfmt_misc here when it is
 # not: needs root, apt-get install qemu-user-static binfmt-support) and .wheelhouse-node-aarch64.
 set -euo pipefail
@@ -26,7 +26,7 @@ deploy/offline/make-wheelhouse.sh .wheelhouse
 EXTRAS='' deploy/offline/make-wheelhouse.sh .wheelhouse-node
 wheels_s=$SECONDS
 arm64_s=null
-if [ "${ARM64:-}" = 1 ]; then  # optional: without them tests/test_arm64.py skips, the rest goes on
+if [ "${ARM64:-}" = 1 ]; then  # optional: without them tests/deploy/test_arm64.py skips, the rest goes on
   SECONDS=0
   if deploy/offline/enable-arm64-emulation.sh \
     && { [ -f "$cache/base-bookworm-arm64.tar" ] \
@@ -34,7 +34,7 @@ if [ "${ARM64:-}" = 1 ]; then  # optional: without them tests/test_arm64.py skip
     && EXTRAS='' ARCH=aarch64 deploy/offline/make-wheelhouse.sh .wheelhouse-node-aarch64; then
     arm64_s=$SECONDS
   else
-    echo "prepare: arm64 inputs unavailable (above): tests/test_arm64.py will skip" >&2
+    echo "prepare: arm64 inputs unavailable (above): tests/deploy/test_arm64.py will skip" >&2
   fi
 fi
 mkdir -p runs/docker

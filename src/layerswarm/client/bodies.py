@@ -43,7 +43,7 @@ class ClientBase(Generic[HttpT]):
 
 class Options(TypedDict, total=False):
     """Per-request options, as the coordinator's API names them (coordinator/http_models.ClassifyParams;
-    tests/test_client.py checks that the two list the same options with the same types). `label` is
+    tests/client/test_client.py checks that the two list the same options with the same types). `label` is
     the calls' own argument."""
 
     top_k: int

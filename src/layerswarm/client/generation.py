@@ -19,7 +19,7 @@ from .results import SwarmError
 
 class GenerateOptions(TypedDict, total=False):
     """Per-request options, as POST /v1/generate names them (coordinator/http/generate.py: GenerateJson;
-    tests/test_generation_swarm.py checks that the two list the same options)."""
+    tests/coordinator/test_generation_swarm.py checks that the two list the same options)."""
 
     max_tokens: int
     temperature: float  # 0: greedy

@@ -3,5 +3,5 @@
 The same architectures as vit.py and lm/model.py, on the same weights (safetensors, read with
 safetensors.numpy), in float32: `ViTBlock` (images and text, the position-aware variant, token masks),
 `DecoderBlock` (RMSNorm, rotary positions, grouped-query attention, SwiGLU) with its `KVCache`. Compared
-with the torch blocks in tests/test_lean_engine.py. No training: forward only.
+with the torch blocks in tests/node/test_lean_engine.py. No training: forward only.
 """

@@ -6,7 +6,7 @@ import numpy as np
 
 F32 = np.float32
 # erf as a rational function on [-4, 4] (Eigen's float erf, also XLA's): within a few float32 ulps of
-# the exact erf (tests/test_lean_engine.py checks it against math.erf), and erf is +-1 in float32 past 4.
+# the exact erf (tests/node/test_lean_engine.py checks it against math.erf), and erf is +-1 in float32 past 4.
 _ERF_ALPHA = (
     -2.72614225801306e-10,
     2.77068142495902e-08,

@@ -5,7 +5,7 @@
     --engine numpy   models/lean/ on the CPU; imports no torch, so a node fits a small board
 
 The torch engine's module is imported only when it is chosen: a node on the numpy engine never loads
-torch (tests/test_lean_engine.py runs one where `import torch` fails).
+torch (tests/node/test_lean_engine.py runs one where `import torch` fails).
 """
 
 from __future__ import annotations
