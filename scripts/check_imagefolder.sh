@@ -2,13 +2,13 @@
 # The zoo's recipe on data the trainer only sees as a class-per-folder image dataset (PNG files):
 # scikit-learn's handwritten digits exported to folders, then the same steps as scripts/train_zoo.sh
 # (a conventionally trained base, four LayerShuffle members fine-tuned from it, one baseline member)
-# and the same evaluation. Report: models/zoo/imagefolder-check/report.{json,md}.
+# and the same evaluation. Report: docs/results/zoo/imagefolder-check/report.{json,md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L="${LAYERSWARM:-.venv/bin/layerswarm}"
 PY="${PYTHON:-.venv/bin/python}"
 WORK=runs/imagefolder-check
-OUT=models/zoo/imagefolder-check
+OUT=docs/results/zoo/imagefolder-check
 export OMP_NUM_THREADS=1
 
 "$PY" scripts/export_imagefolder.py --data digits --out "$WORK/folder"

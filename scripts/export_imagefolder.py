@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from layerswarm.models.data import load_dataset
+from layerswarm.training.data.datasets import load_dataset
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The own-data comparison of the README, rerunnable: for one generated task (relations, textures or
+# The own-data comparison of docs/own-data.md, rerunnable: for one generated task (relations, textures or
 # counting) at one training-set size, write the PNG folders, train with the bare default command
 # (LayerShuffle ViT after an in-order ramp, conv stem, 600 s step schedule, early stopping, reference CNN
 # for the same time),
@@ -7,14 +7,14 @@
 # conventional baseline with the default command, and evaluate the family targets (`layerswarm eval`).
 # Usage: scripts/own_data_check.sh TASK TRAIN_IMAGES WORKDIR      (FAMILY=1 for the family part)
 # Everything lands in WORKDIR/TASK-N/: data/, base/, members, baseline/, report.json, logs. Then
-#   python -m layerswarm.bench.own_data WORKDIR --json bench/results/own-data.json --markdown bench/results/own-data.md
-# The README's run: two streams side by side, each pinned to one core (taskset -c 0 / -c 1):
+#   python -m layerswarm.bench.own_data WORKDIR --json docs/results/own-data.json --markdown docs/results/own-data.md
+# The run docs/own-data.md quotes: two streams side by side, each pinned to one core (taskset -c 0 / -c 1):
 #   for t in relations textures counting; do FAMILY=1 scripts/own_data_check.sh $t 4000 WORK; done
 #   for t in relations textures counting; do scripts/own_data_check.sh $t 20000 WORK; done
-# With SIZES, the size ladder instead (bench/results/own-data-size.json): the default command with
+# With SIZES, the size ladder instead (docs/results/own-data-size.json): the default command with
 # --no-reference --threads 1 and each size, a name (`--size small`) or DxBLOCKS (`--dim D --depth BLOCKS`,
 # 16 channels a head), into WORK/TASK-N/size-S/; then
-#   python -m layerswarm.bench.own_data --runs WORK/*/size-* --json bench/results/own-data-size.json
+#   python -m layerswarm.bench.own_data --runs WORK/*/size-* --json docs/results/own-data-size.json
 #   SIZES="48x4 64x6 96x6 64x8" scripts/own_data_check.sh relations 4000 WORK   # taskset -c 0 / -c 1 as above
 set -euo pipefail
 TASK="$1"; N="$2"; WORK="$3/$TASK-$N"

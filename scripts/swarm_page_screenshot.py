@@ -27,7 +27,7 @@ from layerswarm.harness.procs import stop_all
 from layerswarm.harness.samples import png_bytes
 from layerswarm.harness.swarm import wait_for_swarm
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import load_dataset
+from layerswarm.training.data.datasets import load_dataset
 
 
 def send(swarm: SwarmClient, samples: list[tuple[bytes, str]], rng: random.Random) -> None:

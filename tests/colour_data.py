@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from layerswarm.models.data import Dataset
+from layerswarm.training.data.datasets import Dataset
 
 PALETTE = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])  # (4 classes, RGB)
 CLASS_NAMES = ("r", "g", "b", "y")

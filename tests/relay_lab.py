@@ -10,10 +10,7 @@ from typing import Any
 import grpc
 import torch
 
-from layerswarm.coordinator.clients import NodeClient
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, NodeClient, Policy
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire.security import SecuritySettings

@@ -8,8 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from layerswarm.coordinator.core import Coordinator
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import Coordinator, CoordinatorSettings
 from layerswarm.harness.procs import Proc, coordinator_cmd, node_address, node_cmd, spawn, spawn_many
 
 

@@ -21,13 +21,17 @@ from typing import Any
 
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.path import DepthError
-from layerswarm.coordinator.planner import Policy
-from layerswarm.models.calibrate import CalibrationPlan, calibrate_ensemble, prefix_logits, sweep
+from layerswarm.coordinator import ClassifyOptions, Coordinator, DepthError, Policy
 from layerswarm.models.checkpoint import load_model, read_manifest
-from layerswarm.models.data import Dataset, load_dataset, with_test_noise
 from layerswarm.models.exits import RULES, ExitRule
+from layerswarm.training.data.datasets import Dataset, load_dataset, with_test_noise
+from layerswarm.training.evaluation.calibrate import (
+    CalibrationPlan,
+    SweepPoint,
+    calibrate_ensemble,
+    prefix_logits,
+    sweep,
+)
 
 from .fixtures import addresses, median_ms, nodes
 from .shipped import layout
@@ -55,7 +59,7 @@ async def _member(member: Path, partner: Path | None, images: int) -> dict[str, 
         coord = coordinator(member, addresses(procs), "fp16", "stream")
         await coord.start()
         try:
-            result: dict[str, Any] = {"policy": coord.adaptive.to_json()}
+            result: dict[str, Any] = {"policy": coord.router.adaptive.to_json()}
             result["live_curves"] = await _live_curves(coord, x, y)
             result["live_vs_eval"] = _agreement(member, x, y, result["live_curves"])
             result["calibrated_vs_full"] = await _calibrated_vs_full(coord, x, y)
@@ -82,24 +86,24 @@ async def _live_curves(coord: Coordinator, x: torch.Tensor, y: torch.Tensor) -> 
     """Record the head's logits after every hop of full paths (a rule that never fires asks the head
     after each hop), then sweep every rule over them as eval does."""
     recorded: list[torch.Tensor] = []
-    head = coord._head_logits
+    head = coord.router.head_logits
 
     async def recording(activations: torch.Tensor) -> torch.Tensor:
         logits = await head(activations)
         recorded.append(logits)
         return logits
 
-    coord._head_logits = recording  # type: ignore[method-assign,assignment]
+    coord.router.head_logits = recording  # type: ignore[method-assign,assignment]
     prefixes, orders = [], []
     try:
         for i in range(0, len(y), CHUNK):
             recorded.clear()
             opts = ClassifyOptions(policy=Policy.SHUFFLE, seed=10_000 + i, exit_rule="patience", exit_threshold=1024)
-            result = await coord.classify(x[i : i + CHUNK], opts)
+            result = await coord.router.classify(x[i : i + CHUNK], opts)
             prefixes.append(torch.stack(recorded, 1))  # after hops 1..L-1, then the final head
             orders.append([h.block for h in result.path.hops if h.block is not None])
     finally:
-        coord._head_logits = head  # type: ignore[method-assign]
+        coord.router.head_logits = head  # type: ignore[method-assign]
     prefix = torch.cat(prefixes)
     return {
         "full_accuracy": float((prefix[:, -1].argmax(-1) == y).float().mean()),
@@ -139,7 +143,7 @@ def _prefix_in_order(model: Any, h: torch.Tensor, order: list[int]) -> torch.Ten
     return torch.stack(steps, 1)
 
 
-def _gaps(local: list[dict[str, float]], live: list[dict[str, float]]) -> dict[str, float]:
+def _gaps(local: list[SweepPoint], live: list[SweepPoint]) -> dict[str, float]:
     pairs = list(zip(local, live, strict=True))
     return {
         "max_accuracy_gap": round(max(abs(a["accuracy"] - b["accuracy"]) for a, b in pairs), 4),
@@ -150,7 +154,7 @@ def _gaps(local: list[dict[str, float]], live: list[dict[str, float]]) -> dict[s
 
 async def _timed(coord: Coordinator, image: torch.Tensor, opts: ClassifyOptions) -> tuple[Any, float]:
     started = time.perf_counter()
-    result = await coord.classify(image, opts)
+    result = await coord.router.classify(image, opts)
     return result, time.perf_counter() - started
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from layerswarm.models.checkpoint import load_model, read_manifest
-from layerswarm.models.data import Dataset, iterate_batches, load_dataset
+from layerswarm.training.data.datasets import Dataset, iterate_batches, load_dataset
 
 VERDICTS = ("shape", "colour", "size")
 

@@ -13,6 +13,7 @@ attackers run, interleaved phase by phase, so each figure is a ratio against the
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import socket
 import statistics
@@ -26,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from PIL import Image
 
 from layerswarm.bench import emit_report
 from layerswarm.harness.procs import Proc, coordinator_cmd, spawn, stop_all
 from layerswarm.models.zoo import family_root, robust_members
 
 from .fixtures import nodes
-from .runner import environment
+from .machine import environment
 from .shipped import layout
 
 
@@ -48,10 +50,6 @@ def png_bomb(width: int, height: int) -> bytes:
 
 
 def small_png(size: int) -> bytes:
-    import io
-
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.new("RGB", (size, size), (120, 30, 200)).save(buf, format="PNG")
     return buf.getvalue()

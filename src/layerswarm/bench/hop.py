@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from layerswarm.coordinator import NodeClient
 from layerswarm.harness.procs import Proc
 from layerswarm.models.checkpoint import load_model
 from layerswarm.wire import codec
@@ -25,8 +26,6 @@ async def hop_vs_floor(model_dir: Path, node: Proc, reps: int) -> list[dict[str,
     same bytes, and the echo's rungs (grpc_echo.py); samples are interleaved, so the machine's drift hits
     them all alike. node / echo is our share, split by the rungs into protobuf, codec and checks, the
     compute hand-off and the rest of the node; echo / floor is gRPC's."""
-    from layerswarm.coordinator.clients import NodeClient
-
     model, _ = load_model(model_dir)
     tokens, dim = model.cfg.num_tokens, model.cfg.dim
     address = f"127.0.0.1:{node.ready['port']}"

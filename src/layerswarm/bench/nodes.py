@@ -1,5 +1,8 @@
 """Node footprint: a node's memory and start-up time, and what one health probe costs.
 
+Two nodes for the same block, interleaved: on the torch engine and on the numpy engine (`--engine numpy`,
+no torch imported: the lean node of docs/deploy.md).
+
 A node serving a block of the shipped family is timed from spawn to its ready line, then measured from
 /proc: RSS split into anonymous and file-backed pages (file pages, torch's libraries, are shared by every
 node on a host and every container of one image), and PSS. The baseline, measured in the same run and
@@ -10,11 +13,17 @@ computes with torch. The probe (`layerswarm probe grpc`, the image's HEALTHCHECK
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +79,11 @@ def process_memory(pid: int) -> dict[str, float]:
     }
 
 
+def torch_loaded(pid: int) -> bool:
+    """Whether the process mapped torch's library (a lean node must not)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
     """Spawn, wait for the ready line, read memory, probe it (nodes), stop it."""
     started = time.perf_counter()
@@ -78,6 +92,7 @@ def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
         figures: dict[str, Any] = {"start_s": time.perf_counter() - started}
         time.sleep(0.5)  # let start-up garbage be freed before reading memory
         figures.update(process_memory(proc.pid))
+        figures["torch_loaded"] = torch_loaded(proc.pid)
         if probe:
             started = time.perf_counter()
             cmd = layerswarm_cmd("probe", "grpc", node_address(proc))
@@ -91,8 +106,6 @@ def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
 
 def import_breakdown() -> dict[str, Any]:
     """RSS each group of a node's imports adds, in a fresh interpreter (where a node's memory goes)."""
-    import json
-
     cmd = [sys.executable, "-c", STEP_SCRIPT, json.dumps(IMPORT_STEPS)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     result: dict[str, Any] = json.loads(out.splitlines()[-1])
@@ -112,8 +125,6 @@ print(json.dumps({"python_objects_mib": round(traced / 2**20, 1), "torch_modules
 def torch_python_share() -> dict[str, Any]:
     """How much of `import torch` is Python objects (traced by tracemalloc; the rest of its RSS is native:
     libraries and operator registrations) and how many torch modules it loads."""
-    import json
-
     cmd = [sys.executable, "-c", TORCH_PYTHON_SHARE]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     result: dict[str, Any] = json.loads(out.splitlines()[-1])
@@ -123,8 +134,6 @@ def torch_python_share() -> dict[str, Any]:
 def probe_http_s(reps: int) -> float:
     """Median seconds of `layerswarm probe http` (the coordinator's HEALTHCHECK) against a local server
     answering 200: the interpreter, the CLI and one HTTP round trip."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Ready(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -154,16 +163,19 @@ def node_footprint(reps: int) -> dict[str, Any]:
     member = robust_members(family_root())[0]
     node_cmd = layerswarm_cmd("node", "--model-dir", str(member), "--block", "0", "--port", "0", "--no-advertise")
     nodes: list[dict[str, Any]] = []
+    leans: list[dict[str, Any]] = []
     baselines: list[dict[str, Any]] = []
     bare_s: list[float] = []
     for i in range(reps):  # interleaved: contention from other work hits both alike
-        nodes.append(_measure(f"footprint-node-{i}", node_cmd, probe=True))
+        nodes.append(_measure(f"footprint-node-{i}", [*node_cmd, "--engine", "torch"], probe=True))
+        leans.append(_measure(f"footprint-lean-{i}", [*node_cmd, "--engine", "numpy"], probe=True))
         baselines.append(_measure(f"footprint-torch-{i}", [sys.executable, "-c", TORCH_ONLY], probe=False))
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         bare_s.append(time.perf_counter() - started)
     keys = ("start_s", "rss_mib", "rss_anon_mib", "rss_file_mib", "pss_mib")
     node = {k: _median(nodes, k) for k in keys}
+    lean = {k: _median(leans, k) for k in keys}
     torch_only = {k: _median(baselines, k) for k in keys}
     probe_s = _median(nodes, "probe_s")
     bare = round(statistics.median(bare_s), 3)
@@ -171,6 +183,9 @@ def node_footprint(reps: int) -> dict[str, Any]:
         "block": f"{member.name} block 0",
         "reps": reps,
         "node": node,
+        "lean_node": {**lean, "torch_loaded": any(n["torch_loaded"] for n in leans)},
+        "lean_over_torch_node_rss": round(lean["rss_mib"] / node["rss_mib"], 2),
+        "lean_over_torch_node_start": round(lean["start_s"] / node["start_s"], 2),
         "torch_only_interpreter": torch_only,
         "node_rss_over_torch_only": round(node["rss_mib"] / torch_only["rss_mib"], 2),
         "node_start_over_torch_only": round(node["start_s"] / torch_only["start_s"], 2),
@@ -185,10 +200,6 @@ def node_footprint(reps: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m layerswarm.bench.nodes --json FILE`: this part alone (`layerswarm bench` runs it too)."""
-    import argparse
-    import platform
-    from datetime import datetime, timezone
-
     parser = argparse.ArgumentParser(prog="python -m layerswarm.bench.nodes", description=__doc__)
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")

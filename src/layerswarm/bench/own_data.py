@@ -6,7 +6,7 @@ validation accuracy against chance and against the reference CNN trained on the 
 same wall-clock time), the test accuracy, what ended training, the time; and where the family part ran
 (FAMILY=1), `layerswarm eval`'s targets for the LayerShuffle members and the conventional baseline.
 
-    python -m layerswarm.bench.own_data WORK_DIR --json bench/results/own-data.json --markdown bench/results/own-data.md
+    python -m layerswarm.bench.own_data WORK_DIR --json docs/results/own-data.json --markdown docs/results/own-data.md
 
 With --runs, one row per model directory instead (a comparison of flags, such as scripts/own_data_check.sh's
 SIZES ladder): the command, width and depth, test accuracy, the kept epoch, what ended training.
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from layerswarm.models.evaluate import COLLAPSED_AT, kept_above_chance
-from layerswarm.models.size import block_params
-from layerswarm.models.train_report import kept_record as kept_epoch_record
+from layerswarm.training.evaluation.evaluate import COLLAPSED_AT, kept_above_chance
+from layerswarm.training.size import block_params
+from layerswarm.training.train_report import kept_record as kept_epoch_record
 
 from . import emit_table
 
@@ -141,7 +141,7 @@ def render(summary: dict[str, Any]) -> str:
 
 def _collapse(family: dict[str, Any]) -> str:
     """The share of its in-order accuracy above chance the baseline keeps in arbitrary order, and whether
-    that is a collapse (models.evaluate.COLLAPSED_AT)."""
+    that is a collapse (training.evaluation.evaluate.COLLAPSED_AT)."""
     kept = kept_above_chance(family["baseline_sequential"], family["baseline_arbitrary"], family["chance"])
     return f"{kept:.2f}, " + ("**collapsed**" if kept <= COLLAPSED_AT else "not collapsed")
 
@@ -204,7 +204,7 @@ def kept_record(recipe: dict[str, Any]) -> dict[str, Any]:
         steps_per_epoch = round(history[0]["seconds"] / history[0]["step_s"])
         past = [h for h in history if h["epoch"] * steps_per_epoch >= share * h["planned_steps"]]
         return min(past, key=lambda h: h["val_loss"]) if past else history[-1]
-    return kept_epoch_record(history) or {}
+    return dict(kept_epoch_record(history) or {})
 
 
 # Flags that say where a run reads and writes or how fast it goes, not what it trains: left out of the table.

@@ -27,19 +27,19 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from layerswarm.bench import emit_report
 from layerswarm.harness.procs import stop_all
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.config import ViTConfig
-from layerswarm.models.data import load_dataset
-from layerswarm.models.hf_import import import_hf_vit
-from layerswarm.models.objective import evaluate_loss
-from layerswarm.models.recipe import TrainRecipe
-from layerswarm.models.train import Trainer
 from layerswarm.models.vit import ViT
+from layerswarm.training.data.datasets import load_dataset
+from layerswarm.training.hf_import import import_hf_vit
+from layerswarm.training.objective import evaluate_loss
+from layerswarm.training.recipe import TrainRecipe
+from layerswarm.training.train import Trainer
 
+from . import emit_report
 from .fixtures import VITB, coordinator_process, median_ms, nodes
-from .runner import environment
+from .machine import environment
 
 log = logging.getLogger(__name__)
 

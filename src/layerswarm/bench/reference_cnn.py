@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from layerswarm.models.checkpoint import ModelDirError, read_manifest
-from layerswarm.models.data import load_dataset
-from layerswarm.models.recipe import TrainRecipe
-from layerswarm.models.reference import train_reference
-from layerswarm.models.split import validation_split
+from layerswarm.training.data.datasets import load_dataset
+from layerswarm.training.data.split import validation_split
+from layerswarm.training.recipe import TrainRecipe
+from layerswarm.training.reference import train_reference
 
 from . import emit_report
 from .own_data import MACHINE, kept_record

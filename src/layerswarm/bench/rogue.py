@@ -1,7 +1,7 @@
 """Rogue nodes on the shipped family: accuracy with liars present, with verification off and on; how many
 requests and seconds until each liar is quarantined; what verification costs.
 
-    python -m layerswarm.bench.rogue [--requests 40] [--only NAME] [--json bench/results/rogue.json]
+    python -m layerswarm.bench.rogue [--requests 40] [--only NAME] [--json docs/results/rogue.json]
 
 Sixteen real gRPC nodes on loopback, in this process (members 0 and 1, every block; four more honest
 replicas of member 0's blocks 0-3 in the "peers" scenarios, where replicas referee); in a rogue
@@ -23,17 +23,16 @@ from typing import Any
 
 import torch
 
-from layerswarm.bench import emit_report
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings
 from layerswarm.harness.faults import FaultSpec, FaultyNode, forge_model_dir
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import load_dataset
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
+from layerswarm.training.data.datasets import load_dataset
 
-from .runner import environment
+from . import emit_report
+from .machine import environment
 
 log = logging.getLogger(__name__)
 ROGUE_BLOCKS = range(4)
@@ -116,7 +115,7 @@ async def _drive(coord: Coordinator, liars: set[str], requests: int) -> dict[str
     for i in range(requests):
         lo = (i * BATCH) % (len(x) - BATCH)
         all_caught = len(caught_at) == len(liars)
-        result = await coord.classify(x[lo : lo + BATCH], ClassifyOptions(seed=i))
+        result = await coord.router.classify(x[lo : lo + BATCH], ClassifyOptions(seed=i))
         correct = int((result.probs.argmax(-1) == y[lo : lo + BATCH]).sum())
         rows.append((correct, all_caught, result.elapsed_ms))
         for address in liars - set(caught_at):

@@ -9,37 +9,54 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import platform
 import secrets
 import tempfile
 import time
 from collections.abc import Coroutine
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 import torch
 
-from layerswarm import __version__
 from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.wire.memory import keep_large_buffers
 
-from . import activations, adaptive, edgelan, hop, process_ring, shipped, vitb
+from . import activations, adaptive, decode_node, edgelan, hop, process_ring, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
+from .machine import environment
 from .report import render
 
 T = TypeVar("T")
 
 
+class _Loop:
+    """What asyncio.Runner (Python 3.11) does, for 3.10 too: one event loop that runs coroutine after
+    coroutine, then shuts down its async generators and executor and closes."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            self.loop.close()
+
+
 @functools.cache
-def _loop() -> asyncio.Runner:
+def _loop() -> _Loop:
     """One event loop for the whole run. grpc.aio binds every loop that ever used it to its poller and
     keeps waking them all; a loop closed by an earlier asyncio.run then gets grpc's late events and logs
     "Event loop is closed" (grpc/grpc#25364)."""
-    return asyncio.Runner()
+    return _Loop()
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -147,10 +164,20 @@ def run_process_ring(quick: bool) -> dict[str, Any]:
         return process_ring.run(vitb_model_dir(Path(tmp)), 5 if quick else 30)
 
 
+def run_decode_node(quick: bool) -> dict[str, Any]:
+    """One decoder node: a stream's step latency against 16 concurrent streams' throughput."""
+    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+        return decode_node.run(Path(tmp), quick)
+
+
 def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
     report: dict[str, Any] = {"quick": quick, "environment": environment()}
+    if only == "decode-node":
+        report["decode_node"] = run_decode_node(quick)
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        return report
     if only == "adaptive":
         report["adaptive"] = run_adaptive(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
@@ -195,38 +222,12 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     report["concurrency"] = _run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
     report["adaptive"] = run_adaptive(quick)
     report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
+    report["decode_node"] = run_decode_node(quick)
     report["edge_lan"] = edgelan.run(quick)  # star vs relay on a shaped LAN (namespaces; needs root)
     headline = report["vitb_swarm_vs_monolith"]
     report["vitb_swarm_vs_monolith_ratio"] = headline["ratio_fp16_stream"]  # the default configuration
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
-
-
-def environment() -> dict[str, Any]:
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.machine(),
-        "processor": _cpu_name(),
-        "cores": _cores(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "grpcio": grpc.__version__,
-        "layerswarm": __version__,
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
 
 
 def main(quick: bool, json_path: Path | None, markdown_path: Path | None, only: str | None = None) -> int:

@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions
-from layerswarm.coordinator.planner import Policy
+from layerswarm.coordinator import ClassifyOptions, Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.harness.samples import labelled_samples, task_data
 from layerswarm.models.checkpoint import read_manifest
@@ -38,18 +37,18 @@ async def wire_formats(members: list[Path], procs: list[Proc], images: int, reps
         try:
             correct = 0
             for i in range(0, len(y), 50):  # the same seeds, so the same paths, for every wire format
-                result = await coord.classify(
+                result = await coord.router.classify(
                     x[i : i + 50], ClassifyOptions(policy=Policy.SHUFFLE, seed=i, exit_rule="none")
                 )
                 correct += int((result.probs.argmax(-1) == y[i : i + 50]).sum())
             latencies = []
             for i in range(reps):
                 started = time.perf_counter()
-                await coord.classify(x[i : i + 1], ClassifyOptions(policy=Policy.SHUFFLE, seed=i))
+                await coord.router.classify(x[i : i + 1], ClassifyOptions(policy=Policy.SHUFFLE, seed=i))
                 latencies.append(time.perf_counter() - started)
         finally:
             await coord.stop()
-        itemsize = torch.empty((), dtype=coord.wire_dtype).element_size()
+        itemsize = torch.empty((), dtype=coord.router.wire.dtype).element_size()
         scales = cfg.num_tokens * 4 if wire == "int8" else 0  # one float32 scale per token
         rows.append(
             {

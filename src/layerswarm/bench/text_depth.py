@@ -17,14 +17,12 @@ from typing import Any
 
 import torch
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.harness.procs import node_address, node_cmd, spawn_many, stop_all
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.text.commands import load_text_data
 from layerswarm.models.text.depth import DEPTH_POLICY, token_depths
 from layerswarm.models.text.tokenizer import PAD_ID
+from layerswarm.training.text.data import load_text_data
 
 
 def run_swarm_bench(model_dir: Path, requests: int, seed: int = 0) -> dict[str, Any]:
@@ -64,7 +62,7 @@ async def _measure(
         settings = CoordinatorSettings(model_dir=model_dir, peers=tuple(peers), mdns=False, frozen_dtype=frozen)
         coords[frozen] = Coordinator(settings)
         await coords[frozen].start()
-        await coords[frozen].wait_first_round(10.0)
+        await coords[frozen].watch.wait_first_round(10.0)
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, no GPU",
         "requests": len(ids),
@@ -100,7 +98,7 @@ async def _one_request(
     deepest = None if depth is None else int(depth.max())
     opts = ClassifyOptions(policy=order, seed=seed, token_depth=depth, max_blocks=deepest, min_blocks=deepest)
     started = time.perf_counter()
-    result = await coord.classify(x, opts)
+    result = await coord.router.classify(x, opts)
     return {
         "latency_ms": (time.perf_counter() - started) * 1e3,
         "correct": float(result.probs.argmax(-1).item() == label),

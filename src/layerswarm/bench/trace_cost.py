@@ -20,6 +20,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from . import emit_report
 from .fixtures import median_ms
+from .machine import environment
 
 
 def sample_hop() -> pb.HopTrace:
@@ -113,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    from .runner import environment  # here: the runner imports this module (through the edge LAN bench)
-
     report: dict[str, Any] = {"environment": environment()}
     report.update(trace_signature_cost())
     return emit_report(report, args.json)

@@ -16,9 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from layerswarm.coordinator.core import ClassifyOptions, Coordinator
-from layerswarm.coordinator.planner import Policy
-from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.coordinator import ClassifyOptions, Coordinator, CoordinatorSettings, NodeClient, Policy
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.models.checkpoint import load_model
 from layerswarm.models.vit import run_blocks
@@ -111,7 +109,7 @@ async def swarm_vs_monolith(
                     elapsed = blocks_alone() if name == "blocks_1_thread" else monolith(what)
                 else:
                     started = time.perf_counter()
-                    result = await what.classify(images, SEQ)
+                    result = await what.router.classify(images, SEQ)
                     elapsed = time.perf_counter() - started
                     assert result.path.depth == len(model.blocks)
                 if rep >= 2:
@@ -131,8 +129,6 @@ async def swarm_vs_monolith(
 async def nodes_compute_ms(procs: list[Proc]) -> float:
     """The sum of the nodes' own compute time per request (each node's recent average, from Info): set
     beside the monolith's blocks it shows how much slower a block computes in a node than in one process."""
-    from layerswarm.coordinator.clients import NodeClient
-
     total = 0.0
     for address in addresses(procs):
         client = NodeClient(address, 1024 * 1024)
@@ -146,8 +142,6 @@ async def nodes_compute_ms(procs: list[Proc]) -> float:
 async def idle_vs_busy_compute(model_dir: Path, procs: list[Proc], reps: int) -> dict[str, Any]:
     """A block's compute time in a node (its own timer) when the nodes are called in turn, each idle
     while the others compute (as in a swarm's request), against the first node called back to back."""
-    from layerswarm.coordinator.clients import NodeClient
-
     model, _ = load_model(model_dir)
     with torch.inference_mode():
         x = model.stem(torch.rand(1, 3, model.cfg.image_size, model.cfg.image_size))
@@ -221,7 +215,7 @@ async def concurrent_throughput(
             nodes_cpu, own_cpu = sum(cpu_seconds(p.pid) for p in procs), time.process_time()
             reexecuted = _reexecuted(coord)
             started = time.perf_counter()
-            results = await asyncio.gather(*(coord.classify(images[i : i + 1], SEQ) for i in range(concurrent)))
+            results = await asyncio.gather(*(coord.router.classify(images[i : i + 1], SEQ) for i in range(concurrent)))
             swarm = time.perf_counter() - started
             nodes_cpu = sum(cpu_seconds(p.pid) for p in procs) - nodes_cpu
             own_cpu = time.process_time() - own_cpu  # this process is the coordinator

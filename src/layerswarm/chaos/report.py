@@ -61,7 +61,7 @@ def summarize(
 def environment() -> dict[str, Any]:
     """Where and when a run happened, and how busy the machine was (other work shares its cores)."""
     return {
-        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()} {_cpu_model()}",
         "cpus": os.cpu_count(),
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tomllib
-
 if TYPE_CHECKING:  # pydantic-settings costs ~0.1 s to import: only commands with settings pay it
     from pydantic import ValidationError
 
@@ -212,13 +210,15 @@ class SettingsFlags:
         """The settings: defaults < --config < environment < flags given. Mistakes become UsageError."""
         from pydantic import ValidationError
 
+        from layerswarm.wire.settings import TOMLDecodeError
+
         given = {k: _tupled(getattr(args, k)) for k in self.flag_of if hasattr(args, k)}
         config: Path | None = getattr(args, "config", None)
         try:
             return self.settings.load(config, **given, **fixed)
         except ValidationError as exc:
             raise UsageError(self._explain(exc, config)) from None
-        except tomllib.TOMLDecodeError as exc:
+        except TOMLDecodeError as exc:
             raise UsageError(f"--config {config}: not valid TOML: {exc}") from None
 
     def _explain(self, exc: ValidationError, config: Path | None) -> str:

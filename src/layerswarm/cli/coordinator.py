@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerswarm.coordinator.settings import CHOICES, CoordinatorSettings
+from layerswarm.coordinator import CHOICES, CoordinatorSettings
 from layerswarm.wire.memory import keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, add_command, ensure_can_listen, load_settings
@@ -19,7 +19,8 @@ def register(sub: Subparsers) -> None:
         run,
         help="discover nodes, route requests, serve HTTP",
         description="Own stem and head, discover the family's nodes (mDNS and static peers), and serve "
-        "POST /v1/classify.",
+        "POST /v1/classify (classifier families) or POST /v1/generate and the OpenAI-compatible "
+        "/v1/completions and /v1/chat/completions (decoder families).",
     )
     f = SettingsFlags(p, CoordinatorSettings)
     f.add("--model-dir", "model_dir")
@@ -32,6 +33,7 @@ def register(sub: Subparsers) -> None:
     f.add("--http-port", "http_port", type=int)
     f.add("--policy", "default_policy", choices=CHOICES["default_policy"])
     f.add("--min-blocks", "min_blocks", type=int)
+    f.add("--anytime-min-blocks", "anytime_min_blocks", type=int)
     f.add(
         "--no-strict",
         "strict",
@@ -61,6 +63,8 @@ def register(sub: Subparsers) -> None:
     f.add("--transport", "transport", choices=CHOICES["transport"])
     f.add("--topology", "topology", choices=CHOICES["topology"])
     f.add("--max-upload-bytes", "max_upload_bytes", type=int)
+    f.add("--max-new-tokens", "max_new_tokens", type=int)
+    f.add("--default-max-tokens", "default_max_tokens", type=int)
     f.add("--access-log", "access_log", action="store_true")
     f.add("--max-concurrent-requests", "max_concurrent_requests", type=int)
     f.add("--state-file", "state_file", type=Path)
@@ -70,7 +74,7 @@ def register(sub: Subparsers) -> None:
 
 
 def add_http_limit_flags(f: SettingsFlags) -> None:
-    """The HTTP front door: what each limit stops is in the README (Trust > HTTP front door)."""
+    """The HTTP front door: what each limit stops is in docs/http-api.md ("The front door")."""
     f.add("--max-image-pixels", "max_image_pixels", type=int)
     f.add("--max-body-reads", "max_body_reads", type=int)
     f.add("--max-connections", "max_connections", type=int)
@@ -81,7 +85,7 @@ def add_http_limit_flags(f: SettingsFlags) -> None:
 
 def api_keys(value: str) -> tuple[str, ...]:
     """argparse type: the keys in an API key file."""
-    from layerswarm.coordinator.auth import read_api_keys
+    from layerswarm.coordinator import read_api_keys
 
     try:
         return read_api_keys(Path(value))
@@ -92,8 +96,8 @@ def api_keys(value: str) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from layerswarm.coordinator.peer_memory import default_state_file
-    from layerswarm.coordinator.server import run as serve
+    from layerswarm.coordinator import default_state_file
+    from layerswarm.coordinator import run as serve
 
     settings: CoordinatorSettings = load_settings(args)
     if args.no_verify:

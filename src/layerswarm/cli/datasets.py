@@ -12,7 +12,7 @@ TASKS = (
     "faint-textures",
     "counting",
     "compare",
-)  # models.synthetic.TASKS; kept torch- and numpy-free here
+)  # training.data.synthetic.TASKS; kept torch- and numpy-free here
 
 
 def register(sub: Subparsers) -> None:
@@ -28,7 +28,7 @@ def register(sub: Subparsers) -> None:
         "close colours under heavy noise, turned by up to 15 degrees (far from the ceiling textures reaches); "
         "counting: 1-8 blobs; compare: two objects, the class says whether they share shape, colour and "
         "size (same-different questions, each learnt in a sudden jump if at all: runs often stop near 0.5 with "
-        "one question at chance; README, 'Your own data'). Deterministic from --seed.",
+        "one question at chance; docs/own-data.md). Deterministic from --seed.",
     )
     p.add_argument("task", choices=TASKS, help="which task")
     p.add_argument("dir", type=folder, help="folder to write into (created if missing)")
@@ -38,7 +38,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.synthetic import write
+    from layerswarm.training.data.synthetic import write
 
     counts = write(args.task, args.dir, args.train, args.val, args.seed)
     print(f"{args.dir}: {counts['train']} training and {counts['val']} validation images of {args.task}")

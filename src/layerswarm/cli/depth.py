@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from .base import Subparsers, add_command, int_at_least
@@ -58,21 +59,35 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from layerswarm.models.text.commands import text_depth_main
+    from layerswarm.training.text.runs import DepthJob, NotATextModel, estimate_depths
 
     from .model_dirs import policy_targets
 
+    model_dirs = args.model_dirs
     if not args.no_write and not args.existing:
-        args.model_dirs = policy_targets(args.model_dirs, args.policy_out, no_write_flag="--no-write")
-    status = text_depth_main(args)
+        model_dirs = policy_targets(model_dirs, args.policy_out, no_write_flag="--no-write")
+    job = DepthJob(
+        model_dirs=tuple(model_dirs),
+        orders=args.orders,
+        sentences=args.sentences,
+        mlm_steps=args.mlm_steps,
+        write=not args.no_write,
+        limit=args.limit,
+        existing=args.existing,
+    )
+    try:
+        report = estimate_depths(job, on_model=lambda name, row: print(json.dumps({name: row["results"]})))
+    except NotATextModel as exc:
+        raise SystemExit(f"layerswarm depth: {exc}") from None
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.swarm:
         from layerswarm.bench.text_depth import run_swarm_bench
 
-        swarm = run_swarm_bench(args.model_dirs[0], args.swarm)
+        swarm = run_swarm_bench(model_dirs[0], args.swarm)
         print(json.dumps({"swarm": swarm}, indent=1))
         if args.json:
-            report = json.loads(args.json.read_text())
-            args.json.write_text(json.dumps({**report, "swarm": swarm}, indent=2) + "\n")
-    return status
+            report_with_swarm = {**json.loads(args.json.read_text()), "swarm": swarm}
+            args.json.write_text(json.dumps(report_with_swarm, indent=2) + "\n")
+    return 0

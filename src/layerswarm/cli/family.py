@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from layerswarm.models.config import VARIANTS
@@ -74,6 +75,33 @@ def register(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if lm.is_lm_dir(args.base):
         return lm.family_command(args)
-    from layerswarm.models.commands import family_main
+    from layerswarm.training.family import FamilyJob, train_family
 
-    return family_main(args)
+    job = FamilyJob(
+        base=args.base,
+        out=args.out,
+        members=args.members,
+        prefix=args.prefix,
+        variant=args.variant,
+        epochs=args.epochs,
+        lr=args.lr,
+        first_seed=args.first_seed,
+        bootstrap=args.bootstrap,
+        jobs=args.jobs,
+        data=args.data,
+        batch_size=args.batch_size,
+        device=args.device,
+        threads=args.threads,
+        workers=args.workers,
+        overwrite=args.overwrite,
+    )
+    result = train_family(job)
+    if result.failed:
+        print(f"layerswarm family: {result.failed} member(s) failed", file=sys.stderr)
+        return 1
+    for path, m in result.members:
+        print(
+            f"{path.name}: {m.model_id} family {m.family_id} seq {m.metrics.get('test_sequential')} "
+            f"arb {m.metrics.get('test_arbitrary')}"
+        )
+    return 0

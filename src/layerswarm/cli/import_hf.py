@@ -36,8 +36,8 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.commands import check_out_writable
     from layerswarm.training.lm.commands import import_hf
+    from layerswarm.training.runs import check_out_writable
 
     if not args.path.is_dir():
         raise UsageError(f"{args.path}: not a directory (a local Hugging Face model directory)")

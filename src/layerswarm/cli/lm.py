@@ -95,8 +95,8 @@ def given(args: argparse.Namespace, flag: str) -> bool:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from layerswarm.models.commands import check_out_writable
     from layerswarm.training.lm.commands import LMSize, TrainLMRequest, train_lm
+    from layerswarm.training.runs import check_out_writable
 
     for flag in CLASSIFIER_ONLY:
         if given(args, flag):

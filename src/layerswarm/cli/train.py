@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import TYPE_CHECKING, Any
 
 from layerswarm.models.config import STEMS, VARIANTS  # torch-free: building the parser stays fast
-from layerswarm.models.recipe import (
+from layerswarm.training.recipe import (
     BUDGET_FEW_IMAGES,
     BUDGET_FEW_S,
     BUDGET_MANY_IMAGES,
     BUDGET_MANY_S,
     FROM_SCRATCH_SHUFFLE_RAMP,
 )
-from layerswarm.models.recipe import TrainRecipe as R  # every training default, stated once
-from layerswarm.models.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
+from layerswarm.training.recipe import TrainRecipe as R  # every training default, stated once
+from layerswarm.training.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
+
+if TYPE_CHECKING:  # torch: imported when a model is trained, not when the parser is built
+    from layerswarm.training.runs import TrainJob
 
 from . import lm
 from .base import (
@@ -41,7 +46,7 @@ DATA_HELP = (
 
 
 def data_spec(text: str) -> str:
-    """argparse type: a data spec (DATA_HELP), checked before any work starts."""
+    """argparse type: a data spec (DATA_HELP), image, text or language model, checked before any work starts."""
     if text.startswith("lm:"):  # a language model (layerswarm.training.lm)
         from layerswarm.training.lm.data import parse_spec
 
@@ -50,10 +55,12 @@ def data_spec(text: str) -> str:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return text
-    from layerswarm.models.data import check_spec  # only when a data spec is given: that command needs torch
+    # only when a data spec is given: that command needs torch
+    from layerswarm.training.data.datasets import check_spec
+    from layerswarm.training.text.data import check_text_spec, is_text_spec
 
     try:
-        return check_spec(text)
+        return check_text_spec(text) if is_text_spec(text) else check_spec(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -253,6 +260,70 @@ def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.data.startswith("lm:"):
         return lm.train_command(args)
-    from layerswarm.models.commands import train_main
+    from layerswarm.training.runs import train_image_model
+    from layerswarm.training.text.data import is_text_spec
+    from layerswarm.training.text.runs import train_text_model
 
-    return train_main(args)
+    text = is_text_spec(args.data)
+    trained = train_text_model(train_job(args, text)) if text else train_image_model(train_job(args, text))
+    event = {"event": "trained", "out": str(trained.out), "model_id": trained.manifest.model_id}
+    print(json.dumps({**event, "family_id": trained.manifest.family_id, "variant": args.variant, **trained.metrics}))
+    return 0
+
+
+def train_job(args: argparse.Namespace, text: bool) -> TrainJob:
+    """The job a `layerswarm train` command line asks for. Text gets no image augmentation (flips and
+    shifts would scramble word order) and no shuffle ramp unless asked (measured on images only,
+    docs/own-data.md)."""
+    from layerswarm.training.runs import TrainJob
+
+    if text:
+        recipe = recipe_from_args(args, augment=False, shuffle_ramp=args.shuffle_ramp or 0.0)
+    else:
+        recipe = recipe_from_args(args, augment=not args.no_augment, hflip=args.hflip)
+    return TrainJob(
+        data=args.data,
+        out=args.out,
+        recipe=recipe,
+        init=args.init,
+        time_budget_s=args.time_budget_s,
+        data_seed=args.data_seed,
+        size=args.size,
+        dim=args.dim,
+        depth=args.depth,
+        heads=args.heads,
+        stem=args.stem,
+        patch_size=args.patch_size,
+        image_size=args.image_size,
+        max_tokens=args.max_tokens,
+        vocab_size=args.vocab_size,
+        workers=args.workers,
+        data_memory_mb=args.data_memory_mb,
+        reference=args.reference,
+        reference_seconds=args.reference_seconds,
+        device=args.device,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        command_line=args.command_line,
+    )
+
+
+def recipe_from_args(args: argparse.Namespace, **overrides: Any) -> R:
+    """The recipe a `layerswarm train` command line asks for (`overrides`: what the data kind decides, in
+    place of the command line's; a --time-budget not given is the recipe's default, which an image run
+    from scratch then replaces with the one its data needs)."""
+    fields = (
+        *("variant", "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "seed", "split_seed"),
+        *("threads", "exit_loss", "bootstrap"),
+        *("time_budget_s", "patience", "label_smoothing", "drop_path", "mixup"),
+    )
+    ramp = getattr(args, "shuffle_ramp", None)
+    if ramp is None:  # not asked: an image model from scratch ramps, a fine-tune's base has learnt already
+        ramp = FROM_SCRATCH_SHUFFLE_RAMP if getattr(args, "init", None) is None else 0.0
+    asked = {name: getattr(args, name) for name in fields}
+    if asked["time_budget_s"] is None:
+        asked["time_budget_s"] = R.time_budget_s
+    overrides = {"shuffle_ramp": ramp, **overrides}
+    if getattr(args, "token_depth", None):
+        overrides = {"token_depth": args.token_depth, **overrides}
+    return R(**{**asked, **overrides})

@@ -222,7 +222,7 @@ def text_samples(model_dir: Path, indices: list[int]) -> list[Any]:
     """A text family's test sentences with their class names (sent as {"text": ...})."""
     from layerswarm.harness.samples import Sample
     from layerswarm.models.checkpoint import read_manifest
-    from layerswarm.models.text.data import load_corpus
+    from layerswarm.training.text.data import load_corpus
 
     manifest = read_manifest(model_dir)
     corpus = load_corpus(str(manifest.dataset["spec"]), seed=int(manifest.dataset.get("data_seed", 0)))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 from tenacity import AsyncRetrying
 from typing_extensions import Unpack
 
 from .bodies import ClientBase, ImageInput, Options, batch_body, checked, single_body
+from .generation import GenerateOptions, Generation, StreamEvent, generate_body, parse_event
 from .results import BatchClassification, Classification, SwarmView
 
 
@@ -28,6 +30,33 @@ class AsyncSwarmClient(ClientBase[httpx.AsyncClient]):
     ) -> BatchClassification:
         body = batch_body(images, labels, options)
         return BatchClassification.from_json(await self._call("POST", "/v1/classify/batch", body))
+
+    async def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Generation:
+        body = generate_body(prompt, options, stream=False)
+        return Generation.from_json(await self._call("POST", "/v1/generate", body))
+
+    async def generate_stream(
+        self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]
+    ) -> AsyncIterator[StreamEvent]:
+        """TokenEvents as tokens are drawn, then the whole Generation (as SwarmClient.generate_stream)."""
+        response = await self._open_stream(generate_body(prompt, options, stream=True))
+        try:
+            async for event in EventSource(response).aiter_sse():
+                yield parse_event(event)
+        finally:
+            await response.aclose()
+
+    async def _open_stream(self, body: dict[str, Any]) -> httpx.Response:
+        async for attempt in AsyncRetrying(**self._retry):
+            with attempt:
+                request = self._http.build_request("POST", "/v1/generate", **body)
+                response = await self._http.send(request, stream=True)
+                if response.status_code >= 400:
+                    await response.aread()
+                    await response.aclose()
+                    checked(response)
+                return response
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
     async def swarm(self) -> SwarmView:
         return SwarmView.from_json(await self._call("GET", "/v1/nodes", {}))

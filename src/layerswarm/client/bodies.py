@@ -29,13 +29,22 @@ class ClientBase(Generic[HttpT]):
         attempts: int = 4,
         max_backoff_s: float = 2.0,
         http: HttpT | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: one of the coordinator's keys (--api-key-file), sent on every call as
+        `Authorization: Bearer KEY`, also on a given `http` client."""
         self._http: HttpT = http or self.http_class(base_url=base_url, timeout=timeout)
+        if api_key is not None:
+            if not api_key.strip() or api_key != api_key.strip():
+                raise ValueError("api_key is empty or has spaces around it")
+            self._http.headers["Authorization"] = f"Bearer {api_key}"
         self._retry = retry_policy(attempts, max_backoff_s)
 
 
 class Options(TypedDict, total=False):
-    """Per-request options, as the coordinator's API names them."""
+    """Per-request options, as the coordinator's API names them (coordinator/http_models.ClassifyParams;
+    tests/client/test_client.py checks that the two list the same options with the same types). `label` is
+    the calls' own argument."""
 
     top_k: int
     policy: Literal["sequential", "shuffle", "fastest"]
@@ -43,6 +52,14 @@ class Options(TypedDict, total=False):
     min_blocks: int
     max_blocks: int
     exit_confidence: float
+    exit_rule: Literal["confidence", "entropy", "patience", "none"]
+    exit_threshold: float
+    deadline_ms: float  # anytime: answer with what ran once the next hop would miss this budget
+    ensemble: int  # routes whose logits are averaged
+    ensemble_mode: Literal["adaptive", "parallel"]
+    ensemble_confidence: float
+    ensemble_over: Literal["members", "orders"]
+    repeats: bool  # run reachable blocks again when too few indices are reachable
     resize: bool
 
 

@@ -67,6 +67,10 @@ class Classification:
     exited_early: bool
     elapsed_ms: float
     trace: Trace
+    exit_rule: str | None = None  # the rule that ended a route early
+    anytime: bool = False  # answered early: the next hop would have missed `deadline_ms`
+    routes: int = 1  # routes whose logits were averaged (`ensemble`)
+    blocks: int = 0  # blocks run, all routes together
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Classification:
@@ -74,6 +78,10 @@ class Classification:
             prediction=data["prediction"],
             labels=tuple(Label(**label) for label in data["labels"]),
             **_path_fields(data),
+            exit_rule=data.get("exit_rule"),
+            anytime=bool(data.get("anytime", False)),
+            routes=int(data.get("routes", 1)),
+            blocks=int(data.get("blocks", 0)),
         )
 
 

@@ -10,9 +10,9 @@ import socket
 
 import uvicorn
 
-from .core import Coordinator
-from .http_api import create_app
-from .protocol import guarded_protocol
+from .http.app import create_app
+from .http.guarded_h11 import guarded_protocol
+from .process import Coordinator
 from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
@@ -58,13 +58,15 @@ async def serve(settings: CoordinatorSettings) -> None:
                         "host": settings.http_host,
                         "port": port,
                         "family_id": coordinator.manifest.family_id,
+                        "readiness": coordinator.readiness(),  # how many blocks must answer, and why
                     }
                 ),
                 flush=True,
             )
         await task
     finally:
-        app.state.decoder.close()
+        if app.state.decoder is not None:  # a decoder family's app decodes no images
+            app.state.decoder.close()
         await coordinator.stop()
 
 

@@ -15,7 +15,21 @@ from pydantic_settings import SettingsConfigDict
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
-from .auth import OPEN_PATHS
+# What the api_keys setting leaves open (stated here, where its help lists them; http/front_door.py keys the
+# rest): probes and metrics (orchestrators and scrapers hold no key) and the API schema. Every other path
+# needs a key: the API, the swarm page and its assets, /redoc, /v2/models.
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+)
+# ... and /docs's own scripts and styles: a browser loading them from the page sends no key.
+OPEN_PREFIXES = ("/static-offline-docs/",)
 
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
@@ -71,10 +85,19 @@ class CoordinatorSettings(ProcessSettings):
     hedge_min_ms: float = Field(default=10.0, ge=0, description="never hedge sooner than this")
     hop_timeout_s: float = Field(default=2.0, gt=0, description="seconds per hop before substituting")
     request_timeout_s: float = Field(default=10.0, gt=0, description="seconds per request, all hops")
+    # How many blocks a request needs: coordinator/routing/depth.py states the rule and each default's source.
     min_blocks: int | None = Field(
         default=None,
         ge=1,
-        description="fail (503) below this depth (none: the model's evaluated minimum useful depth, else 1)",
+        description="readiness: block indices that must be reachable to answer at all, else 503 naming the missing "
+        "ones (none: the model's evaluated minimum useful depth from `layerswarm eval`, else 1); early exit and "
+        "deadlines may still stop a path below it",
+    )
+    anytime_min_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="the fewest blocks an answer cut by a request's deadline_ms may have (none: the model's "
+        "calibrated floor in adaptive.json, else the readiness minimum)",
     )
     strict: bool | None = None  # admit only listed model ids and hashes; None: strict when family_dirs given
     verify_rate: float | None = Field(  # None: no verification
@@ -98,7 +121,7 @@ class CoordinatorSettings(ProcessSettings):
     exit_rule: str = Field(
         default="calibrated",
         description="default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval "
-        "--calibrate`, none without one), none, or a rule",
+        "--calibrate`: its rule, threshold and exit floor; none without one), none, or a rule",
     )
     exit_threshold: float | None = Field(
         default=None, description="threshold of --exit-rule (none: its calibrated one)"
@@ -124,21 +147,30 @@ class CoordinatorSettings(ProcessSettings):
     transport: str = Field(
         default="stream", description="stream: reused bidirectional streams; unary: one call per hop"
     )
-    # Star stays the default: relay pays only where links are slow (bench: edge LAN) and gives up per-hop
-    # early exit, hedging and anytime answers inside a chain.
+    # auto is the default: it relays where relaying has measured faster (slow links: docs/relay.md) and stays
+    # on star without a swarm token (nodes check chains with it) and for requests that need a per-hop exit or
+    # an anytime deadline, which a chain gives up.
     topology: str = Field(
-        default="star",
-        description="star: every hop through the coordinator; relay: nodes forward to each other along a MACed "
-        "chain (needs --token-file; docs/relay.md); auto: per request, whichever has been faster here",
+        default="auto",
+        description="auto: per request, star or relay, whichever has been faster here (star without a token); "
+        "star: every hop through the coordinator; relay: nodes forward to each other along a MACed chain "
+        "(needs --token-file; docs/relay.md)",
     )
     max_batch: int = Field(default=64, ge=1)
+    # Generation (decoder families): what a completion may ask, and what it gets when it asks nothing.
+    max_new_tokens: int = Field(
+        default=1024, ge=1, description="largest max_tokens a generation request may ask (also bounded by the context)"
+    )
+    default_max_tokens: int = Field(
+        default=64, ge=1, description="tokens generated when a request gives no max_tokens (bounded by the context)"
+    )
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="largest image accepted")
     access_log: bool = Field(
         default=False, description="log one line per HTTP request: method, path, status, duration, request id"
     )
-    # Answered from the headers, before any body is read (and again by the serving layer, for every API).
+    # Answered from the headers, before any body is read, by every API (http/admission.py).
     max_concurrent_requests: int = Field(default=64, ge=1, description="past this many in flight: 429 busy")
-    # The HTTP front door (what each limit stops: README, Trust > HTTP front door)
+    # The HTTP front door (what each limit stops: docs/http-api.md, "The front door")
     max_image_pixels: int = Field(
         default=4096 * 1024,
         ge=1,
@@ -173,23 +205,19 @@ class CoordinatorSettings(ProcessSettings):
 
     @model_validator(mode="after")
     def _relay_needs_token(self) -> CoordinatorSettings:
-        if self.topology != "star" and not self.security.token:
-            raise ValueError(f"topology {self.topology} needs a swarm token (--token-file): nodes check chains with it")
+        if self.topology == "relay" and not self.security.token:
+            raise ValueError("topology relay needs a swarm token (--token-file): nodes check chains with it")
         return self
 
     @field_validator("model_dir", mode="before")
     @classmethod
     def _shipped_model(cls, value: Any) -> Any:
-        from layerswarm.models.zoo import resolve  # zoo:FAMILY/MEMBER names a shipped model
-
-        return resolve(value) if isinstance(value, str) else value
+        return _shipped(value)
 
     @field_validator("family_dirs", mode="before")
     @classmethod
     def _shipped_family(cls, values: Any) -> Any:
-        from layerswarm.models.zoo import resolve
-
-        return tuple(resolve(v) if isinstance(v, str) else v for v in values)
+        return tuple(_shipped(v) for v in values)
 
     @field_validator("hedge_quantile", mode="before")
     @classmethod
@@ -213,3 +241,13 @@ class CoordinatorSettings(ProcessSettings):
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{peer!r} is not {shape} (a port from 1 to 65535)")
         return peers
+
+
+def _shipped(value: Any) -> Any:
+    """A model directory named `zoo:FAMILY/MEMBER` as the shipped model's path (other values as they are)."""
+    if not isinstance(value, str):
+        return value
+    # Lazy: models.zoo loads torch (seconds), and these settings are read to build `--help`.
+    from layerswarm.models.zoo import resolve  # noqa: PLC0415
+
+    return resolve(value)

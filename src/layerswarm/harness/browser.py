@@ -17,8 +17,9 @@ def chromium_paths() -> tuple[str, str] | None:
 
 def headless_chromium(width: int = 1280, height: int = 1000) -> Any:
     """A selenium WebDriver (selenium is a dev dependency: imported only here)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    # selenium is a dev dependency (the page test, the screenshot script): not needed to import this module
+    from selenium import webdriver  # noqa: PLC0415
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
 
     paths = chromium_paths()
     if paths is None:

@@ -53,14 +53,15 @@ class Host:
     address: str
     holder: subprocess.Popen[bytes]
     veth: str
+    own_mounts: bool = False  # a mount namespace of its own too (its own disk: see NetLab.add_host)
 
     @property
     def pid(self) -> int:
         return self.holder.pid
 
     def command(self, cmd: Sequence[str]) -> list[str]:
-        """`cmd` run inside this host's network namespace."""
-        return ["nsenter", "-t", str(self.pid), "-n", *cmd]
+        """`cmd` run inside this host's network namespace (and mount namespace, if it has one)."""
+        return ["nsenter", "-t", str(self.pid), "-n", *(["-m"] if self.own_mounts else []), *cmd]
 
     def link(self, up: bool) -> None:
         """Pull or plug the host's cable (its end of the veth pair)."""
@@ -92,12 +93,21 @@ class NetLab:
         _ip("route", "replace", "224.0.0.0/4", "dev", self.bridge)  # mDNS goes over the LAN, not loopback
         return self
 
-    def add_host(self, name: str) -> Host:
+    def add_host(self, name: str, own_mounts: bool = False, links_first: Sequence[tuple[str, str]] = ()) -> Host:
+        """A host on the LAN at the next address. `own_mounts`: a private mount namespace too, so that
+        bind mounts made in it (a home folder, /etc/passwd) are this host's alone, like its own disk.
+        `links_first`: (name, CIDR) bridges made before its LAN interface, as a host's docker0 or VPN
+        comes before eth0 in its interface list; nothing is attached to them."""
         index = len(self.hosts) + 10
-        holder = subprocess.Popen(["unshare", "--net", "sleep", "86400"])
+        mounts = ["--mount", "--propagation", "private"] if own_mounts else []
+        holder = subprocess.Popen(["unshare", "--net", *mounts, "sleep", "86400"])
         veth = f"lsv{index}"
         try:
             _wait_for_own_netns(holder.pid)  # else the veth's far end lands in *our* namespace
+            for link, cidr in links_first:
+                _ip("link", "add", link, "type", "bridge", netns_pid=holder.pid)
+                _ip("addr", "add", cidr, "dev", link, netns_pid=holder.pid)
+                _ip("link", "set", link, "up", netns_pid=holder.pid)
             _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
             _ip("link", "set", veth, "master", self.bridge, "up")
             address = f"{SUBNET}.{index}"
@@ -113,7 +123,7 @@ class NetLab:
             holder.wait(5)
             subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False)
             raise
-        host = Host(name, address, holder, veth)
+        host = Host(name, address, holder, veth, own_mounts)
         self.hosts.append(host)
         return host
 

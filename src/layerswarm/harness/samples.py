@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from layerswarm.models.checkpoint import read_manifest
-from layerswarm.models.data import Dataset, load_dataset
 from layerswarm.models.images import png_bytes
+from layerswarm.training.data.datasets import Dataset, load_dataset
+from layerswarm.training.text.data import load_text_data
 
 __all__ = ["Sample", "labelled_samples", "png_bytes", "task_data", "write_samples"]
 
@@ -26,8 +27,6 @@ def task_data(model_dir: Path) -> Dataset:
     manifest = read_manifest(model_dir)
     spec, seed = manifest.dataset["spec"], int(manifest.dataset.get("data_seed", 0))
     if manifest.config.is_text:
-        from layerswarm.models.text.commands import load_text_data
-
         return load_text_data(spec, model_dir)
     return load_dataset(spec, seed=seed, image_size=manifest.config.image_size)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ POLICY_FILE = "adaptive.json"
 MANIFEST_KEY = "policy_files"
 
 
-def write_policy(model_dir: str | os.PathLike[str], policy: dict[str, Any]) -> str:
+def write_policy(model_dir: str | os.PathLike[str], policy: Mapping[str, object]) -> str:
     """Write the policy file and record its hash in the manifest (both atomically). Returns the sha256."""
     root = Path(model_dir)
     _atomic_write(root / POLICY_FILE, json.dumps(policy, indent=2, sort_keys=True) + "\n")

@@ -24,7 +24,7 @@ def is_shuffle_robust(variant: str) -> bool:
 
 MIN_PATCHES_A_SIDE = 7  # a from-scratch ViT needs tokens to attend across: 32 x 32 with 8-pixel patches has 16
 # A conv stem's tokens already see their neighbourhood (3x3 convs), so fewer, cheaper ones do: measured on the
-# relations task (README "Your own data"), 4 x 4 tokens learned faster per step and per second than 8 x 8.
+# relations task (docs/own-data.md), 4 x 4 tokens learned faster per step and per second than 8 x 8.
 CONV_MIN_PATCHES_A_SIDE = 4
 
 

@@ -17,6 +17,7 @@ it; read it with entry(). Keep this module to IO: what a key means lives with it
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from .checkpoint import AnyManifest, read_any_manifest, write_manifest
@@ -30,7 +31,7 @@ def entry(manifest: AnyManifest, key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def write_entry(model_dir: str | os.PathLike[str], key: str, value: dict[str, Any]) -> AnyManifest:
+def write_entry(model_dir: str | os.PathLike[str], key: str, value: Mapping[str, object]) -> AnyManifest:
     """Set one policy key in a model directory's manifest (atomically; ids unchanged), either family's."""
     manifest = read_any_manifest(model_dir)
     manifest.policy[key] = value

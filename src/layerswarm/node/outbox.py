@@ -7,9 +7,9 @@ not the one the node signed for the chain's run, and the honest node was failed 
 keeps each result it made for a request id, a few at most (`PER_REQUEST`; runs past that are refused
 before they compute, never evicting one kept), until it expires (a Collect takes a copy: see `take`),
 and the coordinator, when the first it collects is not the one the trace names, collects again by
-digest (coordinator/relay.py). Filling the slots before the chain arrives gets the chain's own run
+digest (coordinator/relay/chains.py). Filling the slots before the chain arrives gets the chain's own run
 refused (`ALREADY_EXISTS`): the coordinator takes its predecessor's hand-back for a dispute between the
-two, never a failure (coordinator/claims.py).
+two, never a failure (coordinator/membership/claims.py).
 
 Bounded: at most `MAX_RESULTS` runs kept or computing, each for at most `TTL_S`. A run past that is
 refused, never one kept evicted: a node replaying old chains could otherwise push out the result a
@@ -78,7 +78,7 @@ class Outbox:
         removed it would let a node of the chain take the chain's result before the coordinator could.
         A take never makes a slot (only a run of the step does), so Collects for made-up request ids
         cannot push a chain's result out; they can only fill the waiting places, and the coordinator,
-        refused one, collects again by digest once the chain's result is kept (coordinator/relay.py)."""
+        refused one, collects again by digest once the chain's result is kept (coordinator/relay/chains.py)."""
         end = time.monotonic() + timeout
         while (found := self._find(request_id, sha256)) is None:
             left = end - time.monotonic()

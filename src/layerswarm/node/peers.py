@@ -27,6 +27,7 @@ from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, info_identity
 from layerswarm.wire.discovery import HEALTH_SERVICE, METHOD_PREFIX
 from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
+from layerswarm.wire.stats import ewma
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -61,16 +62,14 @@ class LinkEstimate:
     def observe(self, nbytes: int, ms: float) -> None:
         ms = max(ms, 0.01)
         mbps = nbytes * 8 / 1e3 / ms
-        if self.samples == 0:
-            self.send_ms, self.mbps = ms, mbps
-        else:
-            self.send_ms += self.ALPHA * (ms - self.send_ms)
-            self.mbps += self.ALPHA * (mbps - self.mbps)
+        first = self.samples == 0  # the first sample starts each average
+        self.send_ms = ewma(None if first else self.send_ms, ms, self.ALPHA)
+        self.mbps = ewma(None if first else self.mbps, mbps, self.ALPHA)
         self.samples += 1
 
     def observe_rtt(self, ms: float) -> None:
         ms = max(ms, 0.001)
-        self.rtt_ms = ms if self.rtt_ms == 0.0 else self.rtt_ms + self.ALPHA * (ms - self.rtt_ms)
+        self.rtt_ms = ewma(None if self.rtt_ms == 0.0 else self.rtt_ms, ms, self.ALPHA)  # 0: never probed
         self.probed_at = time.monotonic()
 
 

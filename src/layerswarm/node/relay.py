@@ -4,7 +4,7 @@ Events on the Relay stream: first an acknowledgement (this hop computed, with it
 one final event: the rest of the chain's trace, and either nothing (the last node kept the result for
 the coordinator's Collect), the result inline, or a hand-back: this node's own output and the reason
 the next node failed (dead, no acknowledgement within the hop timeout, a refusal). The coordinator
-continues from a hand-back under its usual rules (coordinator/relay.py).
+continues from a hand-back under its usual rules (coordinator/relay/chains.py).
 
 What a node forwards is bounded: only along a chain MACed by the coordinator (wire/relay_plan.py),
 only to the chain's next step, at most MAX_RELAY_HOPS steps, only its own block output (within its

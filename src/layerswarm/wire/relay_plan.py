@@ -76,5 +76,5 @@ def handback_margin_s(deadline_s: float) -> float:
     acknowledged and then withheld its final event timed out first, blaming its own next node (the
     coordinator: the chain's first node) while the one stalling was never named. A protocol rule, not a
     node's choice: the coordinator counts on it when it checks the deadline a claimer was given
-    (coordinator/handbacks.py: given_times_problem)."""
+    (coordinator/relay/handbacks.py: given_times_problem)."""
     return min(HANDBACK_MARGIN_S, max(deadline_s, 0.0) / 8)

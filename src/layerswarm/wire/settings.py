@@ -9,6 +9,7 @@ a bad value raises `pydantic.ValidationError` naming the setting.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,6 +23,15 @@ from pydantic_settings import (
 from typing_extensions import Self
 
 from .security import SecuritySettings
+
+# What a --config file that is not TOML raises: pydantic-settings reads it with tomllib, or before Python
+# 3.11 (the Jetson images run 3.10) with tomli, whose error is another class.
+if sys.version_info >= (3, 11):
+    from tomllib import TOMLDecodeError
+else:
+    from tomli import TOMLDecodeError
+
+__all__ = ["SECURITY_FILES", "ProcessSettings", "TOMLDecodeError", "security_from_files"]
 
 SECURITY_FILES = ("token_file", "tls_cert", "tls_key", "tls_ca", "tls_relay_cert", "tls_relay_key")  # from_files' order
 

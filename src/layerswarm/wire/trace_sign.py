@@ -78,7 +78,7 @@ def rest_digest(entries: Sequence[pb.HopTrace], request_id: str, plan_mac: str) 
     """What a node's `rest_sha256` is: sha256 over the entries after its own, each with its signature,
     exactly as it passes them back. Signed into its own entry, it makes the node answerable for them:
     the first entry of a trace whose rest does not match what arrived was signed before someone altered
-    what follows it (coordinator/relay.py: `_trace_problem`)."""
+    what follows it (coordinator/relay/chain_trace.py: `trace_problem`)."""
     return hashlib.sha256(b"".join(_entry_bytes(e, request_id, plan_mac) for e in entries)).hexdigest()
 
 

@@ -66,12 +66,20 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {n}")
         self.length = n
 
+    def capacity_after(self, length: int) -> int:
+        """The capacity (tokens) the buffers will have once they hold `length` tokens: what a node books
+        before a step, so that its byte bound holds for what the step allocates."""
+        if length <= self.capacity:
+            return self.capacity
+        capacity = max(INITIAL_CAPACITY, self.capacity)
+        while capacity < length:
+            capacity *= 2
+        return capacity
+
     def _reserve(self, needed: int, like: Tensor) -> None:
         if self._keys is not None and self._values is not None and needed <= self.capacity:
             return
-        capacity = max(INITIAL_CAPACITY, self.capacity)
-        while capacity < needed:
-            capacity *= 2
+        capacity = self.capacity_after(needed)
         shape = (self.kv_heads, capacity, self.head_dim)
         keys = like.new_empty(shape)
         values = like.new_empty(shape)

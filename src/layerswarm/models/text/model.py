@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..config import ViTConfig
 from ..vit import Block, Head, ViT, _init_weights
-from .tokenizer import PAD_ID
+from .specials import PAD_ID
 
 # Small, as in BERT: with unit-scale embeddings each block adds little to the residual stream, and
 # a sequentially trained encoder keeps working in any block order (no contrast with LayerShuffle).

@@ -1,7 +1,7 @@
 """The text family's tokenizer: a word-level HF `tokenizers` model trained from the training texts.
 
 Saved as DIR/tokenizer.json (plain JSON, hashed in the manifest like the weights; never pickled). Word
-level on purpose: the per-token depth estimates of `depth.py` are per word, as in the source paper.
+level on purpose: the per-token depth estimates (training/text/depth.py) are per word, as in the source paper.
 Every sequence starts with [CLS] (the head reads it); [PAD] fills batches and is never attended to.
 """
 
@@ -14,9 +14,29 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-PAD, UNK, CLS, MASK = "[PAD]", "[UNK]", "[CLS]", "[MASK]"
-SPECIALS = (PAD, UNK, CLS, MASK)  # ids 0..3 in this order
-PAD_ID, UNK_ID, CLS_ID, MASK_ID = range(4)
+from .specials import CLS, CLS_ID, MASK, MASK_ID, PAD, PAD_ID, SPECIALS, UNK, UNK_ID
+
+# The special tokens are the tokenizer's too: importers of this module read them here.
+__all__ = [
+    "CLS",
+    "CLS_ID",
+    "MASK",
+    "MASK_ID",
+    "PAD",
+    "PAD_ID",
+    "SPECIALS",
+    "TOKENIZER_FILE",
+    "UNK",
+    "UNK_ID",
+    "TextInputError",
+    "encode_batch",
+    "encode_one",
+    "load_tokenizer",
+    "pad_batch",
+    "save_tokenizer",
+    "train_tokenizer",
+]
+
 TOKENIZER_FILE = "tokenizer.json"
 
 

@@ -20,6 +20,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from pydoc_data.topics import topics  # the language reference, part of every CPython install
 
 import torch
 from tokenizers import Tokenizer
@@ -125,8 +126,6 @@ def load_corpus(spec: str, seed: int = 0) -> LMCorpus:
 
 def _paragraphs(source: Source) -> list[str]:
     if source.kind == "pydoc":
-        from pydoc_data.topics import topics  # the language reference, part of every CPython install
-
         texts = [topics[name] for name in sorted(topics)]
     elif source.kind == "txt":
         texts = [_read(source)]

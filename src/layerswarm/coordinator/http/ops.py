@@ -1,0 +1,49 @@
+"""What operators and orchestrators read: the swarm (/v1/nodes), liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .service import Service
+
+
+def mount_ops(app: FastAPI, service: Service) -> None:
+    manifest = service.manifest
+    cfg = manifest.config
+
+    @app.get("/v1/nodes")
+    async def nodes() -> dict[str, Any]:
+        """The swarm as this coordinator sees it, ignored nodes (and why) included."""
+        ready, reason = service.ready()
+        return {
+            "family_id": manifest.family_id,
+            "model_id": manifest.model_id,
+            "variant": cfg.variant,
+            "depth": cfg.depth,
+            "reachable_depth": service.registry.reachable_depth(),
+            "ready": ready,
+            "reason": reason,
+            "nodes": service.registry.snapshot(),
+        }
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process serves HTTP."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {}})
+    async def readyz() -> JSONResponse:
+        """Readiness: the family's minimum depth is reachable."""
+        ready, reason = service.ready()
+        return JSONResponse(
+            status_code=200 if ready else 503, content={"status": "ready" if ready else "not_ready", "detail": reason}
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus metrics."""
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,388 @@
+"""One gRPC channel per node, with keepalive (a dead peer is noticed without traffic), and a pool of
+reused ForwardStream calls: a reused bidirectional stream skips most of a unary call's per-call cost
+(measured here: 1.9 ms against 3.2 ms for 605 KB on loopback).
+
+With a swarm token, every call is signed per node and per call (wire/auth.py): the token itself never
+leaves this process, Info must come back with the node's proof of the token, and nothing but Info is
+signed for a node that has not given that proof."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, info_identity, metadata_value
+from layerswarm.wire.discovery import METHOD_PREFIX
+from layerswarm.wire.relay_stream import RelayLink
+from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
+from layerswarm.wire.v1 import block_pb2 as pb
+from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
+
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.enable_retries", 0),  # the coordinator decides what to retry, and where
+]
+MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
+CONTROL_MAX_BYTES = 1 << 20  # an Info or health reply: a few kB (Info lists at most 64 links)
+T = TypeVar("T")
+
+
+class NodeNotProven(Exception):
+    """The node could not prove it holds the swarm token: an impostor, or not of this swarm."""
+
+
+async def _call(awaitable: Awaitable[T]) -> T:
+    """Await one RPC. grpc.aio cancels the calls in flight on a channel that is closed (the health
+    monitor drops the channel of a node that left), and the awaiting coroutine then sees
+    asyncio.CancelledError although nobody cancelled it: that is an UNAVAILABLE failure of this call,
+    which the executor routes around. A real cancellation of the caller still propagates."""
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+        if task is None or cancelling is None or cancelling():
+            raise
+        raise _unavailable("the call was cancelled under us: the channel to the node closed") from None
+
+
+async def _chain_events(call: Any, ack_timeout: float) -> list[pb.RelayEvent]:
+    """A Relay call's acknowledgement and final event, then the call ended: a chain has no more, so
+    what a node sends after them (or acknowledgements past the first) is neither kept nor waited for.
+    The first event must come within `ack_timeout` (see NodeClient.relay)."""
+    events: list[pb.RelayEvent] = []
+    try:
+        try:
+            event = await asyncio.wait_for(call.read(), ack_timeout)
+        except asyncio.TimeoutError:
+            raise _no_acknowledgement(ack_timeout) from None
+        while event is not grpc.aio.EOF:
+            if not event.ack:
+                events.append(event)
+                break
+            if not events:
+                events.append(event)
+            event = await call.read()
+    finally:
+        call.cancel()  # a no-op once the call has ended
+    return events
+
+
+def _no_acknowledgement(ack_timeout: float) -> grpc.aio.AioRpcError:
+    details = f"no acknowledgement within the hop timeout ({ack_timeout:.3g} s)"
+    return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class NodeClient:
+    def __init__(
+        self, address: str, max_message_bytes: int, transport: str = "stream", security: SecuritySettings | None = None
+    ) -> None:
+        security = security or SecuritySettings()
+        self.address = address
+        self.transport = transport
+        self.signer = CallSigner(security.token) if security.token else None
+        self.channel = _channel(address, security, max_message_bytes, max_message_bytes)
+        # Info and health checks go to every address a hint names, strangers included, and their replies
+        # are a few kB: on a connection of their own with a small receive limit, a stranger cannot make
+        # us take in a reply of the activations' limit (64 MiB) on every check.
+        self.control = _channel(address, security, CONTROL_MAX_BYTES, max_message_bytes)
+        self.block = pb_grpc.BlockNodeStub(self.channel)  # type: ignore[no-untyped-call]
+        self._control_block = pb_grpc.BlockNodeStub(self.control)  # type: ignore[no-untyped-call]
+        self.health = health_pb2_grpc.HealthStub(self.control)
+        self._idle: list[Any] = []  # ForwardStream calls with no request outstanding
+        # Relay chains this node starts, over one long-lived RelayStream (transport "stream"), until it
+        # answers UNIMPLEMENTED (a node older than RelayStream): then a Relay call per chain.
+        self._relay_link = RelayLink(address, lambda: self.block.RelayStream(metadata=self._signed("RelayStream")))
+        self._relay_streams = transport == "stream"
+
+    async def forward(self, request: pb.ForwardRequest, timeout: float) -> pb.ForwardResponse:
+        """One block forward. Raises grpc.aio.AioRpcError, or asyncio.TimeoutError past `timeout` (on
+        Python 3.10 not the builtin TimeoutError: catch asyncio's)."""
+        if self.transport == "unary":
+            try:
+                return await _call(self.block.Forward(request, timeout=timeout, metadata=self._signed("Forward")))
+            except grpc.aio.AioRpcError as exc:
+                self._learn(exc)
+                raise
+        call = self._take_stream()
+        try:
+            reply = await _call(asyncio.wait_for(self._exchange(call, request), timeout))
+        except asyncio.InvalidStateError as exc:  # the stream ended under us (the node went away)
+            call.cancel()
+            raise _unavailable(f"stream closed: {exc}") from exc
+        except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            self._learn(exc)
+            raise
+        except BaseException:
+            call.cancel()  # its state is unknown (timed out, failed, cancelled): never reuse it
+            raise
+        if len(self._idle) < MAX_IDLE_STREAMS:
+            self._idle.append(call)
+        else:
+            call.cancel()
+        return reply
+
+    def _take_stream(self) -> Any:
+        while self._idle:
+            call = self._idle.pop()
+            if not call.done():  # a node that restarted or died has ended its streams
+                return call
+        return self.block.ForwardStream(metadata=self._signed("ForwardStream"))
+
+    @property
+    def needs_proof(self) -> bool:
+        """True while the node (or its new incarnation) has not proved it holds the swarm token."""
+        return self.signer is not None and not self.signer.proven
+
+    def _signed(self, method: str) -> tuple[tuple[str, str], ...]:
+        if self.signer is None:
+            return ()
+        try:
+            return (self.signer.sign(METHOD_PREFIX + method),)
+        except AuthError as exc:  # never sign for an unproven node: the executor sees a failed hop
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAUTHENTICATED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=str(exc)
+            ) from exc
+
+    def _learn(self, exc: grpc.aio.AioRpcError) -> None:
+        """A refusal carries the node's challenge: a new one means a new boot, which must prove itself."""
+        if self.signer is not None and exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+            self.signer.learn(exc.trailing_metadata())
+
+    async def info(self, timeout: float) -> pb.NodeInfo:
+        """Who the node is. With a swarm token the reply must carry the node's proof that it holds the
+        token (over our fresh nonce and the identity it reports), else NodeNotProven; nothing derived
+        from the token is sent before that proof."""
+        nonce = CallSigner.new_nonce()
+        call = self._control_block.Info(pb.InfoRequest(), timeout=timeout, metadata=((NONCE_KEY, nonce),))
+        reply = await _call(call)
+        trailing = await _call(call.trailing_metadata())
+        if self.signer is None:
+            if metadata_value(trailing, CHALLENGE_KEY):
+                raise NodeNotProven("it requires a swarm token and we have none (--token-file)")
+            return reply
+        identity = info_identity(reply)
+        if not self.signer.accept_info(trailing, nonce, identity):
+            raise NodeNotProven("no valid proof of our swarm token in its Info reply (impostor, or another swarm)")
+        return reply
+
+    async def relay(
+        self, request: pb.RelayRequest, timeout: float, ack_timeout: float | None = None
+    ) -> list[pb.RelayEvent]:
+        """Start a relay chain at this node; its events (acknowledgement, then the final one). Raises
+        grpc.aio.AioRpcError: DEADLINE_EXCEEDED past `timeout`, or when the node's acknowledgement (sent
+        once its own block has run) has not come within `ack_timeout`. The coordinator passes its hop
+        timeout, the rule every node applies to the next one: a first node that stalls costs a hop, not
+        the whole deadline."""
+        ack_timeout = timeout if ack_timeout is None else min(ack_timeout, timeout)
+        try:
+            if self._relay_streams:
+                try:
+                    return await _call(self._relay_on_stream(request, timeout, ack_timeout))
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    self._relay_streams = False  # nothing ran: the same request as a call
+            call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
+            return await _call(_chain_events(call, ack_timeout))
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+
+    async def _relay_on_stream(
+        self, request: pb.RelayRequest, timeout: float, ack_timeout: float
+    ) -> list[pb.RelayEvent]:
+        linked = await self._relay_link.send(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        events: list[pb.RelayEvent] = []
+        try:
+            try:
+                events.append(await asyncio.wait_for(linked.read(), ack_timeout))
+            except asyncio.TimeoutError:
+                raise _no_acknowledgement(ack_timeout) from None
+            while events[-1].ack:  # then the final event
+                left = max(deadline - loop.time(), 0.001)
+                events.append(await asyncio.wait_for(linked.read(), left))
+        except asyncio.TimeoutError:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details="relay chain"
+            ) from None
+        finally:
+            linked.cancel()  # however it went, stop listening for this chain
+        return events
+
+    async def collect(self, request_id: str, timeout: float, output_sha256: str = "") -> pb.ForwardResponse:
+        """The result a chain's last node kept for us (the first, or the one with `output_sha256`)."""
+        request = pb.CollectRequest(request_id=request_id, output_sha256=output_sha256)
+        try:
+            return await _call(self.block.Collect(request, timeout=timeout, metadata=self._signed("Collect")))
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+
+    async def decode(self, request: pb.DecodeRequest, timeout: float) -> pb.DecodeResponse:
+        """One generation step of one stream (unary Decode). Raises grpc.aio.AioRpcError, or
+        asyncio.TimeoutError past `timeout`."""
+        try:
+            return await _call(self.block.Decode(request, timeout=timeout, metadata=self._signed("Decode")))
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+
+    def decode_link(self) -> DecodeLink:
+        """A DecodeStream call of its own for one generation stream: its steps go over it in order, and
+        the node frees what was opened over it when it ends (the stream closed or this process went away)."""
+        return DecodeLink(self)
+
+    async def release(self, stream_ids: list[str], timeout: float) -> int:
+        """Free these streams' caches on the node; how many it held for us."""
+        request = pb.ReleaseRequest(stream_ids=stream_ids)
+        try:
+            reply = await _call(self.block.Release(request, timeout=timeout, metadata=self._signed("Release")))
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+        return int(reply.released)
+
+    async def check_health(self, service: str, timeout: float) -> Any:
+        """grpc.health.v1 Check (its reply)."""
+        return await _call(self.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout))
+
+    @staticmethod
+    async def _exchange(call: Any, request: pb.ForwardRequest) -> pb.ForwardResponse:
+        await call.write(request)
+        reply = await call.read()
+        if reply is grpc.aio.EOF:
+            raise _unavailable("stream closed by the node")
+        return reply
+
+    async def close(self) -> None:
+        for call in self._idle:
+            call.cancel()
+        self._idle.clear()
+        await self._relay_link.close()
+        await self.channel.close()
+        await self.control.close()
+
+
+class DecodeLink:
+    """One DecodeStream call to one node, for one generation stream's steps (replies come in order).
+
+    Opened on the first step; a call that failed, timed out or was cancelled is never reused (its state
+    is unknown): the next step opens a new one, and the node, which freed what the old call opened,
+    answers it FAILED_PRECONDITION or NOT_FOUND, which the caller turns into a rebuild. A node older than
+    DecodeStream (UNIMPLEMENTED) gets unary Decode calls from then on."""
+
+    def __init__(self, client: NodeClient) -> None:
+        self.client = client
+        self._call: Any = None
+        self._unary = client.transport == "unary"
+
+    async def step(self, request: pb.DecodeRequest, timeout: float) -> pb.DecodeResponse:
+        if self._unary:
+            return await self.client.decode(request, timeout)
+        if self._call is None or self._call.done():
+            self._call = self.client.block.DecodeStream(metadata=self.client._signed("DecodeStream"))
+        call = self._call
+        try:
+            return await _call(asyncio.wait_for(_decode_exchange(call, request), timeout))
+        except RefusedInStream:
+            raise  # one step refused; the call goes on for the next
+        except grpc.aio.AioRpcError as exc:
+            self._drop()
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                self._unary = True
+                return await self.client.decode(request, timeout)
+            self.client._learn(exc)
+            raise
+        except asyncio.InvalidStateError as exc:  # the call ended under us (the node went away)
+            self._drop()
+            raise _unavailable(f"stream closed: {exc}") from exc
+        except BaseException:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def close(self) -> None:
+        """End the call: the node frees every stream opened over it."""
+        self._drop()
+
+
+class RefusedInStream(grpc.aio.AioRpcError):  # type: ignore[misc]
+    """One step refused inside a DecodeStream (its reply's `refused` status name): the call stays open."""
+
+
+async def _decode_exchange(call: Any, request: pb.DecodeRequest) -> pb.DecodeResponse:
+    await call.write(request)
+    reply = await call.read()
+    if reply is grpc.aio.EOF:
+        status = await call.code()
+        if status is not None and status is not grpc.StatusCode.OK:
+            details = await call.details()
+            raise grpc.aio.AioRpcError(status, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+        raise _unavailable("decode stream closed by the node")
+    refused = getattr(reply, "refused", "")  # a node answers a failed step in the stream, which stays open
+    if refused:
+        code = getattr(grpc.StatusCode, refused, grpc.StatusCode.UNKNOWN)
+        raise RefusedInStream(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=getattr(reply, "error", ""))
+    return reply
+
+
+def _channel(address: str, security: SecuritySettings, max_receive: int, max_send: int) -> grpc.aio.Channel:
+    options: list[tuple[str, Any]] = [
+        *KEEPALIVE_OPTIONS,
+        ("grpc.max_receive_message_length", max_receive),
+        ("grpc.max_send_message_length", max_send),
+    ]
+    if security.tls:  # nodes share one certificate name, so they may change addresses
+        options.append(("grpc.ssl_target_name_override", NODE_TLS_NAME))
+        return grpc.aio.secure_channel(address, security.channel_credentials(), options=options)
+    return grpc.aio.insecure_channel(address, options=options)
+
+
+def _unavailable(details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class ClientPool:
+    def __init__(
+        self,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        transport: str = "stream",
+        security: SecuritySettings | None = None,
+    ) -> None:
+        self.max_message_bytes = max_message_bytes
+        self.transport = transport
+        self.security = security
+        self._clients: dict[str, NodeClient] = {}
+
+    def get(self, address: str) -> NodeClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = NodeClient(address, self.max_message_bytes, self.transport, self.security)
+        return client
+
+    def addresses(self) -> set[str]:
+        return set(self._clients)
+
+    async def drop(self, address: str) -> None:
+        client = self._clients.pop(address, None)
+        if client is not None:
+            await client.close()
+
+    async def close(self) -> None:
+        for address in list(self._clients):
+            await self.drop(address)
