@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from .manifest import Manifest, read_manifest
+from .manifest import AnyManifest, read_any_manifest
 
 SHIPPED = "shapes"
 
@@ -40,9 +40,9 @@ def resolve(spec: str) -> Path:
     return path
 
 
-def model_dirs(root: Path) -> list[tuple[Path, Manifest]]:
-    """Every model directory directly under `root`, sorted by name."""
-    found = [(p, read_manifest(p)) for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()]
+def model_dirs(root: Path) -> list[tuple[Path, AnyManifest]]:
+    """Every model directory directly under `root` (classifiers or decoders), sorted by name."""
+    found = [(p, read_any_manifest(p)) for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()]
     if not found:
         raise FileNotFoundError(f"no model directories under {root}")
     return found
