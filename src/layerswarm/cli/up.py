@@ -2,7 +2,8 @@
 
 Starts nodes from several models of one family (so substitution really happens), a coordinator with
 its HTTP server, classifies sample images over HTTP, kills some nodes, and shows that requests still
-succeed, with the traces.
+succeed, with the traces. A language-model family (`--family lm`) streams completions instead and kills
+the nodes mid-stream (up_lm.py).
 """
 
 from __future__ import annotations
@@ -17,18 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import up_lm
 from .base import Subparsers, UsageError, add_command, non_negative_int, positive_int
+from .swarm_demo import UpOptions, choose_victims, family_members, is_decoder_family, progress, start_swarm
 
-
-@dataclass
-class UpOptions:
-    nodes: int | None = None  # default: two models per block
-    requests_per_phase: int = 40
-    kill: int | None = None  # default: a third of the nodes
-    mdns: bool = True
-    family_dir: Path | None = None
-    seed: int = 0
-    timeout_s: float = 60.0
+__all__ = ["UpOptions", "check_node_count", "choose_victims", "run"]
 
 
 def register(sub: Subparsers) -> None:
@@ -38,7 +32,9 @@ def register(sub: Subparsers) -> None:
         run,
         help="run a local swarm end to end (the demo)",
         description="Start nodes from the shipped family, a coordinator, classify images over HTTP, kill "
-        "nodes, and show requests still succeed. Progress goes to stderr.",
+        "nodes, and show requests still succeed. With a language-model family (--family lm): stream "
+        "completions over the OpenAI-compatible API, SIGKILL nodes mid-stream, and show every stream "
+        "finishing ([DONE]) with its rebuilt and skipped hops. Progress goes to stderr.",
     )
     p.add_argument("--nodes", type=positive_int, help="how many nodes (none: two models per block)")
     p.add_argument("--kill", type=non_negative_int, help="how many nodes to SIGKILL mid-run (none: a third)")
@@ -57,7 +53,13 @@ def register(sub: Subparsers) -> None:
         "no multicast; auto: netns when possible",
     )
     p.add_argument("--family-dir", type=Path, help="folder of model directories (none: the shipped family)")
-    p.add_argument("--family", help="a shipped family by name (shapes, text); --family-dir wins if both are given")
+    p.add_argument("--family", help="a shipped family by name (shapes, text, lm); --family-dir wins if both are given")
+    p.add_argument(
+        "--streams",
+        type=positive_int,
+        default=up_lm.STREAMS,
+        help="language models: concurrent streams before and during the kills (each)",
+    )
     p.add_argument("--seed", type=int, default=UpOptions.seed, help="seed of samples, paths and victims")
 
 
@@ -72,12 +74,18 @@ def run(args: argparse.Namespace) -> int:
     from layerswarm.harness.procs import ProcessError
 
     opts = UpOptions(args.nodes, args.requests, args.kill, mdns, family_dir, args.seed)
+    decoder = is_decoder_family(family_dir)
     try:
-        summary = run_up(opts)
+        summary = up_lm.run_up_lm(opts, args.streams) if decoder else run_up(opts)
     except (ProcessError, TimeoutError) as exc:  # a swarm that did not come up: say which part, not where
         print(f"layerswarm up: error: {exc}", file=sys.stderr)
         return 1
-    print(to_json(summary) if args.json else render(summary))
+    if args.json:
+        print(to_json(summary))
+    else:
+        print(up_lm.render(summary) if decoder else render(summary))
+    if decoder:
+        return 0 if summary["done"] == summary["streams"] else 1
     return 0 if summary["succeeded"] == summary["requests"] else 1
 
 
@@ -93,17 +101,6 @@ def chosen_family(args: argparse.Namespace) -> Path:
     if not family_dir.is_dir():
         raise UsageError(f"--family {args.family}: no such shipped family")
     return family_dir
-
-
-def family_members(family_dir: Path) -> tuple[list[Path], int]:
-    """The family's shuffle-robust members (the ones a swarm mixes and reorders) and their depth."""
-    from layerswarm.models.checkpoint import read_manifest
-    from layerswarm.models.zoo import robust_members
-
-    members = robust_members(family_dir)
-    if not members:
-        raise ValueError(f"{family_dir} holds no shuffle-robust model (a swarm reorders blocks)")
-    return members, read_manifest(members[0]).config.depth
 
 
 def check_node_count(nodes: int | None, family_dir: Path, flag: str) -> None:
@@ -155,37 +152,6 @@ class Phase:
             "substituted_hops": sum(r.get("substituted", 0) for r in ok),
             "skipped_hops": sum(r.get("skipped", 0) for r in ok),
         }
-
-
-def progress(message: str) -> None:
-    """What `up` is doing, as it goes: on stderr, so that --json keeps stdout to one JSON object."""
-    print(f"layerswarm up: {message}", file=sys.stderr, flush=True)
-
-
-def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
-    from layerswarm.harness.procs import coordinator_cmd, node_cmd, spawn, spawn_many, stop_all
-    from layerswarm.harness.swarm import node_layout
-    from layerswarm.models.zoo import family_root
-
-    members, depth = family_members(opts.family_dir or family_root())
-    count = opts.nodes or depth * min(2, len(members))
-    mdns = [] if opts.mdns else ["--no-advertise"]
-    specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
-    models = f"{len(members)} model{'s' if len(members) != 1 else ''}"
-    progress(f"starting {count} nodes ({depth} blocks from {models} of the family)...")
-    nodes = spawn_many(specs, opts.timeout_s * 2)
-    try:
-        family = [f"--family-dir={m}" for m in members[1:]]
-        # The demo kills every node of one block index to show a degraded answer, so it accepts one block
-        # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
-        degraded = ["--min-blocks", str(depth - 1)]
-        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
-        progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
-        coordinator = spawn("coordinator", cmd, opts.timeout_s)
-    except Exception:
-        stop_all(nodes)
-        raise
-    return nodes, coordinator, members
 
 
 def classify_many(client: Any, phase: Phase, samples: list[Any], rng: random.Random) -> None:
@@ -263,25 +229,6 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
     finally:
         progress("stopping the swarm...")
         stop_all([coordinator, *nodes])
-
-
-def choose_victims(nodes: list[Any], count: int, rng: random.Random) -> list[Any]:
-    """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random
-    others, leaving every other index at least one node."""
-    if count <= 0:
-        return []
-    by_block: dict[int, list[Any]] = {}
-    for proc in nodes:
-        by_block.setdefault(int(proc.ready["block"]), []).append(proc)
-    first = by_block[rng.choice(sorted(by_block))][:count]
-    others: list[Any] = []
-    for proc in rng.sample([p for p in nodes if p not in first], len(nodes) - len(first)):
-        if len(others) >= count - len(first):
-            break
-        block_left = [p for p in by_block[int(proc.ready["block"])] if p is not proc and p not in others]
-        if block_left:  # only one block index goes entirely: the demo's --min-blocks is depth - 1
-            others.append(proc)
-    return first + others
 
 
 def summarise(phases: list[Phase], nodes: list[Any], killed: list[Any], view: dict[str, Any]) -> dict[str, Any]:

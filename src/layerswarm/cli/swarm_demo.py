@@ -1,0 +1,90 @@
+"""What both `up` demos share: their options, the swarm they start (a node per block of the family's
+shuffle-robust members, a coordinator) and which nodes they kill."""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class UpOptions:
+    nodes: int | None = None  # default: two models per block
+    requests_per_phase: int = 40
+    kill: int | None = None  # default: a third of the nodes
+    mdns: bool = True
+    family_dir: Path | None = None
+    seed: int = 0
+    timeout_s: float = 60.0
+
+
+def family_members(family_dir: Path) -> tuple[list[Path], int]:
+    """The family's shuffle-robust members (the ones a swarm mixes and reorders) and their depth."""
+    from layerswarm.models.checkpoint import read_any_manifest
+    from layerswarm.models.zoo import robust_members
+
+    members = robust_members(family_dir)
+    if not members:
+        raise ValueError(f"{family_dir} holds no shuffle-robust model (a swarm reorders blocks)")
+    return members, read_any_manifest(members[0]).config.depth
+
+
+def is_decoder_family(family_dir: Path) -> bool:
+    """Whether the family's models are language models (the streaming demo) rather than classifiers."""
+    from layerswarm.models.checkpoint import read_any_manifest
+    from layerswarm.models.manifest import is_lm
+
+    return is_lm(read_any_manifest(family_members(family_dir)[0][0]))
+
+
+def progress(message: str) -> None:
+    """What `up` is doing, as it goes: on stderr, so that --json keeps stdout to one JSON object."""
+    print(f"layerswarm up: {message}", file=sys.stderr, flush=True)
+
+
+def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
+    from layerswarm.harness.procs import coordinator_cmd, node_cmd, spawn, spawn_many, stop_all
+    from layerswarm.harness.swarm import node_layout
+    from layerswarm.models.zoo import family_root
+
+    members, depth = family_members(opts.family_dir or family_root())
+    count = opts.nodes or depth * min(2, len(members))
+    mdns = [] if opts.mdns else ["--no-advertise"]
+    specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
+    models = f"{len(members)} model{'s' if len(members) != 1 else ''}"
+    progress(f"starting {count} nodes ({depth} blocks from {models} of the family)...")
+    nodes = spawn_many(specs, opts.timeout_s * 2)
+    try:
+        family = [f"--family-dir={m}" for m in members[1:]]
+        # The demo kills every node of one block index to show a degraded answer, so it accepts one block
+        # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
+        degraded = ["--min-blocks", str(depth - 1)]
+        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
+        progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
+        coordinator = spawn("coordinator", cmd, opts.timeout_s)
+    except Exception:
+        stop_all(nodes)
+        raise
+    return nodes, coordinator, members
+
+
+def choose_victims(nodes: list[Any], count: int, rng: random.Random) -> list[Any]:
+    """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random
+    others, leaving every other index at least one node."""
+    if count <= 0:
+        return []
+    by_block: dict[int, list[Any]] = {}
+    for proc in nodes:
+        by_block.setdefault(int(proc.ready["block"]), []).append(proc)
+    first = by_block[rng.choice(sorted(by_block))][:count]
+    others: list[Any] = []
+    for proc in rng.sample([p for p in nodes if p not in first], len(nodes) - len(first)):
+        if len(others) >= count - len(first):
+            break
+        block_left = [p for p in by_block[int(proc.ready["block"])] if p is not proc and p not in others]
+        if block_left:  # only one block index goes entirely: the demo's --min-blocks is depth - 1
+            others.append(proc)
+    return first + others
