@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import Image, ImageChops
 
-from layerswarm.cli.up import UpOptions, start_swarm
+from layerswarm.cli.swarm_demo import UpOptions, start_swarm
 from layerswarm.client import SwarmClient, SwarmError
 from layerswarm.harness.browser import headless_chromium
 from layerswarm.harness.procs import stop_all

@@ -28,7 +28,7 @@ def test_victims_leave_every_block_index_but_one_a_node() -> None:
     import random
     from types import SimpleNamespace
 
-    from layerswarm.cli.up import choose_victims
+    from layerswarm.cli.swarm_demo import choose_victims
 
     nodes = [SimpleNamespace(ready={"block": b}, name=i) for i, b in enumerate([0, 1, 2, 3, 0, 1, 2, 3, 0])]
     for asked in (1, 3, 5, 8):

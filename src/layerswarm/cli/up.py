@@ -22,8 +22,6 @@ from . import up_lm
 from .base import Subparsers, UsageError, add_command, non_negative_int, positive_int
 from .swarm_demo import UpOptions, choose_victims, family_members, is_decoder_family, progress, start_swarm
 
-__all__ = ["UpOptions", "check_node_count", "choose_victims", "run"]
-
 
 def register(sub: Subparsers) -> None:
     p = add_command(
