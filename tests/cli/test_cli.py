@@ -79,7 +79,7 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
     ("argv", "env", "expected"),
     [
         (["coordinator", "--model-dir", SHIPPED, "--peer", "notaport"], {}, "--peer (setting peers"),
-        (["node", "--model-dir", "zoo:nope", "--block", "0"], {}, "shipped: zoo:shapes/baseline, zoo:shapes/layer"),
+        (["node", "--model-dir", "zoo:nope", "--block", "0"], {}, "zoo:shapes/baseline, zoo:shapes/layer"),
         (["coordinator", "--model-dir", "zoo:shapes/nope"], {}, "--model-dir (setting model_dir"),
         (["node", "--model-dir", SHIPPED, "--block", "-1"], {}, "--block (setting block"),
         (
