@@ -22,6 +22,7 @@ def render(r: dict[str, Any]) -> str:
         ("vitb_swarm_vs_monolith_ratio", _footer),
         ("node_footprint", lambda r: _node_footprint(r["node_footprint"])),
         ("decode_node", lambda r: _decode_node(r["decode_node"])),
+        ("generation", lambda r: _generation(r["generation"])),
         ("adaptive", lambda r: render_adaptive(r["adaptive"])),
         ("edge_lan", lambda r: [render_edge_lan(r["edge_lan"])]),
         ("cuda", _cuda),
@@ -364,3 +365,26 @@ def _decode_node(d: dict[str, Any]) -> list[str]:
         *_table("Block compute for 8 streams of different lengths (1 thread, this process)", ["calls", "ms"], rule),
     ]
     return lines
+
+
+def _generation(g: dict[str, Any]) -> list[str]:
+    title = (
+        f"**Generation through a swarm** ({g['model']}: {g['depth']} node processes, {g['dim']} wide, fp32 on the "
+        f"wire; {g['tokens_per_stream']} tokens a stream, {g['rounds']} interleaved rounds)"
+    )
+    parts = g["floor_parts_ms"]
+    rows = [
+        _row("batch 1, ms per token", g["batch1_per_token_ms"], "1.00"),
+        _row(
+            f"floor: {g['depth']} x echo {parts['echo_round_trip']} ms + monolith {parts['monolith_per_token']} ms",
+            g["floor_ms"],
+            f"{g['batch1_over_floor']} (target <= {g['target_batch1_over_floor']})",
+        ),
+        _row("1 stream, tokens/s", g["tokens_per_s_1_stream"], "1.00"),
+        _row(
+            "16 streams, tokens/s",
+            g["tokens_per_s_16_streams"],
+            f"{g['streams_16_over_1']} (target >= {g['target_streams_over_1']})",
+        ),
+    ]
+    return _table(title, ["measure", "value", "ratio"], rows)

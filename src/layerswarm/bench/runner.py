@@ -12,7 +12,7 @@ import json
 import secrets
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.wire.memory import keep_large_buffers
 
-from . import activations, adaptive, decode_node, edgelan, hop, process_ring, shipped, vitb
+from . import activations, adaptive, decode_node, edgelan, generation, hop, process_ring, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .machine import environment
@@ -174,8 +174,13 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
     report: dict[str, Any] = {"quick": quick, "environment": environment()}
-    if only == "decode-node":
-        report["decode_node"] = run_decode_node(quick)
+    alone: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
+        "generation": ("generation", generation.run),
+        "decode-node": ("decode_node", run_decode_node),
+    }
+    if only in alone:
+        key, suite = alone[only]
+        report[key] = suite(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     if only == "adaptive":

@@ -1,0 +1,134 @@
+"""Generation through a swarm (`bench --only generation`), against its baselines in the same run:
+
+- per-token decode latency of one stream (batch 1) against the floor of the same route, issue 40's:
+  depth x a bare gRPC echo round trip of one token's activation (grpc_echo.py's raw stream) plus the
+  monolith's own per-token compute (DecoderLM with its KV caches, one thread, the same prompt);
+- 16 concurrent streams' tokens/s against one stream's, through the same swarm.
+
+The route: the shipped decoder zoo:lm/layershuffle-0 (6 blocks, 64 wide), a node process per block and a
+coordinator (fp32 wire), all on this machine. A stream's per-token latency is the median gap between its
+token events (`POST /v1/generate`, streamed) after the first token, so prefill and HTTP set-up fall
+outside it. Rounds interleave the measurements, so a busy machine slows all of them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from layerswarm.client import AsyncSwarmClient, SwarmClient, TokenEvent
+from layerswarm.harness.procs import coordinator_cmd, spawn, stop_all
+from layerswarm.harness.swarm import wait_for_swarm
+from layerswarm.models.checkpoint import load_lm, read_lm_manifest
+from layerswarm.models.lm.generate import generate
+from layerswarm.models.zoo import family_root
+from layerswarm.training.lm.commands import model_tokenizer
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .fixtures import nodes
+from .grpc_echo import GrpcEcho
+
+MEMBER = "layershuffle-0"
+PROMPT = "The for statement is used to iterate over the elements of a sequence"
+TOKENS = 24  # per stream; the model may end a stream earlier with its end token
+CONCURRENT = 16
+
+
+def monolith_per_token_s(model_dir: Path, prompt: list[int], reps: int) -> float:
+    """Seconds per decode step of the whole model in this process (one thread): the time of TOKENS + 1
+    tokens minus the time of 1 (the prefill and the first token), over TOKENS."""
+    model, _ = load_lm(model_dir)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        blocks = model.route()
+
+        def timed(n: int) -> float:
+            started = time.perf_counter()
+            with torch.inference_mode():
+                generate(model.stem, blocks, model.head, [prompt], n, -1)  # no end token: exactly n
+            return time.perf_counter() - started
+
+        return statistics.median((timed(TOKENS + 1) - timed(1)) / TOKENS for _ in range(reps))
+    finally:
+        torch.set_num_threads(before)
+
+
+async def echo_round_trip_s(dim: int, reps: int) -> float:
+    """A bare gRPC echo of one token's activation (1 x 1 x dim, fp32, as a ForwardRequest's bytes)."""
+    payload = pb.ForwardRequest(activations=codec.encode(torch.zeros(1, 1, dim))).SerializeToString()
+    async with GrpcEcho() as echo:
+        for _ in range(20):  # warm the stream
+            await echo.round_trip(payload, "stream")
+        return statistics.median([await echo.round_trip(payload, "stream") for _ in range(reps)])
+
+
+def stream_gaps_s(client: SwarmClient) -> tuple[list[float], int]:
+    """The gaps between one stream's token events after its first, and how many tokens it got."""
+    stamps: list[float] = []
+    for event in client.generate_stream(PROMPT, max_tokens=TOKENS, temperature=0):
+        if isinstance(event, TokenEvent):
+            stamps.append(time.perf_counter())
+    return [b - a for a, b in itertools.pairwise(stamps)], len(stamps)
+
+
+async def tokens_per_s(base: str, streams: int) -> float:
+    async with AsyncSwarmClient(base, timeout=120.0) as client:
+        started = time.perf_counter()
+        answers = await asyncio.gather(
+            *(client.generate(PROMPT, max_tokens=TOKENS, temperature=0) for _ in range(streams))
+        )
+        return sum(a.completion_tokens for a in answers) / (time.perf_counter() - started)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    member = family_root("lm") / MEMBER
+    manifest = read_lm_manifest(member)
+    depth, dim = manifest.config.depth, manifest.config.dim
+    prompt = model_tokenizer(member, manifest).encode(PROMPT).ids  # as the coordinator encodes it (<s> first)
+    rounds = 3 if quick else 10
+    with nodes([(member, b) for b in range(depth)]) as procs:
+        coordinator = spawn("bench-coordinator", coordinator_cmd(member, procs, "--wire-dtype", "fp32"), 120)
+        try:
+            base = f"http://127.0.0.1:{coordinator.ready['port']}"
+            with httpx.Client(base_url=base, timeout=30.0) as http:
+                wait_for_swarm(http, depth, 120)
+            gaps: list[float] = []
+            single, many = [], []
+            with SwarmClient(base) as client:
+                for _ in range(rounds):
+                    round_gaps, _ = stream_gaps_s(client)
+                    gaps += round_gaps
+                    single.append(asyncio.run(tokens_per_s(base, 1)))
+                    many.append(asyncio.run(tokens_per_s(base, CONCURRENT)))
+        finally:
+            stop_all([coordinator])
+    echo = asyncio.run(echo_round_trip_s(dim, 200 if quick else 1000))
+    compute = monolith_per_token_s(member, prompt, 5 if quick else 20)
+    per_token = statistics.median(gaps)
+    floor = depth * echo + compute
+    one, sixteen = statistics.median(single), statistics.median(many)
+    return {
+        "model": f"zoo:lm/{MEMBER}",
+        "depth": depth,
+        "dim": dim,
+        "tokens_per_stream": TOKENS,
+        "rounds": rounds,
+        "batch1_per_token_ms": round(per_token * 1e3, 3),
+        "floor_ms": round(floor * 1e3, 3),
+        "floor_parts_ms": {"echo_round_trip": round(echo * 1e3, 4), "monolith_per_token": round(compute * 1e3, 4)},
+        "batch1_over_floor": round(per_token / floor, 3),
+        "target_batch1_over_floor": 1.5,
+        "tokens_per_s_1_stream": round(one, 1),
+        f"tokens_per_s_{CONCURRENT}_streams": round(sixteen, 1),
+        f"streams_{CONCURRENT}_over_1": round(sixteen / one, 3),
+        "target_streams_over_1": 8.0,
+    }

@@ -1,0 +1,35 @@
+"""`layerswarm bench --only generation --quick`: real node processes and a coordinator on the shipped decoder;
+the report names the machine and its ratios are the ones its own figures give (speed is measured, not
+asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from layerswarm.models.zoo import family_root
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(not (family_root("lm") / "layershuffle-0").is_dir(), reason="no shipped decoder")
+def test_generation_suite_reports_ratios_against_its_own_baselines(tmp_path: Path) -> None:
+    out, md = tmp_path / "gen.json", tmp_path / "gen.md"
+    cmd = [sys.executable, "-m", "layerswarm", "bench", "--only", "generation", "--quick"]
+    result = subprocess.run(
+        [*cmd, "--json", str(out), "--markdown", str(md)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["environment"]["cores"] >= 1 and report["environment"]["processor"]
+    g = report["generation"]
+    parts = g["floor_parts_ms"]
+    assert g["floor_ms"] == pytest.approx(g["depth"] * parts["echo_round_trip"] + parts["monolith_per_token"], rel=1e-3)
+    assert g["batch1_over_floor"] == pytest.approx(g["batch1_per_token_ms"] / g["floor_ms"], rel=1e-2)
+    assert g["tokens_per_s_1_stream"] > 0 and g["tokens_per_s_16_streams"] > 0  # streams really produced tokens
+    assert g["streams_16_over_1"] == pytest.approx(g["tokens_per_s_16_streams"] / g["tokens_per_s_1_stream"], rel=1e-2)
+    assert "Generation through a swarm" in md.read_text()
