@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 import torch
+from httpx_sse import connect_sse
 
-from layerswarm.client import AsyncSwarmClient, SwarmClient, TokenEvent
 from layerswarm.harness.procs import coordinator_cmd, spawn, stop_all
 from layerswarm.harness.swarm import wait_for_swarm
 from layerswarm.models.checkpoint import load_lm, read_lm_manifest
@@ -71,22 +71,29 @@ async def echo_round_trip_s(dim: int, reps: int) -> float:
         return statistics.median([await echo.round_trip(payload, "stream") for _ in range(reps)])
 
 
-def stream_gaps_s(client: SwarmClient) -> tuple[list[float], int]:
-    """The gaps between one stream's token events after its first, and how many tokens it got."""
+def stream_gaps_s(http: httpx.Client) -> list[float]:
+    """The gaps between one stream's token events (`POST /v1/generate`, streamed) after its first."""
     stamps: list[float] = []
-    for event in client.generate_stream(PROMPT, max_tokens=TOKENS, temperature=0):
-        if isinstance(event, TokenEvent):
-            stamps.append(time.perf_counter())
-    return [b - a for a, b in itertools.pairwise(stamps)], len(stamps)
+    body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "stream": True}
+    with connect_sse(http, "POST", "/v1/generate", json=body) as source:
+        source.response.raise_for_status()
+        for event in source.iter_sse():
+            if event.event == "token":
+                stamps.append(time.perf_counter())
+    return [b - a for a, b in itertools.pairwise(stamps)]
 
 
 async def tokens_per_s(base: str, streams: int) -> float:
-    async with AsyncSwarmClient(base, timeout=120.0) as client:
+    """Tokens per second of `streams` concurrent greedy generations (the whole answer each)."""
+    body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
+    limits = httpx.Limits(max_connections=streams + 2)
+    async with httpx.AsyncClient(base_url=base, timeout=120.0, limits=limits) as http:
         started = time.perf_counter()
-        answers = await asyncio.gather(
-            *(client.generate(PROMPT, max_tokens=TOKENS, temperature=0) for _ in range(streams))
-        )
-        return sum(a.completion_tokens for a in answers) / (time.perf_counter() - started)
+        replies = await asyncio.gather(*(http.post("/v1/generate", json=body) for _ in range(streams)))
+        elapsed = time.perf_counter() - started
+    for reply in replies:
+        reply.raise_for_status()
+    return sum(int(r.json()["usage"]["completion_tokens"]) for r in replies) / elapsed
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -99,14 +106,12 @@ def run(quick: bool) -> dict[str, Any]:
         coordinator = spawn("bench-coordinator", coordinator_cmd(member, procs, "--wire-dtype", "fp32"), 120)
         try:
             base = f"http://127.0.0.1:{coordinator.ready['port']}"
-            with httpx.Client(base_url=base, timeout=30.0) as http:
-                wait_for_swarm(http, depth, 120)
             gaps: list[float] = []
             single, many = [], []
-            with SwarmClient(base) as client:
+            with httpx.Client(base_url=base, timeout=60.0) as http:
+                wait_for_swarm(http, depth, 120)
                 for _ in range(rounds):
-                    round_gaps, _ = stream_gaps_s(client)
-                    gaps += round_gaps
+                    gaps += stream_gaps_s(http)
                     single.append(asyncio.run(tokens_per_s(base, 1)))
                     many.append(asyncio.run(tokens_per_s(base, CONCURRENT)))
         finally:
