@@ -172,13 +172,12 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     mdns = [] if opts.mdns else ["--no-advertise"]
     specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
     models = f"{len(members)} model{'s' if len(members) != 1 else ''}"
+    progress(block_rule(members[0], demo_min_blocks(depth)))
     progress(f"starting {count} nodes ({depth} blocks from {models} of the family)...")
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
-        # The demo kills every node of one block index to show a degraded answer, so it accepts one block
-        # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
-        degraded = ["--min-blocks", str(depth - 1)]
+        degraded = ["--min-blocks", str(demo_min_blocks(depth))]
         cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
         progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
         coordinator = spawn("coordinator", cmd, opts.timeout_s)
@@ -186,6 +185,28 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
         stop_all(nodes)
         raise
     return nodes, coordinator, members
+
+
+def demo_min_blocks(depth: int) -> int:
+    """The demo kills every node of one block index to show a degraded answer, so it accepts one block
+    fewer than the evaluated minimum depth a coordinator defaults to (manifest policy)."""
+    return max(1, depth - 1)
+
+
+def block_rule(model_dir: Path, min_blocks: int) -> str:
+    """How many blocks must answer in this run and where that number came from, by the coordinator's own
+    rule (coordinator/assembly.py, routing/depth.py); and what a coordinator started by hand would need."""
+    from layerswarm.coordinator.assembly import depth_rule, readiness_minimum
+    from layerswarm.coordinator.settings import CoordinatorSettings
+    from layerswarm.models.checkpoint import read_manifest
+
+    manifest = read_manifest(model_dir)
+    rule = depth_rule(CoordinatorSettings(model_dir=model_dir, min_blocks=min_blocks), manifest)
+    default, source = readiness_minimum(CoordinatorSettings(model_dir=model_dir), manifest)
+    return (
+        f"block rule: {rule.describe()}. `up` passes --min-blocks {min_blocks} because it kills every node of "
+        f"one block index; a coordinator started without --min-blocks needs {default} of {rule.depth} ({source})"
+    )
 
 
 def classify_many(client: Any, phase: Phase, samples: list[Any], rng: random.Random) -> None:
@@ -259,7 +280,7 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
             after = Phase(f"{victims} killed")
             classify_many(client, after, samples[opts.requests_per_phase :], rng)
             view = client.get("/v1/nodes").json()
-        return summarise([before, after], nodes, killed, view)
+        return {**summarise([before, after], nodes, killed, view), "block_rule": coordinator.ready.get("readiness")}
     finally:
         progress("stopping the swarm...")
         stop_all([coordinator, *nodes])
