@@ -303,6 +303,39 @@ def _help(command: str) -> str:
     return " ".join(parser.format_help().split())
 
 
+@pytest.mark.parametrize(
+    ("command", "groups"),
+    [
+        (
+            "coordinator",
+            [
+                "model and family",
+                "discovery",
+                "routing",
+                "adaptive compute",
+                "verification",
+                "generation",
+                "HTTP",
+                "security",
+            ],
+        ),
+        ("node", ["block", "serving", "discovery", "security"]),
+    ],
+)
+def test_long_helps_are_grouped(command: str, groups: list[str]) -> None:
+    """coordinator --help was 45 flags in one list (issue 46): every flag of a setting now sits in a titled
+    group; only --help, --config and the log flags stay under options."""
+    parser = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    titled = {g.title: [a.option_strings[0] for a in g._group_actions] for g in parser._action_groups}
+    assert [t for t in titled if t not in ("positional arguments", "options")] == groups
+    assert sorted(titled["options"]) == ["--config", "--log-format", "--log-level", "-h"]
+    assert all(len(titled[g]) >= 2 for g in groups)
+    if command == "coordinator":
+        assert {"--min-blocks", "--exit-rule"} <= set(titled["adaptive compute"])
+        assert {"--api-key-file", "--http-port"} <= set(titled["HTTP"])
+        assert {"--token-file", "--tls-ca"} <= set(titled["security"])
+
+
 def test_help_states_each_default_once_and_truly() -> None:
     train = _help("train")
     assert "--no-reference skip the reference: by default a small CNN" in train
