@@ -56,16 +56,22 @@ def register(sub: Subparsers) -> None:
         help="netns: mDNS inside a private network namespace; loopback: static peers on 127.0.0.1, "
         "no multicast; auto: netns when possible",
     )
-    p.add_argument("--family-dir", type=Path, help="folder of model directories (none: the shipped family)")
-    p.add_argument("--family", help="a shipped family by name (shapes, text); --family-dir wins if both are given")
+    p.add_argument(
+        "--family",
+        help="the family to run: a shipped one by name (shapes, text) or zoo:NAME, or a folder of its model "
+        "directories (none: shapes)",
+    )
+    # Until 2026-11-27 `up` took a family folder as --family-dir, which names one more member's model
+    # directory in `coordinator`: kept, hidden, with a warning, so that old command lines still run.
+    p.add_argument("--family-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=UpOptions.seed, help="seed of samples, paths and victims")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.kill is not None and args.nodes is not None and args.kill >= args.nodes:
         raise UsageError(f"--kill {args.kill} must leave a node alive (--nodes {args.nodes})")
-    family_dir = chosen_family(args)
-    check_node_count(args.nodes, family_dir, "--family-dir" if args.family_dir is not None else "--family")
+    family_dir, flag = chosen_family(args)
+    check_node_count(args.nodes, family_dir, flag)
     mdns = network_with_mdns(args.network, args.argv)
     if not isinstance(mdns, bool):
         return mdns  # the exit status: re-executed in a private namespace, or refused
@@ -81,18 +87,31 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["succeeded"] == summary["requests"] else 1
 
 
-def chosen_family(args: argparse.Namespace) -> Path:
-    """The family folder to run: --family-dir, else the shipped family --family names, else the default one."""
-    from layerswarm.models.zoo import family_root
+def chosen_family(args: argparse.Namespace) -> tuple[Path, str]:
+    """The family folder to run and the flag that named it: --family (a shipped name, zoo:NAME or a
+    folder), else the deprecated --family-dir, else the shipped shapes family."""
+    from layerswarm.models.zoo import family_root, resolve_family
 
     if args.family_dir is not None:
-        if not args.family_dir.is_dir():
-            raise UsageError(f"--family-dir {args.family_dir}: no such folder")
-        return Path(args.family_dir)
-    family_dir = family_root(args.family) if args.family else family_root()
-    if not family_dir.is_dir():
-        raise UsageError(f"--family {args.family}: no such shipped family")
-    return family_dir
+        progress(
+            "--family-dir is deprecated in up: use --family DIR (in coordinator, --family-dir names another "
+            "member's model directory)"
+        )
+        if args.family is None:
+            return existing_folder(Path(args.family_dir), f"--family-dir {args.family_dir}"), "--family-dir"
+    if args.family is None:
+        return family_root(), "--family"
+    try:
+        family_dir = resolve_family(args.family)
+    except ValueError as exc:  # a zoo: name that is not shipped; it lists the shipped ones
+        raise UsageError(f"--family {exc}") from None
+    return existing_folder(family_dir, f"--family {args.family}", "a shipped family's name, or a folder"), "--family"
+
+
+def existing_folder(path: Path, given: str, hint: str = "a folder of model directories") -> Path:
+    if not path.is_dir():
+        raise UsageError(f"{given}: no such folder ({hint})")
+    return path
 
 
 def family_members(family_dir: Path) -> tuple[list[Path], int]:
@@ -172,13 +191,12 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     mdns = [] if opts.mdns else ["--no-advertise"]
     specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
     models = f"{len(members)} model{'s' if len(members) != 1 else ''}"
+    progress(block_rule(members[0], demo_min_blocks(depth)))
     progress(f"starting {count} nodes ({depth} blocks from {models} of the family)...")
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
-        # The demo kills every node of one block index to show a degraded answer, so it accepts one block
-        # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
-        degraded = ["--min-blocks", str(depth - 1)]
+        degraded = ["--min-blocks", str(demo_min_blocks(depth))]
         cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
         progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
         coordinator = spawn("coordinator", cmd, opts.timeout_s)
@@ -186,6 +204,28 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
         stop_all(nodes)
         raise
     return nodes, coordinator, members
+
+
+def demo_min_blocks(depth: int) -> int:
+    """The demo kills every node of one block index to show a degraded answer, so it accepts one block
+    fewer than the evaluated minimum depth a coordinator defaults to (manifest policy)."""
+    return max(1, depth - 1)
+
+
+def block_rule(model_dir: Path, min_blocks: int) -> str:
+    """How many blocks must answer in this run and where that number came from, by the coordinator's own
+    rule (coordinator/assembly.py, routing/depth.py); and what a coordinator started by hand would need."""
+    from layerswarm.coordinator.assembly import depth_rule, readiness_minimum
+    from layerswarm.coordinator.settings import CoordinatorSettings
+    from layerswarm.models.checkpoint import read_manifest
+
+    manifest = read_manifest(model_dir)
+    rule = depth_rule(CoordinatorSettings(model_dir=model_dir, min_blocks=min_blocks), manifest)
+    default, source = readiness_minimum(CoordinatorSettings(model_dir=model_dir), manifest)
+    return (
+        f"block rule: {rule.describe()}. `up` passes --min-blocks {min_blocks} because it kills every node of "
+        f"one block index; a coordinator started without --min-blocks needs {default} of {rule.depth} ({source})"
+    )
 
 
 def classify_many(client: Any, phase: Phase, samples: list[Any], rng: random.Random) -> None:
@@ -259,7 +299,7 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
             after = Phase(f"{victims} killed")
             classify_many(client, after, samples[opts.requests_per_phase :], rng)
             view = client.get("/v1/nodes").json()
-        return summarise([before, after], nodes, killed, view)
+        return {**summarise([before, after], nodes, killed, view), "block_rule": coordinator.ready.get("readiness")}
     finally:
         progress("stopping the swarm...")
         stop_all([coordinator, *nodes])
