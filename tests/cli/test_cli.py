@@ -123,6 +123,7 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         (["up", "--nodes", "4", "--kill", "4", "--network", "loopback"], {}, "--kill 4 must leave a node alive"),
         (["up", "--nodes", "1", "--network", "loopback"], {}, "--nodes 1: at least 8 needed, one per block index"),
         (["up", "--family-dir", "/nonexistent", "--network", "loopback"], {}, "--family-dir /nonexistent: no such"),
+        (["up", "--family", "nope", "--network", "loopback"], {}, "--family nope: no such folder (a shipped family's"),
         (["samples", "out", "--family", "nope"], {}, "--family nope: no such folder"),
         (["samples", "out", "--family", "zoo:text"], {}, "--family zoo:text: a text model; samples are images"),
         (["family", "--base", "b", "--out", "x", "--lr", "0"], {}, "argument --lr: must be a finite number above 0"),
@@ -261,6 +262,21 @@ def test_a_closed_stdout_ends_the_command_quietly() -> None:
     assert (result.returncode, result.stderr) == (141, "")
 
 
+def test_family_flags_mean_one_thing_across_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    """--family: a shipped family's name or a folder, in `up` and `samples`; --family-dir: another member's
+    model directory, in `coordinator` only. `up`'s old --family-dir (a family folder) still runs, warned."""
+    from layerswarm.models.zoo import resolve_family
+
+    assert resolve_family("shapes") == resolve_family("zoo:shapes") == family_root()
+    assert resolve_family("text") == family_root("text") and resolve_family("runs/x") == Path("runs/x")
+    assert "--family-dir" not in _help("up") and "--family-dir" not in _help("samples")
+    assert "--family-dir FAMILY_DIR another member's model directory" in _help("coordinator")
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(["up", "--family-dir", "/nonexistent", "--network", "loopback"]))
+    assert exit_info.value.code == 2
+    assert "--family-dir is deprecated in up: use --family DIR" in capsys.readouterr().err
+
+
 def test_up_accepts_one_node_per_block_index_and_no_fewer() -> None:
     check_node_count(8, family_root(), "--family")
     check_node_count(None, family_root(), "--family")
@@ -285,6 +301,39 @@ def test_log_flags_work_before_and_after_the_command(monkeypatch: pytest.MonkeyP
 def _help(command: str) -> str:
     parser = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
     return " ".join(parser.format_help().split())
+
+
+@pytest.mark.parametrize(
+    ("command", "groups"),
+    [
+        (
+            "coordinator",
+            [
+                "model and family",
+                "discovery",
+                "routing",
+                "adaptive compute",
+                "verification",
+                "generation",
+                "HTTP",
+                "security",
+            ],
+        ),
+        ("node", ["block", "serving", "discovery", "security"]),
+    ],
+)
+def test_long_helps_are_grouped(command: str, groups: list[str]) -> None:
+    """coordinator --help was 45 flags in one list (issue 46): every flag of a setting now sits in a titled
+    group; only --help, --config and the log flags stay under options."""
+    parser = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    titled = {g.title: [a.option_strings[0] for a in g._group_actions] for g in parser._action_groups}
+    assert [t for t in titled if t not in ("positional arguments", "options")] == groups
+    assert sorted(titled["options"]) == ["--config", "--log-format", "--log-level", "-h"]
+    assert all(len(titled[g]) >= 2 for g in groups)
+    if command == "coordinator":
+        assert {"--min-blocks", "--exit-rule"} <= set(titled["adaptive compute"])
+        assert {"--api-key-file", "--http-port"} <= set(titled["HTTP"])
+        assert {"--token-file", "--tls-ca"} <= set(titled["security"])
 
 
 def test_help_states_each_default_once_and_truly() -> None:
@@ -344,6 +393,10 @@ def test_zoo_lists_the_shipped_models(capsys: pytest.CaptureFixture[str]) -> Non
     assert "zoo:shapes/layershuffle-0" in out and "zoo:shapes/baseline" in out and "layershuffle" in out
     row = next(line for line in out.splitlines() if line.startswith("zoo:shapes/layershuffle-0 "))
     assert float(row.split()[-1]) > 0.9  # the arbitrary-order accuracy recorded when it was trained
+    assert row.split()[-2:] == ["0.9970", "0.9941"]  # the manifest's, at the docs' four decimals
+    table = out.split("\n\n")[0].splitlines()
+    assert len({len(line) for line in table}) == 1  # aligned: zoo:shapes-exit/... once pushed its row right
+    assert "one draw of random orders; `layerswarm eval` averages 10 orders" in out
 
 
 def test_samples_writes_labelled_images_of_the_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,18 @@ def test_victims_leave_every_block_index_but_one_a_node() -> None:
         assert len(left) >= 3 and len(victims) == len({id(v) for v in victims})
 
 
+def test_up_states_the_block_rule_it_runs_under() -> None:
+    """The coordinator's rule (assembly.depth_rule), with where each number came from: `up`'s own
+    --min-blocks and what a coordinator started by hand on the same model would need instead."""
+    from layerswarm.cli.swarm_demo import block_rule, demo_min_blocks, family_members
+
+    members, depth = family_members(family_root())
+    line = block_rule(members[0], demo_min_blocks(depth))
+    assert f"answered while {depth - 1} of {depth} block indices are reachable (--min-blocks; 1 may be down" in line
+    assert f"`up` passes --min-blocks {depth - 1}" in line
+    assert f"without --min-blocks needs {depth} of {depth} (the evaluated minimum useful depth" in line
+
+
 @pytest.mark.parametrize("network", ["loopback", "netns"])
 def test_up_survives_killed_nodes(network: str) -> None:
     if network == "netns" and not (in_private_netns() and loopback_multicast_ready()):
@@ -46,6 +58,8 @@ def test_up_survives_killed_nodes(network: str) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads(result.stdout)
+    assert "layerswarm up: block rule: a request is answered while" in result.stderr
+    assert summary["block_rule"]["rule"] in result.stderr  # what `up` printed is what the coordinator runs
     for key in (
         "requests",
         "succeeded",

@@ -581,6 +581,8 @@ def test_every_status_is_counted_by_endpoint(client: httpx.Client) -> None:
 
 # --- API keys ----------------------------------------------------------------------------------------
 
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+
 
 @pytest.fixture(scope="module")
 def keyed(family_dirs: list[Path], nodes: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -612,6 +614,44 @@ def test_api_keys_guard_inference_and_leave_probes_open(keyed: str) -> None:
             reply = c.post("/v1/classify", files={"file": ("a.png", png(), "image/png")}, headers=headers)
             assert reply.status_code == 200, reply.text
         assert 'layerswarm_requests_total{endpoint="unrouted",status="401"} 4.0' in c.get("/metrics").text
+
+
+def test_the_swarm_page_opens_after_a_login_with_a_key(keyed: str) -> None:
+    """With --api-key-file a browser could not open `/`: it sends no Authorization header (issue 46). The
+    login form takes a key and sets an HttpOnly, SameSite=Strict cookie that opens the page, its assets,
+    /v1/swarm and /v1/events, and nothing else; a wrong key is a 401 with JSON and no cookie."""
+    with httpx.Client(base_url=keyed, timeout=30) as c:
+        browser = c.get("/", headers={"accept": "text/html,application/xhtml+xml"})
+        assert browser.status_code == 303 and browser.headers["location"] == "/login"
+        assert c.get("/").status_code == 401  # an API client asking for the page is told about keys, in JSON
+        form = c.get("/login")
+        assert form.status_code == 200 and '<form method="post" action="/login">' in form.text
+        assert 'name="key" type="password"' in form.text
+        wrong = c.post("/login", data={"key": "wrong-key-0123456789"})
+        assert wrong.status_code == 401 and wrong.json()["error"] == "unauthorized", wrong.text
+        assert "set-cookie" not in wrong.headers
+        assert c.post("/login", data={}).status_code == 400
+        assert c.post("/login", content=b"key=" + b"k" * 5000, headers=FORM).status_code == 413
+        login = c.post("/login", data={"key": KEYS[1]})
+        assert login.status_code == 303 and login.headers["location"] == "/", login.text
+    cookie = login.headers["set-cookie"]
+    attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+    assert {"httponly", "samesite", "path", "max-age"} <= attributes and "secure" not in attributes  # plain HTTP
+    assert "samesite=strict" in cookie.lower()
+    session = {"cookie": cookie.split(";")[0]}
+    with httpx.Client(base_url=keyed, timeout=30, headers=session) as c:
+        assert c.get("/").status_code == 200 and "<script" in c.get("/").text
+        assert c.get("/static/page.js").status_code == 200
+        assert c.get("/v1/swarm").json()["swarm"]["depth"] > 0
+        with c.stream("GET", "/v1/events") as events:
+            assert events.status_code == 200
+            assert next(line for line in events.iter_lines() if line.startswith("event:")) == "event: swarm"
+        assert c.get("/v1/nodes").status_code == 401  # never the API: an API call carries its key
+        assert c.post("/v1/classify", files={"file": ("a.png", png(), "image/png")}).status_code == 401
+    name, token = session["cookie"].split("=", 1)
+    expires, mac = token.split(".")
+    for forged in (f"{int(expires) + 10**6}.{mac}", f"{expires}.{'0' * 64}", "1.x", ""):
+        assert httpx.get(f"{keyed}/v1/swarm", headers={"cookie": f"{name}={forged}"}).status_code == 401
 
 
 def test_unauthorized_requests_are_refused_before_their_body(keyed: str) -> None:

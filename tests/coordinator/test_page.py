@@ -116,6 +116,32 @@ def test_page_shows_nodes_routes_and_updates_when_a_node_dies(swarm: tuple[str, 
     assert shown["nodes"][address(victim)]["why"]  # the reason the coordinator gave (unreachable, ...)
 
 
+def test_page_opens_after_a_login_when_api_keys_are_on(
+    swarm: tuple[str, list[Proc]], driver: WebDriver, family_dirs: list[Path], tmp_path: Path
+) -> None:
+    """With --api-key-file a browser could not open the page (issue 46): it is sent to the login form, signs
+    in with a key, and the page shows the swarm live (its event stream rides the cookie, which no script
+    can read)."""
+    _, nodes = swarm
+    (tmp_path / "api.keys").write_text("browser-key-0123456789\n")
+    keyed = ["--health-interval", "0.2", "--api-key-file", str(tmp_path / "api.keys")]
+    coord = coordinator_process(family_dirs[2], nodes, *keyed)
+    try:
+        base = f"http://127.0.0.1:{coord.ready['port']}"
+        driver.get(base + "/")
+        wait_for(lambda: driver.current_url == base + "/login", "the login form")
+        driver.find_element(By.ID, "key").send_keys("browser-key-0123456789")
+        driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        wait_for(lambda: driver.current_url == base + "/", "the page after the login")
+        wait_for(lambda: list(states(driver).values()).count("healthy") >= 3, "the healthy nodes")
+        seq = page(driver)["seq"]
+        wait_for(lambda: page(driver)["seq"] > seq, "a further event")  # the stream is open, not one snapshot
+        assert driver.execute_script("return document.cookie") == ""  # HttpOnly
+    finally:
+        driver.delete_all_cookies()
+        stop_all([coord])
+
+
 @pytest.fixture(scope="module")
 def rogue_swarm(family_dirs: list[Path]) -> Iterator[tuple[str, Proc]]:
     """Honest nodes of a family member and a node of the coordinator's own model that answers zeros

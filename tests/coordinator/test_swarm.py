@@ -89,9 +89,12 @@ async def test_killed_node_is_substituted_then_ejected_then_readmitted_on_restar
     victim.popen.wait(5)
     result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
     hop = result.path.hops[1]
-    assert hop.outcome == "substituted" and hop.block == 1
-    assert hop.model_id == read_manifest(family_dirs[1]).model_id
-    assert hop.attempts[0].node == address(victim) and "UNAVAILABLE" in hop.attempts[0].error
+    assert hop.block == 1 and hop.model_id == read_manifest(family_dirs[1]).model_id  # the sibling stood in
+    if hop.outcome == "substituted":  # the request found the victim dead itself
+        assert hop.attempts[0].node == address(victim) and "UNAVAILABLE" in hop.attempts[0].error
+    else:  # a health check (every 0.2 s) noticed first, so the victim was not planned at all: no race
+        assert hop.outcome == "ok" and not hop.attempts
+        assert states(coord)[address(victim)] != "healthy"
     await wait_until(lambda: states(coord)[address(victim)] == "ejected", what="ejection")
     result = await coord.router.classify(torch.rand(1, 3, 16, 16), SEQ)
     assert result.path.hops[1].outcome == "ok"  # ejected nodes are not even tried

@@ -359,6 +359,26 @@ def test_readme_is_a_five_minute_read() -> None:
     assert 'pip install -q -c constraints.txt -e ".[dev]"' in ci and "\nscripts/test -q -ra --durations=25\n" in ci
 
 
+def test_readme_shows_a_secure_home_lan_on_one_screen() -> None:
+    """A new user's path from clone to a secure three-board swarm (issue 46): in the README, on one screen
+    (at most 40 lines), the very commands docs/home-lan.md explains, with the token and the API keys."""
+    section = README.read_text().split("\n## A home LAN: three boards and a laptop\n", 1)[1].split("\n## ", 1)[0]
+    assert len(section.strip().splitlines()) <= 40
+    assert "(docs/home-lan.md)" in section
+    (block,) = (body for _, body in FENCE.findall(section))
+    guide = [body for _, body in FENCE.findall((ROOT / "docs" / "home-lan.md").read_text())]
+    assert block in guide  # one quick start, explained there: the two cannot drift apart
+    for step in (
+        "git clone",
+        "make_plan.py",
+        "--copies 2",
+        "push-nodes.sh --install",
+        "--token-file",
+        "--api-key-file",
+    ):
+        assert step in block, step
+
+
 def github_slug(heading: str) -> str:
     """The anchor GitHub gives a heading: code marks dropped, lowercase, punctuation gone, spaces to hyphens."""
     text = heading.strip().replace("`", "").lower()

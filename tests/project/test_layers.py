@@ -244,3 +244,17 @@ def test_tests_live_in_folders_that_mirror_the_layers() -> None:
         folder = module.relative_to(tests).parts[0]
         assert folder in TEST_FOLDERS | set(TEST_EXTRA_FOLDERS), f"{module}: {folder}/ is no layer's folder"
         assert (tests / folder / "__init__.py").exists(), f"tests/{folder}/ needs an __init__.py"
+
+
+def test_every_folder_says_what_it_owns() -> None:
+    """Each package folder's __init__.py opens with a docstring: a newcomer reads what the folder owns
+    before opening its files (generated code and data folders aside)."""
+    import ast
+
+    silent = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        if {"v1", "zoo"} & set(init.relative_to(PACKAGE).parts):
+            continue
+        if not ast.get_docstring(ast.parse(init.read_text())):
+            silent.append(str(init.relative_to(PACKAGE)))
+    assert not silent, f"__init__.py without a docstring saying what the folder owns: {silent}"

@@ -268,3 +268,27 @@ def test_a_class_of_one_image_is_never_split_away_from_training(tmp_path: Path) 
     held, kept = held_out_split(balanced, 10, 5)
     perm = torch.randperm(100, generator=torch.Generator().manual_seed(5))
     assert torch.equal(held, perm[:10]) and torch.equal(kept, perm[10:])
+
+
+def test_images_much_larger_than_the_training_size_are_a_warning_naming_the_flag(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Photos squeezed to 32 x 32 without a word (issue 46): the measured size and --image-size are named;
+    at a size near the images', and for images near the training size, nothing is said."""
+    for name, shade in (("a", 0), ("b", 255)):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.new("RGB", (160 + i, 128), (shade, shade, shade)).save(tmp_path / name / f"{i}.jpg")
+    with caplog.at_level("WARNING"):
+        load_dataset(f"imagefolder:{tmp_path}")
+    assert "measure 161x128 (median of" in caplog.text and "--image-size S" in caplog.text
+    assert "the 32x32 they are squeezed to" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        load_dataset(f"imagefolder:{tmp_path}", image_size=64)
+    assert "--image-size" not in caplog.text  # 128 is twice 64: within reason
+    small = tmp_path / "small"
+    _write_folder(small, {"red": (200, 20, 20), "blue": (20, 20, 200)}, 3)
+    with caplog.at_level("WARNING"):
+        load_dataset(f"imagefolder:{small}")
+    assert "--image-size" not in caplog.text

@@ -196,7 +196,8 @@ def test_patch_size_follows_the_image_size() -> None:
 
 def test_datasets_command_writes_a_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["datasets", "counting", str(tmp_path / "c"), "--train", "16", "--val", "8"]) == 0
-    assert "16 training and 8 validation images of counting" in capsys.readouterr().out
+    # val/ is what the trainer scores as its test split (it validates on a share of train/): named so
+    assert "16 training images (train/) and 8 test images (val/: the trainer's test split)" in capsys.readouterr().out
     assert len(list((tmp_path / "c" / "train").rglob("*.png"))) == 16
     assert Image.open(next((tmp_path / "c" / "val").rglob("*.png"))).size == (32, 32)
 

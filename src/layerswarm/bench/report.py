@@ -6,6 +6,7 @@ from typing import Any
 
 from .edgelan import render as render_edge_lan
 from .grpc_echo import HOP_PARTS
+from .loadbalancer import render as render_load_balancer
 
 
 def render(r: dict[str, Any]) -> str:
@@ -23,6 +24,7 @@ def render(r: dict[str, Any]) -> str:
         ("node_footprint", lambda r: _node_footprint(r["node_footprint"])),
         ("decode_node", lambda r: _decode_node(r["decode_node"])),
         ("generation", lambda r: _generation(r["generation"])),
+        ("load_balancer", lambda r: render_load_balancer(r["load_balancer"])),
         ("adaptive", lambda r: render_adaptive(r["adaptive"])),
         ("edge_lan", lambda r: [render_edge_lan(r["edge_lan"])]),
         ("cuda", _cuda),

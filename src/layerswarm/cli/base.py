@@ -174,6 +174,7 @@ class SettingsFlags:
 
     def __init__(self, parser: argparse.ArgumentParser, settings: type[ProcessSettings]) -> None:
         self.parser, self.settings = parser, settings
+        self.target: argparse.ArgumentParser | argparse._ArgumentGroup = parser  # where add() puts flags
         self.flag_of: dict[str, str] = {}
         parser.set_defaults(settings_flags=self)  # the command's run() loads through it: load_settings(args)
         parser.add_argument(
@@ -184,6 +185,12 @@ class SettingsFlags:
             help=f"TOML file whose [{settings.section}] table sets any setting below by its key "
             f"(environment: {settings.env_name('KEY')}); the command line overrides both (default: none)",
         )
+
+    def group(self, title: str, description: str | None = None) -> argparse._ArgumentGroup:
+        """Start a section of --help: the flags added from here on are listed under `title` (returned, for
+        flags without a setting)."""
+        self.target = self.parser.add_argument_group(title, description)
+        return self.target
 
     def add(self, flag: str, key: str, help: str | None = None, **kw: Any) -> None:
         """A flag for setting `key`; absent from the namespace unless given (so lower sources still count).
@@ -203,7 +210,7 @@ class SettingsFlags:
             note = f"default: {shown if shown not in (None, '') else 'none'}; key {key}"
         if kw.get("action") not in ("store_true", "store_false") and "choices" not in kw:
             kw.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
-        self.parser.add_argument(flag, dest=key, default=argparse.SUPPRESS, help=f"{help} ({note})", **kw)
+        self.target.add_argument(flag, dest=key, default=argparse.SUPPRESS, help=f"{help} ({note})", **kw)
         self.flag_of[key] = flag
 
     def load(self, args: argparse.Namespace, **fixed: Any) -> Any:

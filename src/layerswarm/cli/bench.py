@@ -22,7 +22,18 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--markdown", type=Path, help="write the tables as markdown here")
     p.add_argument(
         "--only",
-        choices=["adaptive", "edge-lan", "wire", "hop", "vitb", "process-ring", "cuda", "decode-node", "generation"],
+        choices=[
+            "adaptive",
+            "edge-lan",
+            "wire",
+            "hop",
+            "vitb",
+            "process-ring",
+            "cuda",
+            "decode-node",
+            "load-balancer",
+            "generation",
+        ],
         help="run one suite alone (adaptive compute; vitb: the ViT-B/16-shaped swarm against the monolith, "
         "latency, throughput, hop, coordinator CPU and the process ring; "
         "edge-lan: star vs relay on a shaped LAN of namespaces; "
@@ -31,6 +42,7 @@ def register(sub: Subparsers) -> None:
         "process-ring: the blocks in a process each, passed over pipes, against one process's loop; "
         "cuda: the vitb latency, throughput and hop with 12 CUDA nodes on one GPU, against the monolith there; "
         "decode-node: one decoder node, a stream's steps against 16 concurrent streams' throughput; "
+        "load-balancer: a classification through HAProxy in front of two coordinators against direct; "
         "generation: the shipped decoder through a swarm, batch-1 per-token latency against the route's "
         "floor and 16 streams' tokens/s against one's)",
     )

@@ -33,7 +33,13 @@ def register(sub: Subparsers) -> None:
     p.add_argument("task", choices=TASKS, help="which task")
     p.add_argument("dir", type=folder, help="folder to write into (created if missing)")
     p.add_argument("--train", type=positive_int, default=4000, help="training images (default: %(default)s)")
-    p.add_argument("--val", type=non_negative_int, default=1000, help="validation images (default: %(default)s)")
+    p.add_argument(
+        "--val",
+        type=non_negative_int,
+        default=1000,
+        help="images in DIR/val/: the trainer's test split, scored after training (it validates on a share it "
+        "holds out of train/) (default: %(default)s)",
+    )
     p.add_argument("--seed", type=non_negative_int, default=0, help="generator seed (default: %(default)s)")
 
 
@@ -41,5 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from layerswarm.training.data.synthetic import write
 
     counts = write(args.task, args.dir, args.train, args.val, args.seed)
-    print(f"{args.dir}: {counts['train']} training and {counts['val']} validation images of {args.task}")
+    print(
+        f"{args.dir}: {counts['train']} training images (train/) and {counts['val']} test images (val/: the "
+        f"trainer's test split) of {args.task}"
+    )
     return 0

@@ -23,13 +23,15 @@ def register(sub: Subparsers) -> None:
         "and advertise it as _layerswarm._tcp.local.",
     )
     f = SettingsFlags(p, NodeSettings)
+    f.group("block", "which block this node serves, and on what")
     f.add("--model-dir", "model_dir")
     f.add("--block", "block", type=int)
-    f.add("--host", "host")
-    f.add("--port", "port", type=int)
     f.add("--device", "device")
     f.add("--engine", "engine", choices=ENGINES)
     f.add("--threads", "threads", type=int)
+    f.group("serving", "the gRPC server, its limits and its metrics")
+    f.add("--host", "host")
+    f.add("--port", "port", type=int)
     f.add("--max-in-flight", "max_in_flight", type=int)
     f.add("--max-batch", "max_batch", type=int)
     f.add(
@@ -47,11 +49,13 @@ def register(sub: Subparsers) -> None:
     f.add("--max-streams", "max_streams", type=int)
     f.add("--max-cache-mib", "max_cache_mib", type=float)
     f.add("--idle-timeout", "idle_timeout_s", type=float)
+    f.add("--grace", "grace_s", type=float)
     f.add("--metrics-port", "metrics_port", type=int)
+    f.group("discovery", "how coordinators find this node (mDNS), and the address it tells them")
     f.add("--no-advertise", "advertise", "do not announce over mDNS (static peers only)", action="store_false")
     f.add("--advertise-address", "advertise_address")
     f.add("--mdns-interface", "mdns_interfaces", action="append")
-    f.add("--grace", "grace_s", type=float)
+    f.group("security", "the swarm token and mutual TLS (docs/trust.md)")
     add_security_flags(f, relay=True)
 
 

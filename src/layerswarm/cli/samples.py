@@ -21,7 +21,8 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--family",
         default="zoo:shapes",
-        help="a family folder, a model directory or zoo:FAMILY[/MEMBER] whose task the samples show",
+        help="whose task the samples show: a shipped family by name (shapes) or zoo:FAMILY[/MEMBER], or a folder "
+        "(a family folder or a model directory)",
     )
     p.add_argument("--count", type=positive_int, default=10, help="how many images")
 
@@ -43,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
 
 def model_of(family: str) -> Path:
     """--family's model directory (a family folder: its first member; they share one task)."""
-    from layerswarm.models.zoo import model_dirs, resolve
+    from layerswarm.models.zoo import model_dirs, resolve_family
 
     try:
-        model_dir = resolve(family)
+        model_dir = resolve_family(family)
     except ValueError as exc:  # it names the zoo: spec and lists the shipped ones
         raise UsageError(f"--family {exc}") from None
     if (model_dir / "manifest.json").is_file():

@@ -55,13 +55,12 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     mdns = [] if opts.mdns else ["--no-advertise"]
     specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
     models = f"{len(members)} model{'s' if len(members) != 1 else ''}"
+    progress(block_rule(members[0], demo_min_blocks(depth)))
     progress(f"starting {count} nodes ({depth} blocks from {models} of the family)...")
     nodes = spawn_many(specs, opts.timeout_s * 2)
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
-        # The demo kills every node of one block index to show a degraded answer, so it accepts one block
-        # fewer than the evaluated minimum depth a coordinator defaults to (manifest policy).
-        degraded = ["--min-blocks", str(depth - 1)]
+        degraded = ["--min-blocks", str(demo_min_blocks(depth))]
         cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
         progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
         coordinator = spawn("coordinator", cmd, opts.timeout_s)
@@ -69,6 +68,34 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
         stop_all(nodes)
         raise
     return nodes, coordinator, members
+
+
+def demo_min_blocks(depth: int) -> int:
+    """The demo kills every node of one block index to show a degraded answer, so it accepts one block
+    fewer than the evaluated minimum depth a coordinator defaults to (manifest policy)."""
+    return max(1, depth - 1)
+
+
+def block_rule(model_dir: Path, min_blocks: int) -> str:
+    """How many blocks must answer in this run and where that number came from, by the coordinator's own
+    rule (coordinator/assembly.py, routing/depth.py); and what a coordinator started by hand would need."""
+    from layerswarm.coordinator.assembly import depth_rule, readiness_minimum
+    from layerswarm.coordinator.settings import CoordinatorSettings
+    from layerswarm.models.checkpoint import read_any_manifest, read_manifest
+    from layerswarm.models.manifest import is_lm
+
+    manifest = read_any_manifest(model_dir)
+    default, source = readiness_minimum(CoordinatorSettings(model_dir=model_dir), manifest)
+    depth = manifest.config.depth
+    if is_lm(manifest):  # a stream may skip a block it lost down to this many (its route, not a request's)
+        rule = f"a stream keeps at least {min_blocks} of {depth} blocks (--min-blocks)"
+    else:
+        classifier = read_manifest(model_dir)
+        rule = depth_rule(CoordinatorSettings(model_dir=model_dir, min_blocks=min_blocks), classifier).describe()
+    return (
+        f"block rule: {rule}. `up` passes --min-blocks {min_blocks} because it kills every node of "
+        f"one block index; a coordinator started without --min-blocks needs {default} of {depth} ({source})"
+    )
 
 
 def choose_victims(nodes: list[Any], count: int, rng: random.Random) -> list[Any]:

@@ -50,22 +50,28 @@ def register(sub: Subparsers) -> None:
         help="netns: mDNS inside a private network namespace; loopback: static peers on 127.0.0.1, "
         "no multicast; auto: netns when possible",
     )
-    p.add_argument("--family-dir", type=Path, help="folder of model directories (none: the shipped family)")
-    p.add_argument("--family", help="a shipped family by name (shapes, text, lm); --family-dir wins if both are given")
+    p.add_argument(
+        "--family",
+        help="the family to run: a shipped one by name (shapes, text, lm) or zoo:NAME, or a folder of its "
+        "model directories (none: shapes)",
+    )
     p.add_argument(
         "--streams",
         type=positive_int,
         default=up_lm.STREAMS,
         help="language models: concurrent streams before and during the kills (each)",
     )
+    # Until 2026-11-27 `up` took a family folder as --family-dir, which names one more member's model
+    # directory in `coordinator`: kept, hidden, with a warning, so that old command lines still run.
+    p.add_argument("--family-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=UpOptions.seed, help="seed of samples, paths and victims")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.kill is not None and args.nodes is not None and args.kill >= args.nodes:
         raise UsageError(f"--kill {args.kill} must leave a node alive (--nodes {args.nodes})")
-    family_dir = chosen_family(args)
-    check_node_count(args.nodes, family_dir, "--family-dir" if args.family_dir is not None else "--family")
+    family_dir, flag = chosen_family(args)
+    check_node_count(args.nodes, family_dir, flag)
     mdns = network_with_mdns(args.network, args.argv)
     if not isinstance(mdns, bool):
         return mdns  # the exit status: re-executed in a private namespace, or refused
@@ -87,18 +93,31 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["succeeded"] == summary["requests"] else 1
 
 
-def chosen_family(args: argparse.Namespace) -> Path:
-    """The family folder to run: --family-dir, else the shipped family --family names, else the default one."""
-    from layerswarm.models.zoo import family_root
+def chosen_family(args: argparse.Namespace) -> tuple[Path, str]:
+    """The family folder to run and the flag that named it: --family (a shipped name, zoo:NAME or a
+    folder), else the deprecated --family-dir, else the shipped shapes family."""
+    from layerswarm.models.zoo import family_root, resolve_family
 
     if args.family_dir is not None:
-        if not args.family_dir.is_dir():
-            raise UsageError(f"--family-dir {args.family_dir}: no such folder")
-        return Path(args.family_dir)
-    family_dir = family_root(args.family) if args.family else family_root()
-    if not family_dir.is_dir():
-        raise UsageError(f"--family {args.family}: no such shipped family")
-    return family_dir
+        progress(
+            "--family-dir is deprecated in up: use --family DIR (in coordinator, --family-dir names another "
+            "member's model directory)"
+        )
+        if args.family is None:
+            return existing_folder(Path(args.family_dir), f"--family-dir {args.family_dir}"), "--family-dir"
+    if args.family is None:
+        return family_root(), "--family"
+    try:
+        family_dir = resolve_family(args.family)
+    except ValueError as exc:  # a zoo: name that is not shipped; it lists the shipped ones
+        raise UsageError(f"--family {exc}") from None
+    return existing_folder(family_dir, f"--family {args.family}", "a shipped family's name, or a folder"), "--family"
+
+
+def existing_folder(path: Path, given: str, hint: str = "a folder of model directories") -> Path:
+    if not path.is_dir():
+        raise UsageError(f"{given}: no such folder ({hint})")
+    return path
 
 
 def check_node_count(nodes: int | None, family_dir: Path, flag: str) -> None:
@@ -223,7 +242,7 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
             after = Phase(f"{victims} killed")
             classify_many(client, after, samples[opts.requests_per_phase :], rng)
             view = client.get("/v1/nodes").json()
-        return summarise([before, after], nodes, killed, view)
+        return {**summarise([before, after], nodes, killed, view), "block_rule": coordinator.ready.get("readiness")}
     finally:
         progress("stopping the swarm...")
         stop_all([coordinator, *nodes])

@@ -43,11 +43,27 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print("\n".join(json.dumps(r) for r in rows))
         return 0
-    print(f"{'name':<30} {'variant':<14} {'model id':<18} {'family id':<18} {'data':<8} {'seq':>6} {'arb':>6}")
-    for r in rows:
-        seq, arb = (f"{v:.3f}" if isinstance(v, float) else "-" for v in (r["sequential"], r["arbitrary_order"]))
-        print(
-            f"{r['name']:<30} {r['variant']:<14} {r['model_id'][:16]:<18} {r['family_id'][:16]:<18} "
-            f"{r['data'] or '-':<8} {seq:>6} {arb:>6}"
-        )
+    print(render(rows))
     return 0
+
+
+# Four decimals, as docs/models.md's tables; the arbitrary-order figure is one draw of orders, where
+# `layerswarm eval` (the docs' tables) averages ten: the footer says so, so the two are not mistaken.
+FOOTER = (
+    "seq, arb: test accuracy recorded when the model was trained, in order and in one draw of random orders; "
+    "`layerswarm eval` averages 10 orders (docs/models.md)"
+)
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The table, each column as wide as its widest cell."""
+    cells = [["name", "variant", "model id", "family id", "data", "seq", "arb"]]
+    for r in rows:
+        seq, arb = (f"{v:.4f}" if isinstance(v, float) else "-" for v in (r["sequential"], r["arbitrary_order"]))
+        cells.append([r["name"], r["variant"], r["model_id"], r["family_id"], r["data"] or "-", seq, arb])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    lines = [
+        "  ".join(c.rjust(w) if i >= 5 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in cells
+    ]
+    return "\n".join([*lines, "", FOOTER])

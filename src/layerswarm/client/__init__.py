@@ -16,7 +16,8 @@
                 print(f"\n{event.completion_tokens} tokens, {event.rebuilt} hops rebuilt, {event.skipped} skipped")
 
 Connect errors, 429 (busy) and 503 (too few blocks reachable right now) are retried with exponential
-backoff and jitter (tenacity); other errors raise SwarmError at once.
+backoff and jitter (tenacity); other errors raise SwarmError at once. Given several coordinators
+(`SwarmClient([url_a, url_b])`), a retry goes to the next one at once; see ClientBase.
 """
 
 from .asynchronous import AsyncSwarmClient

@@ -33,7 +33,7 @@ class AsyncSwarmClient(ClientBase[httpx.AsyncClient]):
 
     async def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Generation:
         body = generate_body(prompt, options, stream=False)
-        return Generation.from_json(await self._call("POST", "/v1/generate", body))
+        return Generation.from_json(await self._call("POST", "/v1/generate", body, idempotent=False))
 
     async def generate_stream(
         self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]
@@ -47,8 +47,11 @@ class AsyncSwarmClient(ClientBase[httpx.AsyncClient]):
             await response.aclose()
 
     async def _open_stream(self, body: dict[str, Any]) -> httpx.Response:
-        async for attempt in AsyncRetrying(**self._retry):
+        retry = self._retry_unsent  # a stream once sent is not sent again: it may have been answered
+        self.failover.start_call()
+        async for attempt in AsyncRetrying(**retry):
             with attempt:
+                self._aim()
                 request = self._http.build_request("POST", "/v1/generate", **body)
                 response = await self._http.send(request, stream=True)
                 if response.status_code >= 400:
@@ -67,9 +70,12 @@ class AsyncSwarmClient(ClientBase[httpx.AsyncClient]):
         except httpx.TransportError:
             return False
 
-    async def _call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        async for attempt in AsyncRetrying(**self._retry):
+    async def _call(self, method: str, path: str, body: dict[str, Any], idempotent: bool = True) -> dict[str, Any]:
+        retry = self._retry if idempotent else self._retry_unsent
+        self.failover.start_call()
+        async for attempt in AsyncRetrying(**retry):
             with attempt:
+                self._aim()
                 return checked(await self._http.request(method, path, **body))
         raise AssertionError("unreachable: tenacity re-raises the last error")
 

@@ -36,7 +36,8 @@ class SwarmClient(ClientBase[httpx.Client]):
 
     def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Generation:
         """Text (or token ids) continued through a decoder family's swarm; the whole answer at once."""
-        return Generation.from_json(self._post("/v1/generate", generate_body(prompt, options, stream=False)))
+        body = generate_body(prompt, options, stream=False)
+        return Generation.from_json(self._call("POST", "/v1/generate", body, idempotent=False))
 
     def generate_stream(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Iterator[StreamEvent]:
         """The same, token by token: TokenEvents as tokens are drawn, then the whole Generation. Opening
@@ -50,8 +51,11 @@ class SwarmClient(ClientBase[httpx.Client]):
             response.close()
 
     def _open_stream(self, body: dict[str, Any]) -> httpx.Response:
-        for attempt in Retrying(**self._retry):
+        retry = self._retry_unsent  # a stream once sent is not sent again: it may have been answered
+        self.failover.start_call()
+        for attempt in Retrying(**retry):
             with attempt:
+                self._aim()
                 response = self._http.send(self._http.build_request("POST", "/v1/generate", **body), stream=True)
                 if response.status_code >= 400:
                     response.read()
@@ -73,9 +77,12 @@ class SwarmClient(ClientBase[httpx.Client]):
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", path, body)
 
-    def _call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        for attempt in Retrying(**self._retry):
+    def _call(self, method: str, path: str, body: dict[str, Any], idempotent: bool = True) -> dict[str, Any]:
+        retry = self._retry if idempotent else self._retry_unsent
+        self.failover.start_call()
+        for attempt in Retrying(**retry):
             with attempt:
+                self._aim()
                 return checked(self._http.request(method, path, **body))
         raise AssertionError("unreachable: tenacity re-raises the last error")
 

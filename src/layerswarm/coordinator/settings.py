@@ -16,8 +16,9 @@ from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
 # What the api_keys setting leaves open (stated here, where its help lists them; http/front_door.py keys the
-# rest): probes and metrics (orchestrators and scrapers hold no key) and the API schema. Every other path
-# needs a key: the API, the swarm page and its assets, /redoc, /v2/models.
+# rest): probes and metrics (orchestrators and scrapers hold no key), the API schema and the page's login.
+# Every other path needs a key: the API, the swarm page and its assets (or the login's cookie), /redoc,
+# /v2/models.
 OPEN_PATHS = (
     "/healthz",
     "/readyz",
@@ -27,6 +28,7 @@ OPEN_PATHS = (
     "/openapi.json",
     "/docs",
     "/docs/oauth2-redirect",
+    "/login",  # the swarm page's login form: its cookie then opens the page (http/login.py)
 )
 # ... and /docs's own scripts and styles: a browser loading them from the page sends no key.
 OPEN_PREFIXES = ("/static-offline-docs/",)
@@ -184,7 +186,8 @@ class CoordinatorSettings(ProcessSettings):
     api_keys: tuple[str, ...] = Field(
         default=(),
         description="file of API keys, one a line (several: rotation); every HTTP path then needs `Authorization: "
-        "Bearer KEY` or `X-API-Key: KEY` (the API, the swarm page /, /redoc, /v2/models...) except "
+        "Bearer KEY` or `X-API-Key: KEY` (the API, the swarm page / (a browser logs in at /login once), /redoc, "
+        "/v2/models...) except "
         f"{', '.join(OPEN_PATHS)}",
     )
     threads: int = Field(default=1, ge=1)

@@ -40,6 +40,17 @@ def resolve(spec: str) -> Path:
     return path
 
 
+def shipped_families() -> list[str]:
+    """The shipped family folders' names (shapes, text, ...)."""
+    return sorted(p.name for p in zoo_root().iterdir() if p.is_dir() and any(p.glob("*/manifest.json")))
+
+
+def resolve_family(spec: str) -> Path:
+    """A --family value (`up`, `samples`): a shipped family by name (shapes), zoo:FAMILY[/MEMBER], or a path
+    (a family folder, or a model directory)."""
+    return family_root(spec) if spec in shipped_families() else resolve(spec)
+
+
 def model_dirs(root: Path) -> list[tuple[Path, AnyManifest]]:
     """Every model directory directly under `root` (classifiers or decoders), sorted by name."""
     found = [(p, read_any_manifest(p)) for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()]

@@ -2,7 +2,8 @@
 
 Keys come from a file (one a line, `#` comments), so they stay out of the command line and several
 can be valid at once: add the new key, move clients over, remove the old one, restart. A client
-sends `Authorization: Bearer KEY` or `X-API-Key: KEY`; the paths open without a key are the settings'
+sends `Authorization: Bearer KEY` or `X-API-Key: KEY` (a browser opening the swarm page logs in once
+instead: login.py); the paths open without a key are the settings'
 (settings.OPEN_PATHS: the api_keys setting's help lists them). Keys are compared as SHA-256 digests with
 `hmac.compare_digest`, against every key each time, so the time taken says nothing about which
 key, or how much of one, matched.
@@ -51,8 +52,10 @@ class ApiKeys:
     def allows(self, headers: dict[bytes, bytes]) -> bool:
         """True when the request carries one of the keys (headers: lower-case names, raw values)."""
         offered = _offered_key(headers)
-        if offered is None:
-            return False
+        return offered is not None and self.matches(offered)
+
+    def matches(self, offered: str) -> bool:
+        """True when `offered` is one of the keys (the swarm page's login form sends one)."""
         digest = _digest(offered)
         matched = False
         for known in self._digests:  # no early exit: every key is compared every time

@@ -28,6 +28,7 @@ from .front_door import FrontDoor
 from .generate import GENERATE_ROUTES, mount_generate
 from .imaging import Decoder
 from .kserve import INFER_ROUTES, mount_kserve
+from .login import PageSessions, mount_login
 from .openai_api import OPENAI_ROUTES, mount_openai
 from .ops import mount_ops
 from .page import mount_page
@@ -56,8 +57,7 @@ def create_app(service: Service) -> FastAPI:
     install_native_errors(app, activity)
     # Outermost: the access log and request ids, then API keys, every status counted, quiet disconnects,
     # bugs answered as JSON 500.
-    app.add_middleware(FrontDoor, keys=ApiKeys(settings.api_keys), metrics=metrics)
-    app.add_middleware(AccessLog, enabled=settings.access_log)
+    add_front_door(app, service)
     slots = BodySlots(settings.max_body_reads, metrics.body_reads)
     decoder = Decoder(service.router.config.image_size, settings.max_image_pixels, metrics.decoding)
     app.state.decoder = decoder  # server.py closes its threads
@@ -84,8 +84,7 @@ def _generation_app(service: Service) -> FastAPI:
         "OpenAI-compatible APIs.",
     )
     install_native_errors(app, activity)
-    app.add_middleware(FrontDoor, keys=ApiKeys(settings.api_keys), metrics=metrics)
-    app.add_middleware(AccessLog, enabled=settings.access_log)
+    add_front_door(app, service)
     slots = BodySlots(settings.max_body_reads, metrics.body_reads)
     app.state.decoder = None  # no images to decode
     mount_ops(app, service)
@@ -94,6 +93,15 @@ def _generation_app(service: Service) -> FastAPI:
     mount_openai(app, service, slots)
     mount_wrong_family(app, (*IMAGE_ROUTES, *TEXT_ROUTES, *INFER_ROUTES), FOR_DECODER)
     return app
+
+
+def add_front_door(app: FastAPI, service: Service) -> None:
+    """API keys (and the swarm page's login, whose cookie stands in for one on the page), every status
+    counted, then the access log outside it."""
+    keys, sessions = ApiKeys(service.settings.api_keys), PageSessions()
+    app.add_middleware(FrontDoor, keys=keys, metrics=service.metrics, sessions=sessions)
+    app.add_middleware(AccessLog, enabled=service.settings.access_log)
+    mount_login(app, keys, sessions)
 
 
 def mount_wrong_family(app: FastAPI, paths: Iterable[str], detail: str) -> None:

@@ -1,4 +1,5 @@
-"""The outermost layer of the coordinator's app: API keys, every status counted, disconnects, bugs.
+"""The outermost layer of the coordinator's app: API keys (or the page's login cookie), every status
+counted, disconnects, bugs.
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware): it sees each request before any
 route reads its body, so a request without a valid key is refused before a byte of its body is
@@ -17,6 +18,7 @@ from ..metrics import CoordinatorMetrics
 from ..settings import OPEN_PATHS, OPEN_PREFIXES
 from .api_keys import ApiKeys
 from .guarded_h11 import TIMED_OUT
+from .login import PageSessions
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +32,22 @@ class FrontDoor:
         app: ASGIApp,
         keys: ApiKeys,
         metrics: CoordinatorMetrics,
+        sessions: PageSessions,
         open_paths: frozenset[str] = frozenset(OPEN_PATHS),
     ) -> None:
         self.app = app
         self.keys = keys
+        self.sessions = sessions  # the swarm page's login cookie, in place of a key for the page
         self.metrics = metrics
         self.open_paths = open_paths
 
     def _keyed(self, path: str) -> bool:
         return path not in self.open_paths and not path.startswith(OPEN_PREFIXES)
+
+    def _refusal(self, path: str, headers: dict[bytes, bytes]) -> str | None:
+        if not self.keys.enabled or not self._keyed(path) or self.sessions.admits(path, headers):
+            return None
+        return self.keys.refusal(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,8 +55,11 @@ class FrontDoor:
             return
         exchange = _Exchange(scope, receive, send)
         try:
-            refusal = self.keys.refusal(exchange.headers) if self.keys.enabled and self._keyed(scope["path"]) else None
-            if refusal is not None:
+            refusal = self._refusal(scope["path"], exchange.headers)
+            if refusal is not None and _browser_opening_the_page(scope, exchange.headers):
+                scope[REFUSED] = True
+                await exchange.redirect("/login")
+            elif refusal is not None:
                 scope[REFUSED] = True
                 await exchange.answer(401, "unauthorized", refusal, bearer=True)
             else:
@@ -93,6 +105,11 @@ class _Exchange:
                 message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
         await self._send(message)
 
+    async def redirect(self, location: str) -> None:
+        headers = [(b"location", location.encode()), (b"content-length", b"0")]
+        await self.send({"type": "http.response.start", "status": 303, "headers": headers})
+        await self._send({"type": "http.response.body", "body": b""})
+
     async def answer(self, status: int, error: str, detail: str, bearer: bool = False) -> None:
         body = json.dumps({"error": error, "detail": detail}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -100,6 +117,11 @@ class _Exchange:
             headers.append((b"www-authenticate", b"Bearer"))
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body})
+
+
+def _browser_opening_the_page(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    """A browser's GET of the page without a key: sent to the login form, not shown JSON."""
+    return scope["path"] == "/" and scope["method"] == "GET" and b"text/html" in headers.get(b"accept", b"")
 
 
 def _endpoint(scope: Scope) -> str:
