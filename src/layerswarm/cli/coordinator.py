@@ -67,6 +67,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--no-state-file", action="store_true", help="do not remember peers across restarts")
     add_http_limit_flags(f)
     add_security_flags(f)
+    f.add("--insecure", "insecure", action="store_true")
 
 
 def add_http_limit_flags(f: SettingsFlags) -> None:

@@ -47,6 +47,7 @@ def register(sub: Subparsers) -> None:
     f.add("--mdns-interface", "mdns_interfaces", action="append")
     f.add("--grace", "grace_s", type=float)
     add_security_flags(f, relay=True)
+    f.add("--insecure", "insecure", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import uvicorn
 
 from .http.app import create_app
 from .http.guarded_h11 import guarded_protocol
+from .http.ops import insecure_notice
 from .process import Coordinator
 from .settings import CoordinatorSettings
 
@@ -23,6 +24,8 @@ SPARE_FILES = 256  # descriptors beyond the HTTP connections: gRPC channels to n
 async def serve(settings: CoordinatorSettings) -> None:
     listener = _listen(settings.http_host, settings.http_port)  # first: a taken port is a one-line error
     coordinator = Coordinator(settings)
+    if (notice := insecure_notice(settings)) is not None:
+        log.warning("%s", notice)
     await coordinator.start()
     app = create_app(coordinator)
     _ensure_file_limit(settings.max_connections + SPARE_FILES)

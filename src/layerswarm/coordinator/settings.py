@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from layerswarm.wire.exposure import INSECURE_HELP, exposure_problem
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
@@ -175,6 +176,7 @@ class CoordinatorSettings(ProcessSettings):
     tls_key: Path | None = None
     tls_ca: Path | None = None
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
+    insecure: bool = Field(default=False, description=INSECURE_HELP)
     state_file: Path | None = Field(
         default=None,
         description="where to remember the last known peers, looked at first after a restart (hints only; none "
@@ -184,6 +186,13 @@ class CoordinatorSettings(ProcessSettings):
     mdns_settle_s: float = Field(default=1.5, ge=0)  # with mDNS the first round lasts at least this long
 
     _security = model_validator(mode="before")(security_from_files)
+
+    @model_validator(mode="after")
+    def _exposed_needs_a_secret(self) -> CoordinatorSettings:
+        problem = exposure_problem(self.http_host, self.security, self.insecure, "--http-host")
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _relay_needs_token(self) -> CoordinatorSettings:

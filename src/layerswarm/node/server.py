@@ -19,6 +19,7 @@ from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.config import ViTConfig
 from layerswarm.wire.auth import NodeAuthenticator
 from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
+from layerswarm.wire.exposure import insecure_notice
 from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
@@ -108,6 +109,8 @@ class Node:
         if self.port == 0:
             raise OSError(f"could not bind {s.host}:{s.port}")
         await self.server.start()
+        if (notice := insecure_notice(s.host, s.security, s.insecure)) is not None:
+            log.warning("%s", notice)
         for service in ("", HEALTH_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if s.metrics_port is not None:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from layerswarm.wire.exposure import INSECURE_HELP, exposure_problem
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
@@ -55,8 +56,16 @@ class NodeSettings(ProcessSettings):
     tls_relay_cert: Path | None = None  # the node's client certificate towards the next node of a chain
     tls_relay_key: Path | None = None
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
+    insecure: bool = Field(default=False, description=INSECURE_HELP)
 
     _security = model_validator(mode="before")(security_from_files)
+
+    @model_validator(mode="after")
+    def _exposed_needs_a_secret(self) -> NodeSettings:
+        problem = exposure_problem(self.host, self.security, self.insecure, "--host")
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @field_validator("device")
     @classmethod
