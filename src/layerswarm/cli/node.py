@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from layerswarm.node.settings import NodeSettings
-from layerswarm.wire.memory import keep_large_buffers
+from layerswarm.wire.memory import few_arenas, keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, UsageError, add_command, ensure_can_listen, load_settings
 from .security import add_security_flags
@@ -41,6 +41,11 @@ def register(sub: Subparsers) -> None:
         "forward relay chains with a Relay call per chain, not over one long-lived stream per next node",
         action="store_false",
     )
+    f.add("--max-calls", "max_calls", type=int)
+    f.add("--max-calls-per-peer", "max_calls_per_peer", type=int)
+    f.add("--max-stranger-calls", "max_stranger_calls", type=int)
+    f.add("--max-stranger-calls-per-peer", "max_stranger_calls_per_peer", type=int)
+    f.add("--stranger-rate", "stranger_rate", type=float)
     f.add("--metrics-port", "metrics_port", type=int)
     f.add("--no-advertise", "advertise", "do not announce over mDNS (static peers only)", action="store_false")
     f.add("--advertise-address", "advertise_address")
@@ -66,4 +71,5 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
+    few_arenas()  # what a stranger's flood left freed goes back to the kernel (wire/memory.py)
     return serve(settings)

@@ -38,6 +38,20 @@ class NodeSettings(ProcessSettings):
     # about half a millisecond more a hop on loopback).
     relay_streams: bool = True
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # What a peer can hold at once (node/guard.py): decided before any of its messages is read.
+    max_calls: int = Field(default=1024, ge=1, description="calls (and streams) at once, from everyone")
+    max_calls_per_peer: int = Field(
+        default=256, ge=1, description="calls at once from one address with swarm credentials (and per connection)"
+    )
+    max_stranger_calls: int = Field(
+        default=16, ge=1, description="calls at once without swarm credentials (health, Info), from everyone"
+    )
+    max_stranger_calls_per_peer: int = Field(
+        default=4, ge=1, description="calls at once without swarm credentials from one address"
+    )
+    stranger_rate: float = Field(
+        default=10.0, gt=0, description="calls a second without swarm credentials from one address (bursts of twice)"
+    )
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
     advertise: bool = True  # mDNS (DNS-SD) announcement
     advertise_address: str | None = Field(

@@ -191,6 +191,15 @@ class NodeAuthenticator:
         self.replay.admit(nonce, int(ts), self.now_ms())  # only after the MAC: strangers fill no cache
         return nonce
 
+    def signed_by_us(self, method: str, header: str) -> bool:
+        """Whether `header` was made with our swarm key for `method`, whatever its challenge, clock or
+        nonce: a holder of the token (a coordinator that has not seen our restart yet), not a stranger."""
+        parts = header.split(".")
+        if len(parts) != 5 or parts[0] != VERSION or not valid_clock(parts[2]) or not valid_nonce(parts[3]):
+            return False
+        _, challenge, ts, nonce, mac = parts
+        return hmac.compare_digest(mac, call_mac(self.key, method, challenge, int(ts), nonce))
+
     def challenge_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((CHALLENGE_KEY, self.challenge), (TIME_KEY, str(self.now_ms())))
 
