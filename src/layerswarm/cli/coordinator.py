@@ -77,6 +77,8 @@ def add_http_limit_flags(f: SettingsFlags) -> None:
     f.add("--max-connections", "max_connections", type=int)
     f.add("--header-timeout", "header_timeout_s", type=float)
     f.add("--body-timeout", "body_timeout_s", type=float)
+    f.add("--write-timeout", "write_timeout_s", type=float)
+    f.add("--max-header-bytes", "max_header_bytes", type=int)
     f.add("--api-key-file", "api_keys", type=api_keys)
 
 

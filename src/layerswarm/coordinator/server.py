@@ -39,6 +39,8 @@ async def serve(settings: CoordinatorSettings) -> None:
             settings.body_timeout_s,
             settings.max_connections,
             on_close=lambda reason: counter.labels(reason).inc(),
+            write_timeout_s=settings.write_timeout_s,
+            max_header_bytes=settings.max_header_bytes,
         ),
         log_level="warning",
         lifespan="off",

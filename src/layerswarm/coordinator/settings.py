@@ -161,6 +161,14 @@ class CoordinatorSettings(ProcessSettings):
     )
     header_timeout_s: float = Field(default=10.0, gt=0, description="seconds for a client's request line and headers")
     body_timeout_s: float = Field(default=30.0, gt=0, description="seconds for a client to send a whole request body")
+    write_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds for a client to read a response once its socket stopped taking bytes; then dropped",
+    )
+    max_header_bytes: int = Field(
+        default=16384, ge=1024, description="largest request line and headers (counted across reads); past it: 431"
+    )
     max_connections: int = Field(default=512, ge=1, description="open HTTP connections; past this a new one gets 503")
     # Each body read holds up to max_upload_bytes in memory.
     max_body_reads: int = Field(default=16, ge=1, description="request bodies read at once")
