@@ -43,6 +43,8 @@ def register(sub: Subparsers) -> None:
     f.add("--exit-threshold", "exit_threshold", type=float)
     f.add("--verify-probation", "verify_probation", type=int)
     f.add("--verify-on", "verify_on", choices=CHOICES["verify_on"])
+    f.add("--verify-decisive", "verify_decisive", type=int)
+    f.add("--verify-contest", "verify_contest_s", type=float)
     f.add("--conviction-cooldown", "conviction_cooldown_s", type=float)
     f.add(
         "--no-verify-deferred",

@@ -101,9 +101,21 @@ class CoordinatorSettings(ProcessSettings):
     verify_probation: int = Field(default=2, ge=0, description="hops of each new node always re-executed")
     verify_on: str = Field(
         default="auto",
-        description="where checked hops are re-executed: coordinator (its verified copy), peers (replicas "
-        "with the same weights hash, majority of two; the coordinator breaks ties), auto (the coordinator "
-        "when it holds the model, else peers)",
+        description="where checked hops are re-executed: coordinator (its verified copy), peers (a replica "
+        "with the same weights hash; a disagreement is decided by the coordinator's copy, or without one the "
+        "weights are contested), auto (the coordinator when it holds the model, else peers)",
+    )
+    verify_decisive: int = Field(
+        default=1,
+        ge=0,
+        description="hops of each answer that moved its prediction most, re-executed (on the coordinator's "
+        "copy where it holds one) before the answer is returned: a lie that changes an answer is checked on it",
+    )
+    verify_contest_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds no replica of weights is routed to after replicas disagreed where this "
+        "coordinator holds no copy to tell which one lies",
     )
     verify_deferred: bool = Field(
         default=True,

@@ -21,6 +21,8 @@ Modes (MODE):
   noise             Gaussian noise with the real output's mean and std (passes a magnitude filter)
   other-block       the output of block K (--fault-block, default: the next index) of the same model
   overflow          finite values of +-65000 (near the fp16 limit: the next hop would overflow)
+  push              a subtle, targeted liar: the class token moved toward class 0 (the head's own
+                    direction for it), every token's mean and std kept (passes range filters)
   A broken device (the honest servicer's own output check must catch it):
   runtime-overflow  the block computes values 1e6 times too large; the node answers INTERNAL
 --fault-after N: answer honestly for the first N requests, then misbehave (a node that passes a
@@ -49,6 +51,7 @@ from layerswarm.models.checkpoint import (
     MANIFEST,
     block_file,
     load_block,
+    load_stem_head,
     read_manifest,
     rehash_model_dir,
 )
@@ -60,9 +63,19 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 MALFORMED_MODES = ("nan", "shape", "dtype")
-ROGUE_MODES = ("zeros", "noise", "other-block", "overflow")
+ROGUE_MODES = ("zeros", "noise", "other-block", "overflow", "push")
 MODES = ("none", *MALFORMED_MODES, *ROGUE_MODES, "runtime-overflow")
 OVERFLOW_VALUE = 65000.0  # finite in fp16 (limit 65504); any residual block adds to it and overflows
+PUSH = 1.5  # push mode: the class token moved this many of its own std toward the target class
+
+
+def pushed(out: torch.Tensor, toward: torch.Tensor, strength: float = PUSH) -> torch.Tensor:
+    """(B, T, D) -> the same with the class token moved along `toward` (D,), its mean and std kept."""
+    cls = out[:, 0]
+    mean, std = cls.mean(-1, keepdim=True), cls.std(-1, keepdim=True)
+    moved = cls + strength * std * toward / toward.std()
+    moved = (moved - moved.mean(-1, keepdim=True)) / moved.std(-1, keepdim=True) * std + mean
+    return torch.cat([moved[:, None], out[:, 1:]], dim=1)
 
 
 @dataclass(frozen=True)
@@ -95,10 +108,18 @@ class FaultyService(BlockService):
     """The real servicer, then the lie: tampering happens after the node's own output check, as a
     modified node would do it."""
 
-    def __init__(self, *args: object, spec: FaultSpec, other: torch.nn.Module | None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        spec: FaultSpec,
+        other: torch.nn.Module | None,
+        toward: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fault = spec
         self.other = other
+        self.toward = toward  # push mode: the head's direction for the target class
         self.answered = 0
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
@@ -131,6 +152,9 @@ class FaultyService(BlockService):
             fake = torch.randn_like(real) * real.std() + real.mean()
         elif mode == "overflow":
             fake = torch.where(real >= 0, OVERFLOW_VALUE, -OVERFLOW_VALUE)
+        elif mode == "push":
+            assert self.toward is not None
+            fake = pushed(real, self.toward)
         else:  # other-block: a genuine block's output, just not the one this node claims to run
             assert self.other is not None
             x = codec.decode(request.activations).float()
@@ -168,8 +192,18 @@ class FaultyNode(Node):
             depth = self.manifest.config.depth
             index = self.fault.other_block if self.fault.other_block is not None else (self.settings.block + 1) % depth
             other = load_block(self.settings.model_dir, index, self.manifest)
+        toward = None
+        if self.fault.mode == "push":  # the model's own head says which way class 0 lies
+            toward = load_stem_head(self.settings.model_dir, self.manifest)[1].classifier.weight[0].detach()
         return FaultyService(
-            self.runtime, self.settings, self.metrics, self.boot_id, self.relayer, spec=self.fault, other=other
+            self.runtime,
+            self.settings,
+            self.metrics,
+            self.boot_id,
+            self.relayer,
+            spec=self.fault,
+            other=other,
+            toward=toward,
         )
 
 

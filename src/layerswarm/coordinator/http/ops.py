@@ -37,6 +37,8 @@ def mount_ops(app: FastAPI, service: Service) -> None:
             "reason": reason,
             # Served beyond loopback without a swarm token or TLS (--insecure): membership is unauthenticated.
             "insecure": insecure_notice(service.settings),
+            # Weights whose replicas disagreed where the coordinator holds no copy: routed to by nobody for now.
+            "contested": service.registry.contested_view(),
             "nodes": service.registry.snapshot(),
         }
 

@@ -189,7 +189,7 @@ class Router:
             path = await self.relay.run(x, plan, request, route_id, rng)  # no per-hop exit inside a chain
         else:
             early_exit = RouteExit(exit_policy, head) if exit_policy is not None else None
-            path = await self.executor.run(x, plan, request, route_id, rng, early_exit)
+            path = await self.executor.run(x, plan, request, route_id, rng, early_exit, head=head)
         if self.topology is not None:
             self.topology.observe(topology, (time.monotonic() - started) * 1e3, path.depth)
         if netplan is not None:
