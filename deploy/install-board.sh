@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install layerswarm on new devices over ssh, without root: a 64-bit Raspberry Pi OS board, a Jetson, any
 # Linux with Python >= 3.10 (and python3-venv). On each device, under the login's home:
-#   ~/layerswarm/venv    a venv with the runtime only, layerswarm[node] (no training or test tools)
+#   ~/layerswarm/venv    a venv with the lean node, layerswarm[node]: the numpy engine, no torch (a node
+#                        in about 80 MB of RAM on a CPU board), no training or test tools
 #   lingering on         `loginctl enable-linger`: its user services (the nodes) start at boot
 # Then deploy/push-nodes.sh pushes blocks and starts nodes (push-nodes.sh --install runs this first).
 #
@@ -11,9 +12,11 @@
 # Environment:
 #   SSH_USER, SSH_OPTS  as for push-nodes.sh (default login: yours; a HOST may be USER@HOST)
 #   WHEEL        a layerswarm wheel to install (default: built here from this checkout, pip wheel)
-#   PIP_ARGS     more pip options on the device: "--no-index --find-links /home/pi/wheels" offline; x86
-#                device, "--index-url https://download.pytorch.org/whl/cpu --extra-index-url
-#                https://pypi.org/simple" for CPU torch (PyPI's x86 torch brings CUDA)
+#   EXTRAS       what to install with it (default: node, the lean node); node,torch adds torch for the torch
+#                engine (a Jetson's CUDA: with VENV_ARGS=--system-site-packages JetPack's torch satisfies it)
+#   PIP_ARGS     more pip options on the device: "--no-index --find-links /home/pi/wheels" offline; with
+#                EXTRAS=node,torch on an x86 device, "--index-url https://download.pytorch.org/whl/cpu
+#                --extra-index-url https://pypi.org/simple" for CPU torch (PyPI's x86 torch brings CUDA)
 #   VENV_ARGS    more venv options: --system-site-packages keeps the system's torch (a Jetson's CUDA build)
 #   PYTHON       the Python that builds the wheel here (default: python3)
 #   DRY_RUN=1    print what would be done
@@ -32,6 +35,8 @@ fi
 read -r -a ssh_opts <<< "${SSH_OPTS:-}"
 read -r -a pip_args <<< "${PIP_ARGS:-}"
 read -r -a venv_args <<< "${VENV_ARGS:-}"
+extras="${EXTRAS:-node}"
+case "$extras" in *[!a-z,]*) die "EXTRAS=$extras: extras are names like node or node,torch" ;; esac
 
 wheel="${WHEEL:-}"
 if [ -z "$wheel" ] && [ -z "${DRY_RUN:-}" ]; then
@@ -53,7 +58,7 @@ set -eu
 fail() { echo "$*" >&2; exit 3; }
 case "$(uname -m)" in
   aarch64|arm64|x86_64) ;;
-  *) fail "$(uname -m) is a 32-bit system: torch needs a 64-bit OS (Raspberry Pi OS 64-bit)" ;;
+  *) fail "$(uname -m) is a 32-bit system: layerswarm's wheels (numpy, grpcio) need a 64-bit OS (Raspberry Pi OS 64-bit)" ;;
 esac
 command -v python3 >/dev/null || fail "no python3 (sudo apt install python3 python3-venv)"
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || fail "$(python3 -V) is older than 3.10"
@@ -64,7 +69,7 @@ if [ ! -x "$venv/bin/python" ]; then
     || fail "python3 -m venv failed (Debian, Raspberry Pi OS: sudo apt install python3-venv)"
 fi
 wheel="$HOME/layerswarm/dist/$wheel_name"
-"$venv/bin/python" -m pip install -q ${pip_args[@]+"${pip_args[@]}"} "${wheel}[node]" </dev/null
+"$venv/bin/python" -m pip install -q ${pip_args[@]+"${pip_args[@]}"} "${wheel}[${extras}]" </dev/null
 # The same version number again is "already satisfied": put this wheel's code in place all the same.
 [ -z "$had_layerswarm" ] || "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" </dev/null
 "$venv/bin/layerswarm" node --help </dev/null >/dev/null || fail "the installed layerswarm does not start (above)"
@@ -73,12 +78,12 @@ loginctl enable-linger "$(id -un)" </dev/null \
 echo "layerswarm installed in $venv ($("$venv/bin/python" -c 'import platform; print(platform.python_version())'), $(uname -m))"
 REMOTE
 )"
-settings="$(declare -p wheel_name pip_args venv_args)"
+settings="$(declare -p wheel_name pip_args venv_args extras)"
 
 status=0
 for host in "$@"; do
   case "$host" in *@*) target="$host" ;; *) target="$ssh_user@$host" ;; esac
-  echo "== $target: install layerswarm[node] from $wheel_name"
+  echo "== $target: install layerswarm[$extras] from $wheel_name"
   if [ -n "${DRY_RUN:-}" ]; then
     echo "+ ssh ${SSH_OPTS:-} $target 'mkdir -p ~/layerswarm/dist && cat > ~/layerswarm/dist/$wheel_name' < WHEEL"
     echo "+ ssh ${SSH_OPTS:-} $target bash -s <<< '$settings; <venv, pip install, enable-linger>'"

@@ -68,7 +68,7 @@ def model_path(spec: str, flag: str = "--model-dir") -> Path:
         try:
             from layerswarm.models.zoo import resolve  # noqa: PLC0415 - optional: plans of plain paths need no install
         except ImportError:
-            raise PlanError(f"{flag} {spec}: zoo: names need layerswarm installed (pip install -e .)") from None
+            raise PlanError(f"{flag} {spec}: zoo: names need layerswarm installed (pip install -e '.[node]')") from None
         try:
             path = resolve(spec)
         except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Boards for tests/test_home_lan.py: lab hosts (harness/netlab.py) that look like a fresh Raspberry Pi
+"""Boards for tests/deploy/test_home_lan.py: lab hosts (harness/netlab.py) that look like a fresh Raspberry Pi
 OS board to the deploy tools. Each has its own network and mount namespaces; in the latter, its own
 /home (the login `pi`, uid 4242, with an authorized key), /etc/passwd, /etc/group and /etc/shadow that
 know `pi`, a private /run, and the distribution's OpenSSH server listening on its LAN address.

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from layerswarm.models.checkpoint import Lineage, save_model
-from layerswarm.models.config import ViTConfig
-from layerswarm.models.vit import ViT
+if TYPE_CHECKING:
+    from layerswarm.models.config import ViTConfig
+    from layerswarm.models.vit import ViT
+
+# torch and the models are imported where used: CI runs the tests that need no torch under Python 3.10 with
+# the torch-free node install (.ci/run), and this file is loaded for every test.
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -27,6 +30,8 @@ TINY = {"image_size": 16, "patch_size": 8, "dim": 32, "depth": 3, "heads": 2, "n
 
 
 def tiny_config(variant: str = "layershuffle", **overrides: object) -> ViTConfig:
+    from layerswarm.models.config import ViTConfig
+
     return ViTConfig(**{**TINY, "variant": variant, "class_names": ("a", "b", "c", "d"), **overrides})  # type: ignore
 
 
@@ -34,6 +39,11 @@ def make_model_dir(
     path: Path, variant: str = "layershuffle", seed: int = 0, parent: tuple[ViT, str] | None = None, **overrides: object
 ) -> Path:
     """A model directory with random weights; with `parent`, a fine-tuned-looking sibling (same family)."""
+    import torch
+
+    from layerswarm.models.checkpoint import Lineage, save_model
+    from layerswarm.models.vit import ViT
+
     torch.manual_seed(seed)
     model = ViT(tiny_config(variant, **overrides))
     if parent is None:

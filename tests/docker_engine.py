@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -134,27 +135,60 @@ def stop(engine: Engine, timeout: float = 30.0) -> None:
     shutil.rmtree(engine.home, ignore_errors=True)
 
 
-PREPARE = "run deploy/offline/prepare.sh first (it needs the Debian mirror and the package index)"
+PREPARE = "run ARM64=1 deploy/offline/prepare.sh first (it needs the Debian mirror and the package index)"
 
 
-def base_tarball() -> Path:
-    tarball = CACHE / "base-bookworm.tar"
+def base_tarball(arch: str = "amd64") -> Path:
+    tarball = CACHE / ("base-bookworm.tar" if arch == "amd64" else f"base-bookworm-{arch}.tar")
     if not tarball.is_file():
         raise EngineUnavailable(f"no base image tarball at {tarball}: {PREPARE}")
     return tarball
 
 
-def import_base_image(engine: Engine) -> None:
-    """Import the debootstrap base image from the tarball deploy/offline/prepare.sh keeps in the cache."""
-    tarball = base_tarball()
-    engine.docker(
-        "import",
-        "--change=ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "--change=ENV LANG=C.UTF-8",
-        str(tarball),
-        BASE_IMAGE,
-        timeout=300,
-    )
+def import_base_image(engine: Engine, arch: str = "amd64") -> None:
+    """Load the debootstrap base image from the tarball deploy/offline/prepare.sh keeps in the cache, as an
+    image archive labelled with its architecture (deploy/offline/image_archive.py; `docker import` would
+    label an arm64 root file system amd64)."""
+    tarball = base_tarball(arch)
+    script = ROOT / "deploy" / "offline" / "image_archive.py"
+    with subprocess.Popen(
+        [sys.executable, str(script), str(tarball), base_image(arch), arch], stdout=subprocess.PIPE
+    ) as archive:
+        loaded = subprocess.run(
+            [docker_cli(), "load"], stdin=archive.stdout, capture_output=True, env=engine.env, timeout=300, check=False
+        )
+    if archive.returncode != 0 or loaded.returncode != 0:
+        raise RuntimeError(f"loading {tarball} as {base_image(arch)} failed: {loaded.stderr.decode()[-1000:]}")
+
+
+def base_image(arch: str = "amd64") -> str:
+    return BASE_IMAGE if arch == "amd64" else f"{BASE_IMAGE}-{arch}"
+
+
+def node_image(arch: str = "amd64") -> str:
+    """The lean node image (deploy/Dockerfile.node) for `arch`."""
+    return "layerswarm:node" if arch == "amd64" else f"layerswarm:node-{arch}"
+
+
+def node_wheelhouse(machine: str = "x86_64") -> Path:
+    """The lean node's wheelhouse (no torch) for `machine` (x86_64, aarch64)."""
+    path = ROOT / (".wheelhouse-node" if machine == "x86_64" else f".wheelhouse-node-{machine}")
+    if not any(path.glob("numpy-*.whl")):
+        raise EngineUnavailable(f"no lean node wheelhouse at {path}: {PREPARE}")
+    return path
+
+
+def why_no_arm64() -> str | None:
+    """Why arm64 programs cannot run here, or None: qemu-aarch64 must be registered with binfmt_misc's
+    F flag (deploy/offline/enable-arm64-emulation.sh), so containers need no copy of the interpreter."""
+    entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    try:
+        flags = next((line for line in entry.read_text().splitlines() if line.startswith("flags:")), "")
+    except OSError:
+        return "qemu-aarch64 is not registered with binfmt_misc (deploy/offline/enable-arm64-emulation.sh)"
+    if "F" not in flags.split(":", 1)[1]:
+        return "qemu-aarch64 is registered without the F flag (deploy/offline/enable-arm64-emulation.sh)"
+    return None
 
 
 def wheelhouse() -> Path:

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Make a wheelhouse for offline image builds: every wheel an image installs (layerswarm's runtime
-# dependencies from pyproject.toml, torch at constraints.txt's pin, the build backend), nothing else:
-# no dev or training extras.
+# dependencies from pyproject.toml, plus the extras named in EXTRAS, torch at constraints.txt's pin, the
+# build backend), nothing else: no dev or training extras.
 #
-#   deploy/offline/make-wheelhouse.sh .wheelhouse          # CPU image: linux x86_64, Python 3.11
-#   ARCH=aarch64 PYTHON_VERSION=3.10 TORCH=no deploy/offline/make-wheelhouse.sh .wheelhouse-jetson
+#   deploy/offline/make-wheelhouse.sh .wheelhouse          # CPU image (EXTRAS=coordinator: torch, HTTP)
+#   EXTRAS='' deploy/offline/make-wheelhouse.sh .wheelhouse-node                   # the lean node image
+#   EXTRAS='' ARCH=aarch64 deploy/offline/make-wheelhouse.sh .wheelhouse-node-aarch64   # ... for arm64
+#   EXTRAS='' ARCH=aarch64 PYTHON_VERSION=3.10 deploy/offline/make-wheelhouse.sh .wheelhouse-jetson
 #                                                          # Jetson (JetPack 6): torch is the base image's
 #   docker build ... --build-arg WHEELHOUSE=.wheelhouse    # the directory must be inside the build context
 #
@@ -17,15 +19,28 @@ out="${1:-.wheelhouse}"
 arch="${ARCH:-x86_64}"
 py="${PYTHON_VERSION:-3.11}"
 with_torch="${TORCH:-yes}"
+extras="${EXTRAS-coordinator}"
 mkdir -p "$out"
 reqfile="$(mktemp)"
 trap 'rm -f "$reqfile"' EXIT
 # Runtime requirements straight from pyproject.toml, so the wheelhouse cannot drift from it.
-python3 - "$with_torch" >"$reqfile" <<'PY'
-import sys, tomllib
+python3 - "$with_torch" "$extras" >"$reqfile" <<'PY'
+import re, sys, tomllib
 with open("pyproject.toml", "rb") as f:
-    deps = tomllib.load(f)["project"]["dependencies"]
-keep_torch = sys.argv[1] == "yes"
+    project = tomllib.load(f)["project"]
+keep_torch, wanted = sys.argv[1] == "yes", [e for e in sys.argv[2].split(",") if e]
+deps, seen = list(project["dependencies"]), set()
+while wanted:  # an extra may name others of this project (coordinator -> torch)
+    extra = wanted.pop()
+    if extra in seen:
+        continue
+    seen.add(extra)
+    for dep in project["optional-dependencies"][extra]:
+        inner = re.fullmatch(r"layerswarm\[(.+)\]", dep)
+        if inner:
+            wanted.extend(inner.group(1).split(","))
+        else:
+            deps.append(dep)
 print("\n".join(d for d in deps if keep_torch or not d.startswith("torch")))
 print("setuptools>=69\nwheel\npip")
 PY

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from layerswarm.coordinator import CHOICES, ClassifyOptions, Coordinator, CoordinatorSettings, Policy
+from layerswarm.coordinator.routing.topology import MIN_SAMPLES
 from layerswarm.harness.netlab import Host, NetLab
 from layerswarm.harness.netns import in_private_netns
 from layerswarm.harness.procs import Proc, node_address, node_cmd, spawn_many, stop_all
@@ -74,6 +75,7 @@ def start_nodes(
 
 WIRES = ("fp16", "int8", "auto")  # auto: int8 or fp16 per link, from measured link costs
 PER_CALL = "relay_per_call_fp16"  # relay chains whose nodes forward with a Relay call per chain
+AUTO_TOPOLOGY = "auto_topology_fp16"  # the default --topology auto: star or relay per request, as measured
 
 
 def wires() -> list[str]:
@@ -141,11 +143,21 @@ async def interleaved(
                     extras[name].append(dict(result.path.network))
                 if rep >= 2 and name.endswith("_auto"):  # what auto chose, hop by hop
                     extras[name].append({"wires": sorted({str(h.wire) for h in result.path.hops})})
+                if rep >= 2 and name == AUTO_TOPOLOGY:  # which topology auto ran this request on
+                    extras[name].append({"topology": result.path.topology})
                 if rep >= 2 and name.startswith("relay_"):
                     extras[name].append(_relay_split(result.path.hops, elapsed))
             if rep >= 2:
                 samples[name].append(elapsed)
     return samples, extras
+
+
+async def settle_auto(coord: Coordinator, images: torch.Tensor) -> None:
+    """auto's first requests try each topology MIN_SAMPLES times: run them before measuring, so the figure
+    is the steady state of a swarm that has served a few requests (its 5% exploration included)."""
+    opts = ClassifyOptions(policy=Policy.SEQUENTIAL, exit_rule="none")
+    for _ in range(2 * MIN_SAMPLES):
+        await coord.router.classify(images, opts)
 
 
 def _relay_split(hops: list[Any], elapsed_s: float) -> dict[str, float]:
@@ -183,11 +195,13 @@ async def uniform(
                     f"{t}_{w}": coordinator(model, procs, token_file, t, w) for t in ("star", "relay") for w in wires()
                 }
                 coords[PER_CALL] = coordinator(model, per_call, token_file, "relay", "fp16")
+                coords[AUTO_TOPOLOGY] = coordinator(model, procs, token_file, "auto", "fp16")
                 for c in coords.values():
                     await c.start()
                     await c.watch.wait_first_round(30)
                 try:
                     seq = ClassifyOptions(policy=Policy.SEQUENTIAL)
+                    await settle_auto(coords[AUTO_TOPOLOGY], monolith.images)
                     runs = {name: (c, seq) for name, c in coords.items()}
                     samples, extras = await interleaved(runs, monolith, reps, depth)
                 finally:
@@ -195,6 +209,9 @@ async def uniform(
                         await c.stop()
                 row = _uniform_row(mbit, tcp, nbytes, depth, samples)
                 for name, seen in extras.items():
+                    if name == AUTO_TOPOLOGY:  # after the warm-up rounds: exploration included
+                        relayed = sum(e["topology"] == "relay" for e in seen)
+                        row[f"{name}_relay_share"] = round(relayed / len(seen), 3) if seen else None
                     if name.endswith("_auto"):
                         row[f"{name}_chose"] = sorted({w for e in seen for w in e.get("wires", [])})
                     if name in ("relay_fp16", PER_CALL):
@@ -220,7 +237,7 @@ def _uniform_row(mbit: int, tcp: float, nbytes: int, depth: int, samples: Sample
         "bound_at_raw_tcp_ms": round(bound_tcp, 3),
         "reps": len(samples["compute"]),
     }
-    for name in (*(f"{t}_{w}" for t in ("star", "relay") for w in wires()), PER_CALL):
+    for name in (*(f"{t}_{w}" for t in ("star", "relay") for w in wires()), PER_CALL, AUTO_TOPOLOGY):
         row[f"{name}_ms"] = median_ms(samples[name])
         row[f"{name}_over_bound"] = round(row[f"{name}_ms"] / bound, 3)
     row["relay_per_call_over_streams"] = round(row[f"{PER_CALL}_ms"] / row["relay_fp16_ms"], 3)
@@ -358,6 +375,19 @@ def render(r: dict[str, Any]) -> str:
             f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} "
             f"| {u['relay_fp16_over_bound']} | {u[f'{PER_CALL}_over_bound']} | {u['relay_per_call_over_streams']} "
             f"| {split['relay_fp16']} | {split[PER_CALL]} |"
+        )
+    lines += [
+        "",
+        "`--topology auto` (the default; fp16): star or relay per request, whichever has measured faster per hop:",
+        "",
+        "| link | TCP slow start after idle | auto / bound | star / bound | relay / bound | share run as relay |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for u in (u for u in r["uniform"] if f"{AUTO_TOPOLOGY}_ms" in u):
+        lines.append(
+            f"| {u['link_mbit']} Mbit/s | {'on (default)' if u['tcp_slow_start_after_idle'] else 'off'} "
+            f"| {u[f'{AUTO_TOPOLOGY}_over_bound']} | {u['star_fp16_over_bound']} | {u['relay_fp16_over_bound']} "
+            f"| {u.get(f'{AUTO_TOPOLOGY}_relay_share')} |"
         )
     m = r["mixed"]
     lines += [

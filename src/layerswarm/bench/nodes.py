@@ -1,5 +1,8 @@
 """Node footprint: a node's memory and start-up time, and what one health probe costs.
 
+Two nodes for the same block, interleaved: on the torch engine and on the numpy engine (`--engine numpy`,
+no torch imported: the lean node of docs/deploy.md).
+
 A node serving a block of the shipped family is timed from spawn to its ready line, then measured from
 /proc: RSS split into anonymous and file-backed pages (file pages, torch's libraries, are shared by every
 node on a host and every container of one image), and PSS. The baseline, measured in the same run and
@@ -76,6 +79,11 @@ def process_memory(pid: int) -> dict[str, float]:
     }
 
 
+def torch_loaded(pid: int) -> bool:
+    """Whether the process mapped torch's library (a lean node must not)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
     """Spawn, wait for the ready line, read memory, probe it (nodes), stop it."""
     started = time.perf_counter()
@@ -84,6 +92,7 @@ def _measure(name: str, cmd: list[str], probe: bool) -> dict[str, Any]:
         figures: dict[str, Any] = {"start_s": time.perf_counter() - started}
         time.sleep(0.5)  # let start-up garbage be freed before reading memory
         figures.update(process_memory(proc.pid))
+        figures["torch_loaded"] = torch_loaded(proc.pid)
         if probe:
             started = time.perf_counter()
             cmd = layerswarm_cmd("probe", "grpc", node_address(proc))
@@ -154,16 +163,19 @@ def node_footprint(reps: int) -> dict[str, Any]:
     member = robust_members(family_root())[0]
     node_cmd = layerswarm_cmd("node", "--model-dir", str(member), "--block", "0", "--port", "0", "--no-advertise")
     nodes: list[dict[str, Any]] = []
+    leans: list[dict[str, Any]] = []
     baselines: list[dict[str, Any]] = []
     bare_s: list[float] = []
     for i in range(reps):  # interleaved: contention from other work hits both alike
-        nodes.append(_measure(f"footprint-node-{i}", node_cmd, probe=True))
+        nodes.append(_measure(f"footprint-node-{i}", [*node_cmd, "--engine", "torch"], probe=True))
+        leans.append(_measure(f"footprint-lean-{i}", [*node_cmd, "--engine", "numpy"], probe=True))
         baselines.append(_measure(f"footprint-torch-{i}", [sys.executable, "-c", TORCH_ONLY], probe=False))
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         bare_s.append(time.perf_counter() - started)
     keys = ("start_s", "rss_mib", "rss_anon_mib", "rss_file_mib", "pss_mib")
     node = {k: _median(nodes, k) for k in keys}
+    lean = {k: _median(leans, k) for k in keys}
     torch_only = {k: _median(baselines, k) for k in keys}
     probe_s = _median(nodes, "probe_s")
     bare = round(statistics.median(bare_s), 3)
@@ -171,6 +183,9 @@ def node_footprint(reps: int) -> dict[str, Any]:
         "block": f"{member.name} block 0",
         "reps": reps,
         "node": node,
+        "lean_node": {**lean, "torch_loaded": any(n["torch_loaded"] for n in leans)},
+        "lean_over_torch_node_rss": round(lean["rss_mib"] / node["rss_mib"], 2),
+        "lean_over_torch_node_start": round(lean["start_s"] / node["start_s"], 2),
         "torch_only_interpreter": torch_only,
         "node_rss_over_torch_only": round(node["rss_mib"] / torch_only["rss_mib"], 2),
         "node_start_over_torch_only": round(node["start_s"] / torch_only["start_s"], 2),

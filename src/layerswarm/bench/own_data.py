@@ -141,7 +141,7 @@ def render(summary: dict[str, Any]) -> str:
 
 def _collapse(family: dict[str, Any]) -> str:
     """The share of its in-order accuracy above chance the baseline keeps in arbitrary order, and whether
-    that is a collapse (models.evaluate.COLLAPSED_AT)."""
+    that is a collapse (training.evaluation.evaluate.COLLAPSED_AT)."""
     kept = kept_above_chance(family["baseline_sequential"], family["baseline_arbitrary"], family["chance"])
     return f"{kept:.2f}, " + ("**collapsed**" if kept <= COLLAPSED_AT else "not collapsed")
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from .edgelan import render as render_edge_lan
 from .grpc_echo import HOP_PARTS
+from .loadbalancer import render as render_load_balancer
 
 
 def render(r: dict[str, Any]) -> str:
@@ -21,6 +22,8 @@ def render(r: dict[str, Any]) -> str:
         ("coordinator_cost_vitb", _coordinator_cost),
         ("vitb_swarm_vs_monolith_ratio", _footer),
         ("node_footprint", lambda r: _node_footprint(r["node_footprint"])),
+        ("decode_node", lambda r: _decode_node(r["decode_node"])),
+        ("load_balancer", lambda r: render_load_balancer(r["load_balancer"])),
         ("adaptive", lambda r: render_adaptive(r["adaptive"])),
         ("edge_lan", lambda r: [render_edge_lan(r["edge_lan"])]),
         ("cuda", _cuda),
@@ -323,3 +326,43 @@ def _node_footprint(f: dict[str, Any]) -> list[str]:
             t = f["imports"]["torch"]
             rows[-1] += f" Of torch's: {t['python_objects_mib']} MiB Python objects of {t['torch_modules']} modules."
     return rows
+
+
+def _decode_node(d: dict[str, Any]) -> list[str]:
+    b = d["block"]
+    title = (
+        f"**One decoder node, generation** (a block {b['dim']} wide, {b['heads']} heads, streams prefilled with "
+        f"{d['prefill_tokens']} tokens, fp16 on the wire, one DecodeStream each; median of {d['steps']} "
+        "steps, interleaved)"
+    )
+    rows = [
+        _row(
+            "1 stream, a step at a time",
+            d["one_stream_step_ms"],
+            d["one_stream_compute_ms"],
+            d["one_stream_tokens_per_s"],
+            "1.00",
+            1,
+        ),
+        _row(
+            f"{d['concurrent_streams']} streams stepping at once",
+            d["concurrent_round_ms"],
+            d["concurrent_round_compute_ms"],
+            d["concurrent_tokens_per_s"],
+            d["throughput_ratio"],
+            d["mean_batched"],
+        ),
+    ]
+    columns = ["streams", "ms per round", "node compute ms", "tokens/s", "x 1 stream", "mean batched"]
+    lines = _table(title, columns, rows)
+    rule = [_row(c["case"], c["ms"]) for c in d["batching_rule"]]
+    last = d["batching_rule"][-1]
+    if "max_abs_diff_vs_row_by_row" in last:
+        rule.append(
+            _row("(padded vs row by row: max abs output difference)", f"{last['max_abs_diff_vs_row_by_row']:.2g}")
+        )
+    lines += [
+        "",
+        *_table("Block compute for 8 streams of different lengths (1 thread, this process)", ["calls", "ms"], rule),
+    ]
+    return lines

@@ -12,7 +12,7 @@ import json
 import secrets
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.wire.memory import keep_large_buffers
 
-from . import activations, adaptive, edgelan, hop, process_ring, shipped, vitb
+from . import activations, adaptive, decode_node, edgelan, hop, loadbalancer, process_ring, shipped, vitb
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .machine import environment
@@ -164,16 +164,29 @@ def run_process_ring(quick: bool) -> dict[str, Any]:
         return process_ring.run(vitb_model_dir(Path(tmp)), 5 if quick else 30)
 
 
+def run_decode_node(quick: bool) -> dict[str, Any]:
+    """One decoder node: a stream's step latency against 16 concurrent streams' throughput."""
+    with tempfile.TemporaryDirectory(prefix="layerswarm-bench-") as tmp:
+        return decode_node.run(Path(tmp), quick)
+
+
+SUITES_ALONE: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
+    "decode-node": ("decode_node", run_decode_node),
+    "load-balancer": ("load_balancer", loadbalancer.run),
+    "adaptive": ("adaptive", run_adaptive),
+    "edge-lan": ("edge_lan", edgelan.run),
+    "process-ring": ("process_ring", run_process_ring),
+}
+
+
 def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     reps = 5 if quick else 20
     report: dict[str, Any] = {"quick": quick, "environment": environment()}
-    if only == "adaptive":
-        report["adaptive"] = run_adaptive(quick)
-        report["seconds"] = round(time.perf_counter() - started, 1)
-        return report
-    if only == "edge-lan":
-        report["edge_lan"] = edgelan.run(quick)
+    alone = SUITES_ALONE.get(only or "")
+    if alone is not None:  # a suite that runs by itself: its report key and what makes it
+        key, suite = alone
+        report[key] = suite(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     if only == "hop":
@@ -185,10 +198,6 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         return report
     if only == "cuda":
         report["cuda"] = run_cuda(quick, reps)
-        report["seconds"] = round(time.perf_counter() - started, 1)
-        return report
-    if only == "process-ring":
-        report["process_ring"] = run_process_ring(quick)
         report["seconds"] = round(time.perf_counter() - started, 1)
         return report
     if only == "wire":
@@ -212,6 +221,8 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     report["concurrency"] = _run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
     report["adaptive"] = run_adaptive(quick)
     report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
+    report["decode_node"] = run_decode_node(quick)
+    report["load_balancer"] = loadbalancer.run(quick)
     report["edge_lan"] = edgelan.run(quick)  # star vs relay on a shaped LAN (namespaces; needs root)
     headline = report["vitb_swarm_vs_monolith"]
     report["vitb_swarm_vs_monolith_ratio"] = headline["ratio_fp16_stream"]  # the default configuration

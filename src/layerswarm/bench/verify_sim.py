@@ -18,6 +18,10 @@ request (the shuffle policy), 4 test images a request, fp16 wire. One block's no
 Each seed draws the lying block, the images and the verifier's own random source. A seed ends when the
 liar is caught, or `within` requests after its first lie (then it escaped). The honest nodes are judged
 by the same rule all along: a conviction of one of them is counted (it must stay 0).
+
+Then the steady price (--cost-requests): an all-honest swarm run that long, the share of hops
+re-executed over its last 200 requests (nodes long past probation), and the re-execution time per
+request against the blocks' own compute time there.
 """
 
 from __future__ import annotations
@@ -208,7 +212,52 @@ def _summary(rows: list[dict[str, Any]], within: int) -> dict[str, Any]:
     }
 
 
-async def run(seeds: int, within: int, liars: tuple[Liar, ...] = LIARS) -> dict[str, Any]:
+async def steady_cost(model: Model, settings: VerifySettings, requests: int, tail: int) -> dict[str, Any]:
+    """An all-honest swarm for `requests` requests: the share of hops re-executed over the last `tail`
+    (every node long past probation: the rule's steady price), and re-execution time against the
+    blocks' own compute time in that stretch (same process, same thread)."""
+    rng = random.Random(0)
+    depth = len(model.blocks)
+    verifier = Verifier([model.model_dir], settings, seed=0)
+    records = [_record(model.manifest, b, b + 1) for b in range(depth)]
+    before: dict[str, float] = {}
+    compute_s = 0.0
+    with torch.inference_mode():
+        for request in range(requests):
+            if request == requests - tail:
+                stats = verifier.stats()
+                before = {
+                    "seen": stats["hops_seen"],
+                    "redone": stats["hops_reexecuted"],
+                    "ms": stats["reexecute_ms_total"],
+                }
+                before["decisive"] = stats["hops_checked_as_decisive"]
+            lo = rng.randrange(len(model.x) - BATCH)
+            x, stages, path = model.x[lo : lo + BATCH], [], []
+            stages.append(x)
+            for pos, block in enumerate(rng.sample(range(depth), depth)):
+                started = time.perf_counter()
+                out = codec.as_sent(model.blocks[block](x, pos), WIRE).float()
+                compute_s += time.perf_counter() - started if request >= requests - tail else 0.0
+                await verifier.check(records[block], x, out, pos, WIRE)
+                stages.append(out)
+                path.append(records[block])
+                x = out
+            await _decisive(model, verifier, path, stages, settings.decisive, records[0])
+    stats = verifier.stats()
+    seen = stats["hops_seen"] - before["seen"]
+    return {
+        "requests": requests,
+        "measured_over_last": tail,
+        "hops_per_request": depth,
+        "share_of_hops_reexecuted": round((stats["hops_reexecuted"] - before["redone"]) / seen, 4),
+        "of_which_decisive": round((stats["hops_checked_as_decisive"] - before["decisive"]) / seen, 4),
+        "reexecute_ms_per_request": round((stats["reexecute_ms_total"] - before["ms"]) / tail, 3),
+        "block_compute_ms_per_request": round(compute_s * 1e3 / tail, 3),
+    }
+
+
+async def run(seeds: int, within: int, liars: tuple[Liar, ...] = LIARS, cost_requests: int = 0) -> dict[str, Any]:
     torch.set_num_threads(1)  # tiny blocks: threads cost more than they give
     model = load(robust_members(family_root())[0])
     settings = VerifySettings(deferred=False)  # the shipped defaults otherwise (rate, probation, decisive)
@@ -217,6 +266,8 @@ async def run(seeds: int, within: int, liars: tuple[Liar, ...] = LIARS) -> dict[
     for liar in liars:
         rows = [await one_seed(model, liar, seed, within, settings) for seed in range(seeds)]
         report["liars"][liar.name] = _summary(rows, within)
+    if cost_requests:
+        report["steady_cost"] = await steady_cost(model, settings, cost_requests, tail=min(200, cost_requests // 2))
     report["seconds"] = round(time.monotonic() - started, 1)
     report["settings"] = {
         "rate": settings.rate,
@@ -234,9 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--within", type=int, default=50, help="requests after the first lie before a liar counts as escaped"
     )
+    p.add_argument(
+        "--cost-requests", type=int, default=1000, help="all-honest requests for the steady cost (0: skip it)"
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
-    return emit_report(asyncio.run(run(args.seeds, args.within)), args.json)
+    report = asyncio.run(run(args.seeds, args.within, cost_requests=args.cost_requests))
+    return emit_report(report, args.json)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ COMMANDS = (
     "samples",
     "datasets",
     "depth",
+    "import-hf",
 )
 
 EXAMPLES = """\
@@ -66,7 +67,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add_log_flags(parser, top=True)  # each command takes them too, after its name
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in (only,) if only in COMMANDS else COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(sub)
     return parser
 
 
@@ -90,9 +91,43 @@ def main(argv: list[str] | None = None) -> int:
         return _stdout_closed() if _stdout_is_broken() else _usage_error(args.command, str(exc))
     except UsageError as exc:
         return _usage_error(args.command, str(exc))
+    except ModuleNotFoundError as exc:  # a lean install (no torch, no HTTP stack) asked for more
+        return _usage_error(args.command, missing_extra(exc))
     except (ValueError, OSError) as exc:  # ModelDirError is a ValueError; FileNotFoundError an OSError
         return _usage_error(args.command, one_line(str(exc)))
     return status
+
+
+# What a package left out of the base install belongs to: `pip install layerswarm` is a lean node
+# (numpy engine); the coordinator, `up`, training and the torch engine need an extra (pyproject.toml).
+EXTRA_OF = {
+    "torch": "coordinator",
+    "fastapi": "coordinator",
+    "fastapi_offline": "coordinator",
+    "uvicorn": "coordinator",
+    "multipart": "coordinator",
+    "PIL": "coordinator",
+    "tqdm": "coordinator",
+    "httpx": "coordinator",
+    "tenacity": "coordinator",
+    "tokenizers": "coordinator",
+    "sse_starlette": "coordinator",
+    "httpx_sse": "coordinator",
+    "sklearn": "train",
+    "matplotlib": "train",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str:
+    """The one line for a command that needs a package this install lacks; others re-raise."""
+    root = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF.get(root)
+    if extra is None:
+        raise exc
+    return (
+        f"needs {root}, which this install leaves out (layerswarm alone is a lean node): "
+        f"pip install 'layerswarm[{extra}]'"
+    )
 
 
 def _usage_error(command: str, message: str) -> int:

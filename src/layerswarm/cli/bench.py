@@ -22,14 +22,16 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--markdown", type=Path, help="write the tables as markdown here")
     p.add_argument(
         "--only",
-        choices=["adaptive", "edge-lan", "wire", "hop", "vitb", "process-ring", "cuda"],
+        choices=["adaptive", "edge-lan", "wire", "hop", "vitb", "process-ring", "cuda", "decode-node", "load-balancer"],
         help="run one suite alone (adaptive compute; vitb: the ViT-B/16-shaped swarm against the monolith, "
         "latency, throughput, hop, coordinator CPU and the process ring; "
         "edge-lan: star vs relay on a shaped LAN of namespaces; "
         "wire: accuracy, bytes and latency of each wire format through a swarm of the shipped family; "
         "hop: one ViT-B/16-shaped hop against a bare gRPC echo and raw TCP; "
         "process-ring: the blocks in a process each, passed over pipes, against one process's loop; "
-        "cuda: the vitb latency, throughput and hop with 12 CUDA nodes on one GPU, against the monolith there)",
+        "cuda: the vitb latency, throughput and hop with 12 CUDA nodes on one GPU, against the monolith there; "
+        "decode-node: one decoder node, a stream's steps against 16 concurrent streams' throughput; "
+        "load-balancer: a classification through HAProxy in front of two coordinators against direct)",
     )
 
 

@@ -19,7 +19,8 @@ def register(sub: Subparsers) -> None:
         run,
         help="discover nodes, route requests, serve HTTP",
         description="Own stem and head, discover the family's nodes (mDNS and static peers), and serve "
-        "POST /v1/classify.",
+        "POST /v1/classify (classifier families) or POST /v1/generate and the OpenAI-compatible "
+        "/v1/completions and /v1/chat/completions (decoder families).",
     )
     f = SettingsFlags(p, CoordinatorSettings)
     f.add("--model-dir", "model_dir")
@@ -32,6 +33,7 @@ def register(sub: Subparsers) -> None:
     f.add("--http-port", "http_port", type=int)
     f.add("--policy", "default_policy", choices=CHOICES["default_policy"])
     f.add("--min-blocks", "min_blocks", type=int)
+    f.add("--anytime-min-blocks", "anytime_min_blocks", type=int)
     f.add(
         "--no-strict",
         "strict",
@@ -63,6 +65,8 @@ def register(sub: Subparsers) -> None:
     f.add("--transport", "transport", choices=CHOICES["transport"])
     f.add("--topology", "topology", choices=CHOICES["topology"])
     f.add("--max-upload-bytes", "max_upload_bytes", type=int)
+    f.add("--max-new-tokens", "max_new_tokens", type=int)
+    f.add("--default-max-tokens", "default_max_tokens", type=int)
     f.add("--access-log", "access_log", action="store_true")
     f.add("--max-concurrent-requests", "max_concurrent_requests", type=int)
     f.add("--state-file", "state_file", type=Path)

@@ -12,7 +12,7 @@ TASKS = (
     "faint-textures",
     "counting",
     "compare",
-)  # models.synthetic.TASKS; kept torch- and numpy-free here
+)  # training.data.synthetic.TASKS; kept torch- and numpy-free here
 
 
 def register(sub: Subparsers) -> None:

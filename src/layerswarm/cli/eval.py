@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # torch: imported when models are evaluated, not when the par
     from layerswarm.training.evaluation.report import EvalReport
     from layerswarm.training.evaluation.runs import EvalJob
 
+from . import lm
 from .base import Subparsers, add_command, int_at_least, non_negative_float, positive_int
 from .train import add_image_args, data_spec
 
@@ -55,6 +56,13 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--exit-min-blocks", type=positive_int, default=1, help="no exit before this depth")
     p.add_argument(
+        "--anytime-margin",
+        type=percentage_points,
+        default=10.0,
+        help="points of accuracy an answer cut by a request's deadline may lose vs the full path: the anytime "
+        "floor is the fewest blocks within it",
+    )
+    p.add_argument(
         "--test-noise",
         type=non_negative_float,
         default=0.0,
@@ -94,6 +102,12 @@ def writes_policy(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if lm.is_lm_dir(args.model_dirs[0]):  # a decoder family: perplexity and exact match (training/lm)
+        from .model_dirs import policy_targets
+
+        if writes_policy(args):
+            args.model_dirs = policy_targets(args.model_dirs, args.policy_out, no_write_flag="--no-policy")
+        return lm.eval_command(args)
     from layerswarm.training.evaluation.adaptive import render_calibration
     from layerswarm.training.evaluation.report import render_table
     from layerswarm.training.evaluation.runs import eval_data, evaluate_image_models
@@ -103,10 +117,8 @@ def run(args: argparse.Namespace) -> int:
     spec, first = eval_data(job)
     if first.config.is_text:
         report = evaluate_text_models(job, spec)
-        write_json(args.json, report)
-        print(render_table(report))
-        return 0
-    report = evaluate_image_models(job, spec, first)
+    else:
+        report = evaluate_image_models(job, spec, first)
     write_json(args.json, report)
     if args.plots:
         draw_plots(args.plots, report)
@@ -128,8 +140,13 @@ def eval_job(args: argparse.Namespace) -> EvalJob:
     model_dirs = args.model_dirs
     if writes_policy(args):
         model_dirs = policy_targets(model_dirs, args.policy_out, no_write_flag="--no-policy")
-    # --margin (0-100) and --exit-min-blocks (>= 1): checked by the parser
-    calibration = CalibrationPlan(margin=args.margin / 100.0, min_blocks=args.exit_min_blocks, seed=args.seed)
+    # --margin, --anytime-margin (0-100) and --exit-min-blocks (>= 1): checked by the parser
+    calibration = CalibrationPlan(
+        margin=args.margin / 100.0,
+        min_blocks=args.exit_min_blocks,
+        seed=args.seed,
+        anytime_margin=args.anytime_margin / 100.0,
+    )
     return EvalJob(
         model_dirs=tuple(model_dirs),
         data=args.data,

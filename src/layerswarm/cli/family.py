@@ -8,7 +8,17 @@ from pathlib import Path
 
 from layerswarm.models.config import VARIANTS
 
-from .base import Subparsers, add_command, folder, non_negative_int, positive_float, positive_int
+from . import lm
+from .base import (
+    Subparsers,
+    add_command,
+    folder,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability_below_one,
+)
 from .train import data_spec
 
 
@@ -44,9 +54,27 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--device", default="auto", help="each member's device: auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per member")
     p.add_argument("--workers", type=non_negative_int, default=0, help="decoding processes per member")
+    p.add_argument(
+        "--time-budget",
+        dest="time_budget_s",
+        type=positive_float,
+        metavar="SECONDS",
+        help="language models: each member's training seconds (default 240; classifiers train for --epochs)",
+    )
+    p.add_argument(
+        "--exit-loss", type=non_negative_float, help="language models: exit-aware members (default: the base's)"
+    )
+    p.add_argument(
+        "--exit-dropout",
+        type=probability_below_one,
+        help="language models: see train --exit-dropout (default: the base's)",
+    )
+    lm.remember_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if lm.is_lm_dir(args.base):
+        return lm.family_command(args)
     from layerswarm.training.family import FamilyJob, train_family
 
     job = FamilyJob(

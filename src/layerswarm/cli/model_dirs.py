@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from layerswarm.models.checkpoint import read_manifest
+from layerswarm.models.checkpoint import read_any_manifest
 from layerswarm.models.zoo import is_shipped
 
 from .base import UsageError
@@ -31,7 +31,7 @@ def policy_targets(model_dirs: list[Path], policy_out: Path | None, *, no_write_
     """The directories a measuring command evaluates and writes into: `model_dirs` themselves, or their
     copies under `policy_out`. Raises UsageError (before any work) where writing is not allowed."""
     for model_dir in model_dirs:
-        read_manifest(model_dir)  # a clear error for a directory that is not a model, before any copy
+        read_any_manifest(model_dir)  # a clear error for a directory that is not a model, before any copy
     if policy_out is None:
         for model_dir in model_dirs:
             problem = write_refusal(model_dir)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-from layerswarm.node.settings import NodeSettings
+from layerswarm.node.settings import ENGINES, NodeSettings
 from layerswarm.wire.memory import few_arenas, keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, UsageError, add_command, ensure_can_listen, load_settings
@@ -26,6 +28,7 @@ def register(sub: Subparsers) -> None:
     f.add("--host", "host")
     f.add("--port", "port", type=int)
     f.add("--device", "device")
+    f.add("--engine", "engine", choices=ENGINES)
     f.add("--threads", "threads", type=int)
     f.add("--max-in-flight", "max_in_flight", type=int)
     f.add("--max-batch", "max_batch", type=int)
@@ -46,6 +49,9 @@ def register(sub: Subparsers) -> None:
     f.add("--max-stranger-calls", "max_stranger_calls", type=int)
     f.add("--max-stranger-calls-per-peer", "max_stranger_calls_per_peer", type=int)
     f.add("--stranger-rate", "stranger_rate", type=float)
+    f.add("--max-streams", "max_streams", type=int)
+    f.add("--max-cache-mib", "max_cache_mib", type=float)
+    f.add("--idle-timeout", "idle_timeout_s", type=float)
     f.add("--metrics-port", "metrics_port", type=int)
     f.add("--no-advertise", "advertise", "do not announce over mDNS (static peers only)", action="store_false")
     f.add("--advertise-address", "advertise_address")
@@ -55,13 +61,20 @@ def register(sub: Subparsers) -> None:
     f.add("--insecure", "insecure", action="store_true")
 
 
+# The numpy engine's BLAS reads its thread count when numpy loads: set before the node's imports.
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def run(args: argparse.Namespace) -> int:
-    import torch
+    settings: NodeSettings = load_settings(args)
+    if "numpy" not in sys.modules:
+        for name in BLAS_THREADS:
+            os.environ.setdefault(name, str(settings.threads))
 
     from layerswarm.node.advertise import advertised_addresses
+    from layerswarm.node.engines import EngineError, choose_engine
     from layerswarm.node.server import run as serve
 
-    settings: NodeSettings = load_settings(args)
     ensure_can_listen(settings.host, settings.port, "--host", "--port")
     ensure_can_listen(settings.host, settings.metrics_port, "--host", "--metrics-port")
     if settings.advertise:
@@ -69,7 +82,14 @@ def run(args: argparse.Namespace) -> int:
             advertised_addresses(settings.host, settings.advertise_address)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    torch.set_num_threads(settings.threads)  # once per process, at start-up
+    try:  # torch or numpy, checked before anything is loaded: a wrong choice is the operator's
+        engine = choose_engine(settings.engine, settings.device)
+    except EngineError as exc:
+        raise UsageError(str(exc)) from None
+    if engine == "torch":
+        import torch
+
+        torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
     few_arenas()  # what a stranger's flood left freed goes back to the kernel (wire/memory.py)
     return serve(settings)

@@ -5,7 +5,7 @@ layerswarm probe http http://127.0.0.1:8080/readyz   # exit 0 on HTTP 2xx
 
 A HEALTHCHECK runs this every few seconds in every container, so it must stay light: grpc is imported
 only for gRPC probes, HTTP uses the standard library, and nothing here pulls in torch
-(tests/test_deploy.py checks that).
+(tests/deploy/test_deploy.py checks that).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from layerswarm.training.size import AUTO, SIZE_CHOICES, SIZES, auto_rule
 if TYPE_CHECKING:  # torch: imported when a model is trained, not when the parser is built
     from layerswarm.training.runs import TrainJob
 
+from . import lm
 from .base import (
     Subparsers,
     add_command,
@@ -38,11 +39,22 @@ SIZE_HELP = (
     + ", ".join(s.describe() for s in SIZES)
     + f"; auto: {auto_rule()}"
 )
-DATA_HELP = "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH | words[...] | csv:PATH | jsonl:PATH"
+DATA_HELP = (
+    "shapes[:N_TRAIN[:N_TEST]] | shapes1[...] | digits | imagefolder:PATH | words[...] | csv:PATH | jsonl:PATH; "
+    "a language model: lm:SOURCE[+SOURCE...] with sources tasks[:N_TRAIN[:N_TEST]], pydoc, txt:PATH, jsonl:PATH"
+)
 
 
 def data_spec(text: str) -> str:
-    """argparse type: a data spec (DATA_HELP), image or text, checked before any work starts."""
+    """argparse type: a data spec (DATA_HELP), image, text or language model, checked before any work starts."""
+    if text.startswith("lm:"):  # a language model (layerswarm.training.lm)
+        from layerswarm.training.lm.data import parse_spec
+
+        try:
+            parse_spec(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
     # only when a data spec is given: that command needs torch
     from layerswarm.training.data.datasets import check_spec
     from layerswarm.training.text.data import check_text_spec, is_text_spec
@@ -222,6 +234,7 @@ def register(sub: Subparsers) -> None:
         help="weight of an early-exit loss: the shared head's cross-entropy after every truncation depth of "
         "the batch's random order (LayerSkip-style; 0: off)",
     )
+    lm.add_train_args(p)
 
 
 def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
@@ -245,6 +258,8 @@ def add_image_args(p: argparse.ArgumentParser, train: bool = True) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data.startswith("lm:"):
+        return lm.train_command(args)
     from layerswarm.training.runs import train_image_model
     from layerswarm.training.text.data import is_text_spec
     from layerswarm.training.text.runs import train_text_model

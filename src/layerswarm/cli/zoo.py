@@ -22,12 +22,12 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerswarm.models.checkpoint import read_manifest
+    from layerswarm.models.checkpoint import read_any_manifest
     from layerswarm.models.zoo import resolve, shipped_names
 
     rows: list[dict[str, Any]] = []
     for name in shipped_names():
-        m = read_manifest(resolve(name))
+        m = read_any_manifest(resolve(name))
         rows.append(
             {
                 "name": name,

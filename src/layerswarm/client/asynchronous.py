@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 from tenacity import AsyncRetrying
 from typing_extensions import Unpack
 
 from .bodies import ClientBase, ImageInput, Options, batch_body, checked, single_body
+from .generation import GenerateOptions, Generation, StreamEvent, generate_body, parse_event
 from .results import BatchClassification, Classification, SwarmView
 
 
@@ -29,6 +31,36 @@ class AsyncSwarmClient(ClientBase[httpx.AsyncClient]):
         body = batch_body(images, labels, options)
         return BatchClassification.from_json(await self._call("POST", "/v1/classify/batch", body))
 
+    async def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Generation:
+        body = generate_body(prompt, options, stream=False)
+        return Generation.from_json(await self._call("POST", "/v1/generate", body, idempotent=False))
+
+    async def generate_stream(
+        self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]
+    ) -> AsyncIterator[StreamEvent]:
+        """TokenEvents as tokens are drawn, then the whole Generation (as SwarmClient.generate_stream)."""
+        response = await self._open_stream(generate_body(prompt, options, stream=True))
+        try:
+            async for event in EventSource(response).aiter_sse():
+                yield parse_event(event)
+        finally:
+            await response.aclose()
+
+    async def _open_stream(self, body: dict[str, Any]) -> httpx.Response:
+        retry = self._retry_unsent  # a stream once sent is not sent again: it may have been answered
+        self.failover.start_call()
+        async for attempt in AsyncRetrying(**retry):
+            with attempt:
+                self._aim()
+                request = self._http.build_request("POST", "/v1/generate", **body)
+                response = await self._http.send(request, stream=True)
+                if response.status_code >= 400:
+                    await response.aread()
+                    await response.aclose()
+                    checked(response)
+                return response
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
     async def swarm(self) -> SwarmView:
         return SwarmView.from_json(await self._call("GET", "/v1/nodes", {}))
 
@@ -38,9 +70,12 @@ class AsyncSwarmClient(ClientBase[httpx.AsyncClient]):
         except httpx.TransportError:
             return False
 
-    async def _call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        async for attempt in AsyncRetrying(**self._retry):
+    async def _call(self, method: str, path: str, body: dict[str, Any], idempotent: bool = True) -> dict[str, Any]:
+        retry = self._retry if idempotent else self._retry_unsent
+        self.failover.start_call()
+        async for attempt in AsyncRetrying(**retry):
             with attempt:
+                self._aim()
                 return checked(await self._http.request(method, path, **body))
         raise AssertionError("unreachable: tenacity re-raises the last error")
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import httpx
-from tenacity import retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from .results import SwarmError
 
@@ -16,14 +17,18 @@ ImageInput = str | os.PathLike[str] | bytes  # a file path, or the encoded image
 HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
 
 
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
 class ClientBase(Generic[HttpT]):
-    """The connection and retry policy both clients are built from; each subclass names its httpx class."""
+    """The connection, the coordinators to fail over between and the retry policy both clients are built
+    from; each subclass names its httpx class."""
 
     http_class: type[HttpT]
 
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:8080",
+        base_url: str | Sequence[str] = DEFAULT_URL,
         *,
         timeout: float = 30.0,
         attempts: int = 4,
@@ -31,19 +36,41 @@ class ClientBase(Generic[HttpT]):
         http: HttpT | None = None,
         api_key: str | None = None,
     ) -> None:
-        """`api_key`: one of the coordinator's keys (--api-key-file), sent on every call as
+        """`base_url`: one coordinator, or several that serve the same swarm: a call that cannot reach one,
+        or gets 429 or 503 from it, goes to the next at once (backing off only once every one was tried).
+        `api_key`: one of the coordinators' keys (--api-key-file), sent on every call as
         `Authorization: Bearer KEY`, also on a given `http` client."""
-        self._http: HttpT = http or self.http_class(base_url=base_url, timeout=timeout)
+        urls = (base_url,) if isinstance(base_url, str) else tuple(base_url)
+        if not urls:
+            raise ValueError("base_url: give at least one coordinator URL")
+        if http is not None and base_url == DEFAULT_URL and str(http.base_url):
+            urls = (str(http.base_url),)
+        self._http: HttpT = http or self.http_class(base_url=urls[0], timeout=timeout)
+        self._http.base_url = urls[0]
         if api_key is not None:
             if not api_key.strip() or api_key != api_key.strip():
                 raise ValueError("api_key is empty or has spaces around it")
             self._http.headers["Authorization"] = f"Bearer {api_key}"
-        self._retry = retry_policy(attempts, max_backoff_s)
+        self.failover = Failover(urls)
+        # Classification and reads are idempotent: one that may have reached a coordinator that then died
+        # is sent again, to another. A generation is not resent once sent (it could have been answered).
+        self._retry = retry_policy(attempts, max_backoff_s, self.failover, idempotent=True)
+        self._retry_unsent = retry_policy(attempts, max_backoff_s, self.failover, idempotent=False)
+
+    @property
+    def base_url(self) -> str:
+        """The coordinator calls go to now: the last one that answered."""
+        return self.failover.current
+
+    def _aim(self) -> None:
+        """Point the connection at the coordinator this attempt goes to."""
+        if str(self._http.base_url) != self.failover.current:
+            self._http.base_url = self.failover.current
 
 
 class Options(TypedDict, total=False):
     """Per-request options, as the coordinator's API names them (coordinator/http_models.ClassifyParams;
-    tests/test_client.py checks that the two list the same options with the same types). `label` is
+    tests/client/test_client.py checks that the two list the same options with the same types). `label` is
     the calls' own argument."""
 
     top_k: int
@@ -99,19 +126,62 @@ def checked(response: httpx.Response) -> dict[str, Any]:
     raise SwarmError(response.status_code, code, detail)
 
 
-def is_retryable(exc: BaseException) -> bool:
+SENT_MAYBE_ANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout)
+
+
+def is_retryable(exc: BaseException, idempotent: bool = True) -> bool:
     """Retry what a later try can fix: no connection (yet), busy (429), too few blocks right now (503).
-    A 4xx about the request itself would fail the same way again."""
+    A 4xx about the request itself would fail the same way again. A request whose connection broke after
+    it was sent may have been answered: sent again only where doing it twice changes nothing."""
     if isinstance(exc, SwarmError):
         return exc.retryable
-    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.RemoteProtocolError)
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return True
+    return idempotent and isinstance(exc, SENT_MAYBE_ANSWERED)
 
 
-def retry_policy(attempts: int, max_backoff_s: float) -> dict[str, Any]:
-    """tenacity arguments: exponential backoff with full jitter, the last error re-raised as is."""
+@dataclass
+class Failover:
+    """The coordinators a client knows, in order, and which it is on. Moving on is free until each has
+    been tried once in this round; after that, the policy backs off before starting again."""
+
+    urls: tuple[str, ...]
+    index: int = 0
+    tried_in_round: int = 1  # coordinators tried in this round, the current one included
+
+    @property
+    def current(self) -> str:
+        return self.urls[self.index]
+
+    def start_call(self) -> None:
+        """A new call starts a round at the coordinator that answered last."""
+        self.tried_in_round = 1
+
+    def advance(self) -> None:
+        """After a failed attempt: the next coordinator (the same one where there is only one)."""
+        self.index = (self.index + 1) % len(self.urls)
+        self.tried_in_round = self.tried_in_round % len(self.urls) + 1
+
+    def mid_round(self) -> bool:
+        """Whether the coordinator about to be tried has not been tried yet in this round."""
+        return self.tried_in_round > 1
+
+
+def retry_policy(attempts: int, max_backoff_s: float, failover: Failover, idempotent: bool) -> dict[str, Any]:
+    """tenacity arguments: the next coordinator at once while any is untried this round, then exponential
+    backoff with full jitter; the last error re-raised as is. `attempts` counts per coordinator."""
+    backoff = wait_random_exponential(multiplier=0.05, max=max_backoff_s)  # "full jitter"
+
+    def wait(state: RetryCallState) -> float:
+        return 0.0 if failover.mid_round() else backoff(state)
+
+    def next_coordinator(state: RetryCallState) -> None:
+        failover.advance()
+
     return {
-        "retry": retry_if_exception(is_retryable),
-        "stop": stop_after_attempt(max(1, attempts)),
-        "wait": wait_random_exponential(multiplier=0.05, max=max_backoff_s),  # "full jitter"
+        "retry": retry_if_exception(lambda exc: is_retryable(exc, idempotent)),
+        "stop": stop_after_attempt(max(1, attempts) * len(failover.urls)),
+        "wait": wait,
         "reraise": True,
+        "after": next_coordinator,
     }

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 from tenacity import Retrying
 from typing_extensions import Unpack
 
 from .bodies import ClientBase, ImageInput, Options, batch_body, checked, single_body
+from .generation import GenerateOptions, Generation, StreamEvent, generate_body, parse_event
 from .results import BatchClassification, Classification, SwarmView
 
 
@@ -32,6 +34,36 @@ class SwarmClient(ClientBase[httpx.Client]):
         """Several images as one batch: one path through the swarm, one answer per image."""
         return BatchClassification.from_json(self._post("/v1/classify/batch", batch_body(images, labels, options)))
 
+    def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Generation:
+        """Text (or token ids) continued through a decoder family's swarm; the whole answer at once."""
+        body = generate_body(prompt, options, stream=False)
+        return Generation.from_json(self._call("POST", "/v1/generate", body, idempotent=False))
+
+    def generate_stream(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Iterator[StreamEvent]:
+        """The same, token by token: TokenEvents as tokens are drawn, then the whole Generation. Opening
+        the stream is retried as any call is; a stream that breaks later raises SwarmError. Leaving the
+        loop early closes the connection, and the coordinator frees the nodes' caches."""
+        response = self._open_stream(generate_body(prompt, options, stream=True))
+        try:
+            for event in EventSource(response).iter_sse():
+                yield parse_event(event)
+        finally:
+            response.close()
+
+    def _open_stream(self, body: dict[str, Any]) -> httpx.Response:
+        retry = self._retry_unsent  # a stream once sent is not sent again: it may have been answered
+        self.failover.start_call()
+        for attempt in Retrying(**retry):
+            with attempt:
+                self._aim()
+                response = self._http.send(self._http.build_request("POST", "/v1/generate", **body), stream=True)
+                if response.status_code >= 400:
+                    response.read()
+                    response.close()
+                    checked(response)  # raises the coordinator's reason
+                return response
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
     def swarm(self) -> SwarmView:
         return SwarmView.from_json(self._call("GET", "/v1/nodes", {}))
 
@@ -45,9 +77,12 @@ class SwarmClient(ClientBase[httpx.Client]):
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", path, body)
 
-    def _call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        for attempt in Retrying(**self._retry):
+    def _call(self, method: str, path: str, body: dict[str, Any], idempotent: bool = True) -> dict[str, Any]:
+        retry = self._retry if idempotent else self._retry_unsent
+        self.failover.start_call()
+        for attempt in Retrying(**retry):
             with attempt:
+                self._aim()
                 return checked(self._http.request(method, path, **body))
         raise AssertionError("unreachable: tenacity re-raises the last error")
 

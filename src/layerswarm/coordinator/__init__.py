@@ -1,6 +1,6 @@
 """The coordinator: discovers the family's nodes, routes requests through them, serves HTTP.
 
-Folders by subsystem, imports going one way (tests/test_layers.py), from the bottom:
+Folders by subsystem, imports going one way (tests/project/test_layers.py), from the bottom:
 
 - settings.py: CoordinatorSettings, the one settings object (defaults stated once);
 - membership/: who is in the swarm (discovery, health, the registry and its records, channels);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -12,10 +13,18 @@ from .membership.records import NodeState
 from .membership.registry import Registry
 from .routing.ensemble import EnsembleResult
 from .routing.trace import PathResult
-from .verification.verifier import Verifier
+from .verification.verifier import VerifyStats
 
 BLOCK_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Checked(Protocol):
+    """A verifier's counters (verification/: the classifiers' Verifier, the decoders' DecodeVerifier)."""
+
+    @property
+    def counters(self) -> VerifyStats: ...
 
 
 class _SwarmCollector(Collector):
@@ -46,7 +55,7 @@ class _VerifyCollector(Collector):
     """The verifier's own counters, read at scrape time: what an operator alerts on when a device on
     the LAN starts lying (a rise in convictions) or when checks cost more than expected."""
 
-    def __init__(self, verifier: Verifier) -> None:
+    def __init__(self, verifier: Checked) -> None:
         self.verifier = verifier
 
     def collect(self) -> Iterable[CounterMetricFamily]:
@@ -83,7 +92,7 @@ class _VerifyCollector(Collector):
 
 
 class CoordinatorMetrics:
-    def __init__(self, swarm: Registry, verifier: Verifier | None = None) -> None:
+    def __init__(self, swarm: Registry, verifier: Checked | None = None, generative: bool = False) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "layerswarm_requests",
@@ -153,9 +162,49 @@ class CoordinatorMetrics:
             ["to"],
             registry=self.registry,
         )
+        self._generation_metrics(self.registry if generative else None)
         self.registry.register(_SwarmCollector(swarm))
         if verifier is not None:
             self.registry.register(_VerifyCollector(verifier))
+
+    def _generation_metrics(self, registry: CollectorRegistry | None) -> None:
+        """A decoder family's streams (generation/); exposed only where one is served (registry None)."""
+        self.streams = Counter(
+            "layerswarm_gen_streams",
+            "Generation streams by how they ended: finished (stop or length), failed (no way on), abandoned "
+            "(the client went away first)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.live_streams = Gauge("layerswarm_gen_live_streams", "Generation streams open now", registry=registry)
+        self.gen_tokens = Counter("layerswarm_gen_tokens", "Tokens generated, all streams", registry=registry)
+        self.gen_failovers = Counter(
+            "layerswarm_gen_failovers",
+            "Hops of live streams that failed over: rebuilt (the cache replayed on another node, or on the same "
+            "node after it lost it), skipped (the block left the stream's route, within the minimum depth)",
+            ["kind"],
+            registry=registry,
+        )
+        self.gen_step = Histogram(
+            "layerswarm_gen_step_seconds",
+            "One generated token's trip: stem, every hop, head",
+            buckets=STEP_BUCKETS,
+            registry=registry,
+        )
+
+    def stream_opened(self) -> None:
+        self.live_streams.inc()
+
+    def stream_closed(self, outcome: str, tokens: int) -> None:
+        self.live_streams.dec()
+        self.streams.labels(outcome).inc()
+        self.gen_tokens.inc(tokens)
+
+    def token_step(self, seconds: float) -> None:
+        self.gen_step.observe(seconds)
+
+    def failover(self, kind: str) -> None:
+        self.gen_failovers.labels(kind).inc()
 
     def observe_route(self, path: PathResult) -> None:
         """One route's hops by outcome, and how each of its relay chains ended (star routes have none)."""

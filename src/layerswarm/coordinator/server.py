@@ -63,13 +63,15 @@ async def serve(settings: CoordinatorSettings) -> None:
                         "host": settings.http_host,
                         "port": port,
                         "family_id": coordinator.manifest.family_id,
+                        "readiness": coordinator.readiness(),  # how many blocks must answer, and why
                     }
                 ),
                 flush=True,
             )
         await task
     finally:
-        app.state.decoder.close()
+        if app.state.decoder is not None:  # a decoder family's app decodes no images
+            app.state.decoder.close()
         await coordinator.stop()
 
 

@@ -86,10 +86,19 @@ class CoordinatorSettings(ProcessSettings):
     hedge_min_ms: float = Field(default=10.0, ge=0, description="never hedge sooner than this")
     hop_timeout_s: float = Field(default=2.0, gt=0, description="seconds per hop before substituting")
     request_timeout_s: float = Field(default=10.0, gt=0, description="seconds per request, all hops")
+    # How many blocks a request needs: coordinator/routing/depth.py states the rule and each default's source.
     min_blocks: int | None = Field(
         default=None,
         ge=1,
-        description="fail (503) below this depth (none: the model's evaluated minimum useful depth, else 1)",
+        description="readiness: block indices that must be reachable to answer at all, else 503 naming the missing "
+        "ones (none: the model's evaluated minimum useful depth from `layerswarm eval`, else 1); early exit and "
+        "deadlines may still stop a path below it",
+    )
+    anytime_min_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="the fewest blocks an answer cut by a request's deadline_ms may have (none: the model's "
+        "calibrated floor in adaptive.json, else the readiness minimum)",
     )
     strict: bool | None = None  # admit only listed model ids and hashes; None: strict when family_dirs given
     verify_rate: float | None = Field(  # None: no verification
@@ -125,7 +134,7 @@ class CoordinatorSettings(ProcessSettings):
     exit_rule: str = Field(
         default="calibrated",
         description="default early exit: calibrated (the model dir's adaptive.json from `layerswarm eval "
-        "--calibrate`, none without one), none, or a rule",
+        "--calibrate`: its rule, threshold and exit floor; none without one), none, or a rule",
     )
     exit_threshold: float | None = Field(
         default=None, description="threshold of --exit-rule (none: its calibrated one)"
@@ -151,14 +160,23 @@ class CoordinatorSettings(ProcessSettings):
     transport: str = Field(
         default="stream", description="stream: reused bidirectional streams; unary: one call per hop"
     )
-    # Star stays the default: relay pays only where links are slow (bench: edge LAN) and gives up per-hop
-    # early exit, hedging and anytime answers inside a chain.
+    # auto is the default: it relays where relaying has measured faster (slow links: docs/relay.md) and stays
+    # on star without a swarm token (nodes check chains with it) and for requests that need a per-hop exit or
+    # an anytime deadline, which a chain gives up.
     topology: str = Field(
-        default="star",
-        description="star: every hop through the coordinator; relay: nodes forward to each other along a MACed "
-        "chain (needs --token-file; docs/relay.md); auto: per request, whichever has been faster here",
+        default="auto",
+        description="auto: per request, star or relay, whichever has been faster here (star without a token); "
+        "star: every hop through the coordinator; relay: nodes forward to each other along a MACed chain "
+        "(needs --token-file; docs/relay.md)",
     )
     max_batch: int = Field(default=64, ge=1)
+    # Generation (decoder families): what a completion may ask, and what it gets when it asks nothing.
+    max_new_tokens: int = Field(
+        default=1024, ge=1, description="largest max_tokens a generation request may ask (also bounded by the context)"
+    )
+    default_max_tokens: int = Field(
+        default=64, ge=1, description="tokens generated when a request gives no max_tokens (bounded by the context)"
+    )
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="largest image accepted")
     access_log: bool = Field(
         default=False, description="log one line per HTTP request: method, path, status, duration, request id"
@@ -216,8 +234,8 @@ class CoordinatorSettings(ProcessSettings):
 
     @model_validator(mode="after")
     def _relay_needs_token(self) -> CoordinatorSettings:
-        if self.topology != "star" and not self.security.token:
-            raise ValueError(f"topology {self.topology} needs a swarm token (--token-file): nodes check chains with it")
+        if self.topology == "relay" and not self.security.token:
+            raise ValueError("topology relay needs a swarm token (--token-file): nodes check chains with it")
         return self
 
     @field_validator("model_dir", mode="before")

@@ -25,6 +25,8 @@ Modes (MODE):
                     direction for it), every token's mean and std kept (passes range filters)
   A broken device (the honest servicer's own output check must catch it):
   runtime-overflow  the block computes values 1e6 times too large; the node answers INTERNAL
+A decoder block's Decode replies lie the same way (every mode but other-block and push); its caches stay
+honest.
 --fault-after N: answer honestly for the first N requests, then misbehave (a node that passes a
 probation period and turns later).
 
@@ -40,10 +42,12 @@ import argparse
 import asyncio
 import shutil
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -55,10 +59,12 @@ from layerswarm.models.checkpoint import (
     read_manifest,
     rehash_model_dir,
 )
+from layerswarm.node.engines import BlockEngine
 from layerswarm.node.runtime import BlockRuntime
 from layerswarm.node.server import Node, run
 from layerswarm.node.service import BlockService
 from layerswarm.node.settings import NodeSettings
+from layerswarm.node.streams import Caller
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
@@ -97,7 +103,7 @@ class FaultyRuntime(BlockRuntime):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fault = spec
 
-    def _compute(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
+    def _compute(self, x: np.ndarray, position: int) -> tuple[np.ndarray, float]:
         out, ms = super()._compute(x, position)
         if self.fault.mode == "runtime-overflow" and self.served >= self.fault.after:
             out = out * 1e6
@@ -136,31 +142,64 @@ class FaultyService(BlockService):
         return self._lie(request, reply)
 
     def _lie(self, request: pb.ForwardRequest, reply: pb.ForwardResponse) -> pb.ForwardResponse:
-        out = codec.decode(reply.activations)
-        dtype = out.dtype
-        mode = self.fault.mode
-        if mode == "nan":
-            return _with(reply, codec.encode(torch.full_like(out, float("nan")), dtype))
-        if mode == "shape":
-            return _with(reply, codec.encode(out[:, :-1], dtype))
-        if mode == "dtype":
-            return _with(reply, codec.encode(out, torch.float32 if dtype == torch.bfloat16 else torch.bfloat16))
-        real = out.float()
-        if mode == "zeros":
-            fake = torch.zeros_like(real)
-        elif mode == "noise":
-            fake = torch.randn_like(real) * real.std() + real.mean()
-        elif mode == "overflow":
-            fake = torch.where(real >= 0, OVERFLOW_VALUE, -OVERFLOW_VALUE)
-        elif mode == "push":
+        if self.fault.mode == "push":  # the class token moved toward class 0
             assert self.toward is not None
-            fake = pushed(real, self.toward)
-        else:  # other-block: a genuine block's output, just not the one this node claims to run
-            assert self.other is not None
-            x = codec.decode(request.activations).float()
-            with torch.inference_mode():
-                fake = self.other(x, request.position)
-        return _with(reply, codec.encode(fake, dtype))
+            real = codec.decode(reply.activations)
+            return _with(reply, codec.encode(pushed(real.float(), self.toward), real.dtype))
+        if self.fault.mode != "other-block":
+            return _with(reply, tampered(reply.activations, self.fault.mode))
+        # other-block: a genuine block's output, just not the one this node claims to run
+        assert self.other is not None
+        x = codec.decode(request.activations).float()
+        with torch.inference_mode():
+            fake = self.other(x, request.position)
+        return _with(reply, codec.encode(fake, codec.decode(reply.activations).dtype))
+
+
+def tampered(activations: pb.Tensor, mode: str) -> pb.Tensor:
+    """A reply's activations as a malformed or rogue node sends them (every mode but other-block and push)."""
+    out = codec.decode(activations)
+    dtype = out.dtype
+    if mode == "nan":
+        return codec.encode(torch.full_like(out, float("nan")), dtype)
+    if mode == "shape":
+        return codec.encode(out[:, :-1], dtype)
+    if mode == "dtype":
+        return codec.encode(out, torch.float32 if dtype == torch.bfloat16 else torch.bfloat16)
+    real = out.float()
+    if mode == "zeros":
+        fake = torch.zeros_like(real)
+    elif mode == "noise":
+        fake = torch.randn_like(real) * real.std() + real.mean()
+    else:  # overflow
+        fake = torch.where(real >= 0, OVERFLOW_VALUE, -OVERFLOW_VALUE)
+    return codec.encode(fake, dtype)
+
+
+Decode = Callable[[pb.DecodeRequest, Caller], Coroutine[Any, Any, pb.DecodeResponse]]
+
+
+def lying_decode(decode: Decode, spec: FaultSpec) -> Decode:
+    """A decoder node's Decode (unary and streamed alike) that tampers with its replies after
+    `spec.after` honest ones, as a modified node would: the cache it keeps stays honest."""
+    answered = 0
+
+    async def lying(request: pb.DecodeRequest, caller: Caller) -> pb.DecodeResponse:
+        nonlocal answered
+        reply = await decode(request, caller)
+        answered += 1
+        honest = spec.mode in ("none", "runtime-overflow", "push")  # push: a classifier's lie
+        if honest or answered <= spec.after or not reply.HasField("activations"):
+            return reply
+        return pb.DecodeResponse(
+            stream_id=reply.stream_id,
+            activations=tampered(reply.activations, spec.mode),
+            compute_ms=reply.compute_ms,
+            length=reply.length,
+            batched=reply.batched,
+        )
+
+    return lying
 
 
 def _with(reply: pb.ForwardResponse, activations: pb.Tensor) -> pb.ForwardResponse:
@@ -173,14 +212,17 @@ class FaultyNode(Node):
     def __init__(self, settings: NodeSettings, spec: FaultSpec) -> None:
         self.fault = spec
         super().__init__(settings)
+        if self.decode is not None:  # a decoder block: its generation steps lie too
+            if spec.mode == "other-block":
+                raise ValueError("--fault-mode other-block: not for decoder blocks (use noise, zeros, ...)")
+            self.decode.decode = lying_decode(self.decode.decode, spec)  # type: ignore[method-assign,assignment]
 
-    def make_runtime(self, device: torch.device) -> BlockRuntime:
+    def make_runtime(self, engine: BlockEngine) -> BlockRuntime:
         s = self.settings
         return FaultyRuntime(
-            str(s.model_dir),
+            engine,
             s.block,
             self.manifest,
-            device,
             micro_batch=s.micro_batch,
             max_batch=s.max_batch,
             spec=self.fault,
@@ -194,13 +236,15 @@ class FaultyNode(Node):
             other = load_block(self.settings.model_dir, index, self.manifest)
         toward = None
         if self.fault.mode == "push":  # the model's own head says which way class 0 lies
-            toward = load_stem_head(self.settings.model_dir, self.manifest)[1].classifier.weight[0].detach()
+            head = load_stem_head(self.settings.model_dir)[1]  # a classifier's (push is a classifier's lie)
+            toward = head.classifier.weight[0].detach()
         return FaultyService(
             self.runtime,
             self.settings,
             self.metrics,
             self.boot_id,
             self.relayer,
+            decode=self.decode,  # a decoder block's generation service (None for a classifier's): it lies too
             spec=self.fault,
             other=other,
             toward=toward,

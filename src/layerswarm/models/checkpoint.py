@@ -5,6 +5,15 @@
     DIR/head.safetensors         final norm and classifier
     DIR/block_00.safetensors ... one file per block, so a node can fetch and verify one block alone
 
+Two families of models share this format, told apart by the config's "kind": classifiers (ViTConfig:
+"image" or "text") and decoders (lm.config.LMConfig: "lm"). Everything here (ids, lineage, hashes,
+loading a part) works on both through ModelConfig and Architecture, the seam between this module and
+the two model codes; `read_manifest` / `load_model` are the classifiers' own entry points (they refuse a
+decoder by name), `read_any_manifest`, `read_lm_manifest` and `load_lm` the others.
+
+The manifest (reading, checking, ids) is manifest.py's, without torch, re-exported here; this module
+loads and saves the torch modules.
+
 Ids are derived, never typed: the model id hashes the config and every file's sha256; the family id
 hashes the architecture and the lineage root: the model id of the from-scratch ancestor (a model
 trained from scratch is its own root), or the hash of an imported checkpoint. Blocks of one family may
@@ -14,115 +23,97 @@ apart (other data, other seed) are two families even when they start from identi
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, overload
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ViTConfig
+from .lm.config import KIND as LM_KIND
+from .lm.config import LMConfig
+from .lm.model import DecoderBlock, DecoderLM, LMHead, TokenEmbedding
+from .lm.model import new_stem_head as new_lm_stem_head
+from .manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    TOKENIZED_KINDS,
+    TOKENIZER,
+    AnyManifest,
+    C,
+    Lineage,
+    Manifest,
+    ModelConfig,
+    ModelDirError,
+    block_file,
+    config_from_dict,
+    derive_family_id,
+    derive_model_id,
+    is_lm,
+    read_any_manifest,
+    read_lm_manifest,
+    read_manifest,
+    rehash_model_dir,
+    sha256_file,
+    verified_file,
+    verified_path,
+    write_manifest,
+)
 from .text.model import TextEncoder, TextStem
 from .vit import Block, Head, Stem, ViT
 
-TOKENIZER = "tokenizer.json"  # text models: the tokenizer, hashed like the weights
-
-FORMAT = "layerswarm.model"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-
-
-class ModelDirError(ValueError):
-    """A model directory is missing, tampered with, or inconsistent (message says which and how)."""
-
-
-def block_file(index: int) -> str:
-    return f"block_{index:02d}.safetensors"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def derive_family_id(cfg: ViTConfig, lineage_root: str) -> str:
-    return "fam-" + hashlib.sha256(_canonical({"arch": cfg.architecture(), "root": lineage_root})).hexdigest()[:16]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "TOKENIZED_KINDS",
+    "TOKENIZER",
+    "AnyManifest",
+    "C",
+    "Lineage",
+    "Manifest",
+    "ModelConfig",
+    "ModelDirError",
+    "block_file",
+    "config_from_dict",
+    "derive_family_id",
+    "derive_model_id",
+    "is_lm",
+    "read_any_manifest",
+    "read_lm_manifest",
+    "read_manifest",
+    "rehash_model_dir",
+    "sha256_file",
+    "verified_file",
+    "verified_path",
+    "write_manifest",
+]
 
 
-def derive_model_id(cfg: ViTConfig, file_hashes: dict[str, str]) -> str:
-    return "mdl-" + hashlib.sha256(_canonical({"config": cfg.to_dict(), "files": file_hashes})).hexdigest()[:16]
-
-
-@dataclass
-class Lineage:
-    root: str | None = None  # model id of the from-scratch ancestor, or hash of an imported checkpoint
-    parent: str | None = None  # model id this one was fine-tuned from
-    source: str = "scratch"  # scratch | model | huggingface: a scratch model is its own root
-
-
-@dataclass
-class Manifest:
-    config: ViTConfig
-    lineage: Lineage
-    files: dict[str, str]  # file name -> sha256
-    model_id: str
-    family_id: str
-    recipe: dict[str, Any] = field(default_factory=dict)
-    dataset: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    # Deployment policy measured on this model (min depth, activation statistics, exit thresholds):
-    # outside the hashed ids on purpose, so it can be (re)measured without renaming the model; read and
-    # write it with models/policy.py. A coordinator trusts only the policy in its own model dirs.
-    policy: dict[str, Any] = field(default_factory=dict)
-    # Files beside the weights that hold more policy (adaptive.json), by name -> {"sha256": ...}: kept
-    # through every rewrite of the manifest, or the file they list is refused as "written by hand"
-    # (models/adaptive_policy.py writes and checks them).
-    policy_files: dict[str, Any] = field(default_factory=dict)
+class SplitModel(Protocol):
+    """A model as saved: a stem, blocks and a head, each its own file."""
 
     @property
-    def variant(self) -> str:
-        return self.config.variant
-
-    def block_sha256(self, index: int) -> str:
-        return self.files[block_file(index)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "model_id": self.model_id,
-            "family_id": self.family_id,
-            "variant": self.config.variant,
-            "lineage": vars(self.lineage),
-            "config": self.config.to_dict(),
-            "recipe": self.recipe,
-            "dataset": self.dataset,
-            "metrics": self.metrics,
-            "policy": self.policy,
-            **({"policy_files": self.policy_files} if self.policy_files else {}),
-            "files": {name: {"sha256": sha} for name, sha in sorted(self.files.items())},
-        }
+    def cfg(self) -> ModelConfig: ...
+    @property
+    def stem(self) -> nn.Module: ...
+    @property
+    def head(self) -> nn.Module: ...
+    @property
+    def blocks(self) -> nn.ModuleList: ...
 
 
 def save_model(
-    model: ViT,
+    model: SplitModel,
     out_dir: str | os.PathLike[str],
     lineage: Lineage,
     recipe: dict[str, Any] | None = None,
     dataset: dict[str, Any] | None = None,
     metrics: dict[str, Any] | None = None,
-) -> Manifest:
+) -> Manifest[Any]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts: dict[str, nn.Module] = {"stem.safetensors": model.stem, "head.safetensors": model.head}
@@ -133,16 +124,16 @@ def save_model(
         save_file(tensors, str(out / name), metadata={"format": FORMAT})
         files[name] = sha256_file(out / name)
     cfg = model.cfg
-    if cfg.is_text:
+    if cfg.kind in TOKENIZED_KINDS:
         if not (out / TOKENIZER).is_file():
-            raise ValueError(f"{out}: a text model needs its {TOKENIZER} written before the weights are saved")
+            raise ValueError(f"{out}: a {cfg.kind} model needs its {TOKENIZER} written before the weights are saved")
         files[TOKENIZER] = sha256_file(out / TOKENIZER)
     model_id = derive_model_id(cfg, files)
     if lineage.source == "scratch":
         lineage = Lineage(root=model_id, parent=None, source="scratch")
     if lineage.root is None:
         raise ValueError(f"a model from {lineage.source!r} needs the lineage root of its ancestor")
-    manifest = Manifest(
+    manifest: Manifest[Any] = Manifest(
         config=cfg,
         lineage=lineage,
         files=files,
@@ -156,99 +147,9 @@ def save_model(
     return manifest
 
 
-def write_manifest(model_dir: str | os.PathLike[str], manifest: Manifest) -> None:
-    out = Path(model_dir)
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n")
-    tmp.replace(out / MANIFEST)  # atomic: a reader never sees a half-written manifest
-
-
-def rehash_model_dir(model_dir: str | os.PathLike[str]) -> Manifest:
-    """Re-derive file hashes and ids after a directory's files changed (keeps lineage, recipe, metrics).
-    Anyone can do this to an edited copy: a self-consistent manifest proves nothing about its origin,
-    which is why strict coordinators admit only ids and hashes their own manifests list."""
-    path = Path(model_dir)
-    raw = json.loads((path / MANIFEST).read_text())
-    cfg = ViTConfig.from_dict(raw["config"])
-    files = {name: sha256_file(path / name) for name in raw["files"]}
-    model_id = derive_model_id(cfg, files)
-    lineage = Lineage(**raw["lineage"])
-    if lineage.source == "scratch":
-        lineage = Lineage(root=model_id, parent=None, source="scratch")
-    assert lineage.root is not None
-    manifest = Manifest(
-        cfg,
-        lineage,
-        files,
-        model_id,
-        derive_family_id(cfg, lineage.root),
-        raw.get("recipe", {}),
-        raw.get("dataset", {}),
-        raw.get("metrics", {}),
-        raw.get("policy", {}),
-        raw.get("policy_files", {}),
-    )
-    write_manifest(path, manifest)
-    return manifest
-
-
-def read_manifest(model_dir: str | os.PathLike[str]) -> Manifest:
-    """Parse and check a manifest's own consistency (ids re-derived); file hashes are checked on load."""
-    path = Path(model_dir) / MANIFEST
-    if not path.is_file():
-        raise ModelDirError(f"{model_dir}: no {MANIFEST} (is this a layerswarm model directory?)")
-    try:
-        raw = json.loads(path.read_text())
-        if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
-            raise ModelDirError(
-                f"{path}: format {raw.get('format')!r} v{raw.get('format_version')!r}, "
-                f"expected {FORMAT!r} v{FORMAT_VERSION}"
-            )
-        cfg = ViTConfig.from_dict(raw["config"])
-        manifest = Manifest(
-            config=cfg,
-            lineage=Lineage(**raw["lineage"]),
-            files={name: entry["sha256"] for name, entry in raw["files"].items()},
-            model_id=raw["model_id"],
-            family_id=raw["family_id"],
-            recipe=raw.get("recipe", {}),
-            dataset=raw.get("dataset", {}),
-            metrics=raw.get("metrics", {}),
-            policy=raw.get("policy", {}),
-            policy_files=raw.get("policy_files", {}),
-        )
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
-        if isinstance(exc, ModelDirError):
-            raise
-        raise ModelDirError(f"{path}: malformed manifest ({exc})") from exc
-    expected_files = {"stem.safetensors", "head.safetensors"} | {block_file(i) for i in range(cfg.depth)}
-    if cfg.is_text:
-        expected_files.add(TOKENIZER)
-    if set(manifest.files) != expected_files:
-        raise ModelDirError(f"{path}: lists files {sorted(manifest.files)}, expected {sorted(expected_files)}")
-    if manifest.model_id != derive_model_id(cfg, manifest.files):
-        raise ModelDirError(f"{path}: model_id does not match its config and file hashes (edited manifest?)")
-    if manifest.lineage.source == "scratch" and manifest.lineage.root != manifest.model_id:
-        raise ModelDirError(f"{path}: a model trained from scratch must be its own lineage root")
-    if manifest.lineage.root is None or manifest.family_id != derive_family_id(cfg, manifest.lineage.root):
-        raise ModelDirError(f"{path}: family_id does not derive from its architecture and lineage")
-    return manifest
-
-
-def verified_tensors(model_dir: str | os.PathLike[str], manifest: Manifest, name: str) -> dict[str, torch.Tensor]:
+def verified_tensors(model_dir: str | os.PathLike[str], manifest: Manifest[Any], name: str) -> dict[str, torch.Tensor]:
     """Load one part's tensors after checking its sha256 against the manifest."""
-    path = Path(model_dir) / name
-    if name not in manifest.files:
-        raise ModelDirError(f"{model_dir}: the manifest lists no file {name!r}")
-    if not path.is_file():
-        raise ModelDirError(f"{path}: missing (the manifest lists it)")
-    actual = sha256_file(path)
-    if actual != manifest.files[name]:
-        raise ModelDirError(
-            f"{path}: sha256 {actual[:16]}... does not match the manifest's {manifest.files[name][:16]}... "
-            "(tampered or corrupted weights)"
-        )
-    return load_file(str(path))
+    return load_file(str(verified_path(model_dir, manifest, name)))
 
 
 def _load_into(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
@@ -258,24 +159,45 @@ def _load_into(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) 
         raise ModelDirError(f"{where}: weights do not fit the config ({exc})") from exc
 
 
-def load_block(model_dir: str | os.PathLike[str], index: int, manifest: Manifest | None = None) -> Block:
+class Architecture(Protocol):
+    """How one family builds its parts from its config: the seam the loaders below go through."""
+
+    def new_block(self, cfg: Any) -> nn.Module: ...
+    def new_stem_head(self, cfg: Any) -> tuple[nn.Module, nn.Module]: ...
+
+
+class _Classifier:
+    def new_block(self, cfg: ViTConfig) -> nn.Module:
+        return Block(cfg)
+
+    def new_stem_head(self, cfg: ViTConfig) -> tuple[nn.Module, nn.Module]:
+        return new_stem(cfg), Head(cfg)
+
+
+class _Decoder:
+    def new_block(self, cfg: LMConfig) -> nn.Module:
+        return DecoderBlock(cfg)
+
+    def new_stem_head(self, cfg: LMConfig) -> tuple[nn.Module, nn.Module]:
+        return new_lm_stem_head(cfg)  # a tied head reads the stem's embedding: they are made together
+
+
+ARCHITECTURES: dict[str, Architecture] = {"image": _Classifier(), "text": _Classifier(), LM_KIND: _Decoder()}
+
+
+@overload
+def load_block(model_dir: str | os.PathLike[str], index: int, manifest: Manifest[LMConfig]) -> DecoderBlock: ...
+@overload
+def load_block(model_dir: str | os.PathLike[str], index: int, manifest: Manifest[ViTConfig] | None = None) -> Block: ...
+def load_block(model_dir: str | os.PathLike[str], index: int, manifest: AnyManifest | None = None) -> nn.Module:
+    """One block, sha256-verified: a classifier's (manifest None or a classifier's) or a decoder's."""
     manifest = manifest or read_manifest(model_dir)
     depth = manifest.config.depth
     if not 0 <= index < depth:
         raise ModelDirError(f"block index {index} out of range: {model_dir} has blocks 0..{depth - 1}")
-    block = Block(manifest.config)
+    block = ARCHITECTURES[manifest.config.kind].new_block(manifest.config)
     _load_into(block, verified_tensors(model_dir, manifest, block_file(index)), f"{model_dir}/{block_file(index)}")
     return block.eval()
-
-
-def verified_file(model_dir: str | os.PathLike[str], manifest: Manifest, name: str) -> Path:
-    """The path of a non-tensor part (a text model's tokenizer) after checking its sha256."""
-    path = Path(model_dir) / name
-    if name not in manifest.files or not path.is_file():
-        raise ModelDirError(f"{model_dir}: missing {name} (or the manifest does not list it)")
-    if sha256_file(path) != manifest.files[name]:
-        raise ModelDirError(f"{path}: sha256 does not match the manifest (tampered or corrupted)")
-    return path
 
 
 def new_stem(cfg: ViTConfig) -> nn.Module:
@@ -291,18 +213,40 @@ def new_model(cfg: ViTConfig) -> ViT:
     return ViT(cfg)
 
 
-def load_stem_head(model_dir: str | os.PathLike[str], manifest: Manifest | None = None) -> tuple[Stem, Head]:
-    """Stem (a TextStem for text models) and head, verified."""
+@overload
+def load_stem_head(
+    model_dir: str | os.PathLike[str], manifest: Manifest[LMConfig]
+) -> tuple[TokenEmbedding, LMHead]: ...
+@overload
+def load_stem_head(
+    model_dir: str | os.PathLike[str], manifest: Manifest[ViTConfig] | None = None
+) -> tuple[Stem, Head]: ...
+def load_stem_head(
+    model_dir: str | os.PathLike[str], manifest: AnyManifest | None = None
+) -> tuple[nn.Module, nn.Module]:
+    """Stem (a TextStem for text models, the token embedding for decoders) and head, verified."""
     manifest = manifest or read_manifest(model_dir)
-    stem, head = new_stem(manifest.config), Head(manifest.config)
+    stem, head = ARCHITECTURES[manifest.config.kind].new_stem_head(manifest.config)
     _load_into(stem, verified_tensors(model_dir, manifest, "stem.safetensors"), f"{model_dir}/stem")
     _load_into(head, verified_tensors(model_dir, manifest, "head.safetensors"), f"{model_dir}/head")
-    return stem.eval(), head.eval()  # type: ignore[return-value]
+    return stem.eval(), head.eval()
 
 
-def load_model(model_dir: str | os.PathLike[str]) -> tuple[ViT, Manifest]:
+def load_model(model_dir: str | os.PathLike[str]) -> tuple[ViT, Manifest[ViTConfig]]:
     manifest = read_manifest(model_dir)
     model = new_model(manifest.config)
+    stem, head = load_stem_head(model_dir, manifest)
+    model.stem.load_state_dict(stem.state_dict())
+    model.head.load_state_dict(head.state_dict())
+    for i in range(manifest.config.depth):
+        model.blocks[i].load_state_dict(load_block(model_dir, i, manifest).state_dict())
+    return model.eval(), manifest
+
+
+def load_lm(model_dir: str | os.PathLike[str]) -> tuple[DecoderLM, Manifest[LMConfig]]:
+    """A decoder's whole model, every part verified: the monolith (for training and evaluation)."""
+    manifest = read_lm_manifest(model_dir)
+    model = DecoderLM(manifest.config)
     stem, head = load_stem_head(model_dir, manifest)
     model.stem.load_state_dict(stem.state_dict())
     model.head.load_state_dict(head.state_dict())

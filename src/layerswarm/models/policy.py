@@ -20,26 +20,26 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .checkpoint import Manifest, read_manifest, write_manifest
+from .checkpoint import AnyManifest, read_any_manifest, write_manifest
 
 MIN_BLOCKS = "min_blocks"
 ACTIVATION_STATS = "activation_stats"
 
 
-def entry(manifest: Manifest, key: str) -> dict[str, Any] | None:
+def entry(manifest: AnyManifest, key: str) -> dict[str, Any] | None:
     value = manifest.policy.get(key)
     return value if isinstance(value, dict) else None
 
 
-def write_entry(model_dir: str | os.PathLike[str], key: str, value: Mapping[str, object]) -> Manifest:
-    """Set one policy key in a model directory's manifest (atomically; ids unchanged)."""
-    manifest = read_manifest(model_dir)
+def write_entry(model_dir: str | os.PathLike[str], key: str, value: Mapping[str, object]) -> AnyManifest:
+    """Set one policy key in a model directory's manifest (atomically; ids unchanged), either family's."""
+    manifest = read_any_manifest(model_dir)
     manifest.policy[key] = value
     write_manifest(model_dir, manifest)
     return manifest
 
 
-def min_blocks(manifest: Manifest) -> int | None:
+def min_blocks(manifest: AnyManifest) -> int | None:
     """The evaluated minimum useful depth, or None when the model was never evaluated."""
     found = entry(manifest, MIN_BLOCKS)
     value = None if found is None else found.get("value")

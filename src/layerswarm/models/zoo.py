@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from .checkpoint import Manifest, read_manifest
+from .manifest import Manifest, read_manifest
 
 SHIPPED = "shapes"
 

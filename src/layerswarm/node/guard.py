@@ -37,7 +37,7 @@ import grpc
 
 from layerswarm.wire.auth import AUTH_KEY, NONCE_KEY, AuthError, NodeAuthenticator, metadata_value
 from layerswarm.wire.discovery import METHOD_PREFIX
-from layerswarm.wire.memory import release_free_memory
+from layerswarm.wire.memory import give_back_free_memory
 from layerswarm.wire.security import deny, with_proof
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class MemoryKeeper:
                 gc.collect()  # (grpc.aio keeps each aborted call's exception in one) goes, then its pages
             busy, self._seen = calls != self._seen, calls
             try:  # off the loop: trimming walks every arena
-                await asyncio.get_running_loop().run_in_executor(None, release_free_memory)
+                await asyncio.get_running_loop().run_in_executor(None, give_back_free_memory)
                 self.trims += 1
             except OSError:
                 log.exception("malloc_trim failed; going on")

@@ -1,5 +1,8 @@
 """One block on one device, run off the event loop, with load accounting and micro-batching.
 
+The block is computed by an engine (engines/: torch's modules or numpy's); this module sees numpy arrays
+only, so a node's runtime is the same whichever engine computes.
+
 Compute runs on one worker thread: concurrent requests queue instead of thrashing the cores. With
 micro-batching on, the requests that queued up while the block was busy (same position, up to
 `max_batch` rows) run as one batch and are split again afterwards: no waiting window is added, so
@@ -11,30 +14,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
-import torch
+import numpy as np
 
-from layerswarm.models.checkpoint import Manifest, load_block
-from layerswarm.models.text.tokens import run_active
+from layerswarm.models.manifest import AnyManifest
 from layerswarm.wire.stats import ewma
 
+from .engines import BlockEngine
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    return device
+R = TypeVar("R")
 
 
 @dataclass
 class _Pending:
-    x: torch.Tensor
+    x: np.ndarray
     position: int
-    done: asyncio.Future[tuple[torch.Tensor, float]]
+    done: asyncio.Future[tuple[np.ndarray, float]]
 
 
 class BlockRuntime:
@@ -42,18 +41,20 @@ class BlockRuntime:
 
     def __init__(
         self,
-        model_dir: str,
+        engine: BlockEngine,
         index: int,
-        manifest: Manifest,
-        device: torch.device,
+        manifest: AnyManifest,
         micro_batch: bool = True,
         max_batch: int = 64,
     ) -> None:
-        self.block = load_block(model_dir, index, manifest).to(device)
+        self.engine = engine
+        # A decoder block (generation): Forward runs it over whole sequences from position 0, without a
+        # cache; its streams' steps go through decode_batch.py on the same compute thread.
+        self.decoder = engine.decoder
         self.manifest = manifest
         self.index = index
-        self.device = device
-        self.dtype = torch.float32
+        self.device = engine.device
+        self.dtype = np.float32  # what every engine computes in
         self.micro_batch = micro_batch
         self.max_batch = max_batch
         self.in_flight = 0  # queued or computing
@@ -66,8 +67,8 @@ class BlockRuntime:
         self._busy = False  # a batch is computing: new requests queue up to be merged
 
     async def forward(
-        self, x: torch.Tensor, position: int, token_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, float]:
+        self, x: np.ndarray, position: int, token_mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, float]:
         """The block's output: (B, T, D), or with a text token mask the active tokens' states only (N, D)."""
         self.in_flight += 1
         try:
@@ -86,7 +87,22 @@ class BlockRuntime:
         self.ewma_ms = ewma(self.ewma_ms if self.served > 1 else None, ms, self.EWMA_ALPHA)
         return out, ms
 
-    async def _batched(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
+    async def on_thread(self, fn: Callable[..., R], *args: object) -> R:
+        """Run `fn(*args)` on the block's one compute thread (decode steps share it with Forward)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def begin_call(self) -> None:
+        """A call (a decode step) is queued or computing: counted in `in_flight` until end_call."""
+        self.in_flight += 1
+
+    def end_call(self, ms: float | None) -> None:
+        """The call ended; `ms`: its compute time when it was served (for Info's load figures)."""
+        self.in_flight -= 1
+        if ms is not None:
+            self.served += 1
+            self.ewma_ms = ewma(self.ewma_ms if self.served > 1 else None, ms, self.EWMA_ALPHA)
+
+    async def _batched(self, x: np.ndarray, position: int) -> tuple[np.ndarray, float]:
         """An idle block runs a request at once, from the caller's own coroutine: a lone request pays
         for no batcher task (its creation and wake-ups, on every hop). Requests that arrive while the
         block is busy queue up and are merged."""
@@ -101,7 +117,7 @@ class BlockRuntime:
             self._start_batcher()
         return out, ms
 
-    def _enqueue(self, x: torch.Tensor, position: int) -> asyncio.Future[tuple[torch.Tensor, float]]:
+    def _enqueue(self, x: np.ndarray, position: int) -> asyncio.Future[tuple[np.ndarray, float]]:
         pending = _Pending(x, position, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._start_batcher()
@@ -124,7 +140,7 @@ class BlockRuntime:
         while self._queue:
             group = self._take_group()
             try:
-                x = group[0].x if len(group) == 1 else torch.cat([p.x for p in group])
+                x = group[0].x if len(group) == 1 else np.concatenate([p.x for p in group])
                 out, ms = await loop.run_in_executor(self._pool, self._compute, x, group[0].position)
             except Exception as exc:  # noqa: BLE001 - every waiter must hear about the failure
                 for p in group:
@@ -156,20 +172,18 @@ class BlockRuntime:
         self._queue = kept
         return group
 
-    @torch.inference_mode()
-    def _compute_tokens(self, x: torch.Tensor, position: int, token_mask: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def _compute_tokens(self, x: np.ndarray, position: int, token_mask: np.ndarray) -> tuple[np.ndarray, float]:
         started = time.perf_counter()
-        out = run_active(self.block, x.to(self.device, self.dtype), position, token_mask.to(self.device)).cpu()
+        out = self.engine.forward_tokens(x, position, token_mask)  # text classifiers (a decoder refuses masks)
         return out, (time.perf_counter() - started) * 1e3
 
-    @torch.inference_mode()
-    def _compute(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, float]:
+    def _compute(self, x: np.ndarray, position: int) -> tuple[np.ndarray, float]:
         started = time.perf_counter()
-        out = self.block(x.to(self.device, self.dtype), position)
-        out = out.cpu()
+        out = self.engine.forward(x, position)
         return out, (time.perf_counter() - started) * 1e3
 
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.engine.close()

@@ -8,15 +8,16 @@ import logging
 import signal
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
 
-from layerswarm.models.checkpoint import read_manifest
 from layerswarm.models.config import ViTConfig
+from layerswarm.models.lm.config import LMConfig
+from layerswarm.models.manifest import read_any_manifest
 from layerswarm.wire.auth import NodeAuthenticator
 from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
 from layerswarm.wire.exposure import insecure_notice
@@ -24,27 +25,28 @@ from layerswarm.wire.security import CoordinatorRoleInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertised, Advertiser, advertised_addresses
+from .decode import DecodeService
+from .engines import BlockEngine, load_engine
 from .guard import CallGuard, CallLimits, MemoryKeeper
 from .metrics import NodeMetrics
 from .relay import Relayer
-from .runtime import BlockRuntime, pick_device
-from .service import BlockService
+from .runtime import BlockRuntime
+from .service import BlockService, block_tokens
 from .settings import NodeSettings
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 
 
-def receive_limit(settings: NodeSettings, cfg: ViTConfig) -> int:
+def receive_limit(settings: NodeSettings, cfg: ViTConfig | LMConfig) -> int:
     """The largest request this node has a use for: `max_batch` activations of its model in float32
-    (int8 with its scales is smaller), twice for a text hop's frozen states, the token mask at 8 bytes a
-    token, and 1 MiB for the rest (ids, a relay chain). gRPC refuses a larger message before reading it
+    (int8 with its scales is smaller), twice for a text hop's frozen states (a decoder's Decode: its
+    activations and CALM fill, one row each, within that), the token mask at 8 bytes a token, and 1 MiB
+    for the rest (ids, a relay chain). gRPC refuses a larger message before reading it
     (RESOURCE_EXHAUSTED), so a stranger's padded call, read before its refusal, costs the node this and
     not the configured ceiling: about 1.3 MB for the shipped model's nodes instead of 64 MiB."""
-    tokens = cfg.num_tokens  # a text model's longest sequence
-    activations = settings.max_batch * tokens * cfg.dim * 4 * (2 if cfg.is_text else 1)
+    tokens = block_tokens(cfg)  # a text model's longest sequence, a decoder's context
+    doubled = isinstance(cfg, LMConfig) or cfg.is_text
+    activations = settings.max_batch * tokens * cfg.dim * 4 * (2 if doubled else 1)
     return min(settings.max_message_bytes, activations + settings.max_batch * tokens * 8 + (1 << 20))
 
 
@@ -83,9 +85,9 @@ class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
         self.boot_id = uuid.uuid4().hex
-        self.manifest = read_manifest(settings.model_dir)
-        device = pick_device(settings.device)
-        self.runtime = self.make_runtime(device)
+        self.manifest = read_any_manifest(settings.model_dir)
+        engine = load_engine(settings.model_dir, settings.block, self.manifest, settings.engine, settings.device)
+        self.runtime = self.make_runtime(engine)
         self.relayer = Relayer(
             settings.security, settings.max_message_bytes, streams=settings.relay_streams, block=settings.block
         )
@@ -107,20 +109,20 @@ class Node:
         )
         self.port = 0
         self.service: BlockService | None = None
+        # Decoder blocks: the generation streams' caches and their steps (node/decode.py).
+        self.decode = DecodeService(self.runtime, settings, self.metrics) if self.runtime.decoder else None
         self.advertiser: Advertiser | None = None
         self.advertised: Advertised | None = None  # what the mDNS record says, and why (in the ready line)
         self._metrics_server: tuple[Any, Any] | None = None
 
-    def make_runtime(self, device: torch.device) -> BlockRuntime:
+    def make_runtime(self, engine: BlockEngine) -> BlockRuntime:
         s = self.settings
-        return BlockRuntime(
-            str(s.model_dir), s.block, self.manifest, device, micro_batch=s.micro_batch, max_batch=s.max_batch
-        )
+        return BlockRuntime(engine, s.block, self.manifest, micro_batch=s.micro_batch, max_batch=s.max_batch)
 
     def make_service(self) -> BlockService:
         """The servicer. The test-only fault harness (harness/faults.py) overrides this and
         make_runtime to build a lying node from the real parts; production code never does."""
-        return BlockService(self.runtime, self.settings, self.metrics, self.boot_id, self.relayer)
+        return BlockService(self.runtime, self.settings, self.metrics, self.boot_id, self.relayer, self.decode)
 
     async def start(self) -> None:
         s = self.settings
@@ -138,6 +140,8 @@ class Node:
         self.memory.start()
         if (notice := insecure_notice(s.host, s.security, s.insecure)) is not None:
             log.warning("%s", notice)
+        if self.decode is not None:
+            self.decode.start()
         for service in ("", HEALTH_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if s.metrics_port is not None:
@@ -171,6 +175,8 @@ class Node:
             self.service.closing.set()  # relay streams end once their chains have (they never end by themselves)
         await self.server.stop(self.settings.grace_s)
         await self.memory.stop()
+        if self.decode is not None:
+            await self.decode.stop()
         if self.advertiser is not None:
             await self.advertiser.stop()
         if self._metrics_server is not None:
@@ -190,6 +196,8 @@ class Node:
                 "model_id": self.manifest.model_id,
                 "family_id": self.manifest.family_id,
                 "boot_id": self.boot_id,
+                "engine": self.runtime.engine.name,  # torch or numpy (--engine)
+                "device": self.runtime.device,
                 # Where peers are told to dial (none: --no-advertise), and the rule that chose it.
                 "advertised": self.advertised.addresses if self.advertised else [],
                 "advertised_by": self.advertised.rule if self.advertised else None,

@@ -4,56 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator
 
 import grpc
-import torch
+import numpy as np
 
 from layerswarm import __version__
-from layerswarm.models.text.tokens import join_states, mask_problem, split_problem
-from layerswarm.wire import codec
+from layerswarm.models.config import ViTConfig
+from layerswarm.models.lm.config import LMConfig
+from layerswarm.models.text.codes import join_states, mask_problem, split_problem
+from layerswarm.wire import arrays
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.relay_stream import serve_relay_stream
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
+from .callers import caller_of, new_connection
+from .checks import RequestError, check_input_range, decoded, output_problem, reply_dtype_of
+from .decode import NOT_A_DECODER, DecodeService
 from .metrics import NodeMetrics
 from .relay import MAX_DEADLINE_S, Relayer, RelayRefused
 from .runtime import BlockRuntime
 from .settings import NodeSettings
 
 log = logging.getLogger(__name__)
-
-
-# An input whose largest value is past this fraction of the reply dtype's limit leaves a block no room
-# (a residual block adds to its input): it is refused as the sender's fault, before any compute. The
-# coordinator applies the same bound to every reply (coordinator/verification/ranges.py: hard_range_problem).
-INPUT_HEADROOM = 0.5
-
-
-def output_problem(out: torch.Tensor, reply_dtype: torch.dtype) -> str | None:
-    """Why `out` must not be sent as `reply_dtype`, or None when it can be."""
-    peak = codec.peak_abs(out) if out.numel() else 0.0
-    if not math.isfinite(peak):
-        return "has NaN or Inf values"
-    limit = codec.value_limit(reply_dtype)
-    if peak > limit:
-        return f"is out of range for {_name(reply_dtype)} (max |x| {peak:.4g} > {limit:.6g})"
-    return None
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-class RequestError(Exception):
-    """A request the node refuses; carries the gRPC status to answer with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class BlockService(pb_grpc.BlockNodeServicer):
@@ -64,17 +39,21 @@ class BlockService(pb_grpc.BlockNodeServicer):
         metrics: NodeMetrics,
         boot_id: str,
         relayer: Relayer | None = None,
+        decode: DecodeService | None = None,
     ) -> None:
         self.runtime = runtime
         self.relayer = relayer or Relayer(SecuritySettings(), settings.max_message_bytes)
         self.settings = settings
         self.metrics = metrics
         self.boot_id = boot_id
+        self.decode = decode  # decoder blocks: generation's streams (None: a classifier's block)
         self.closing = asyncio.Event()  # set when the node drains: its relay streams end (Node.stop)
         cfg = runtime.manifest.config
-        # Text: any T up to the family's maximum (checked in _validate); images: exactly their T.
-        self.spec = codec.TensorSpec(
-            shape=(None, None if cfg.is_text else cfg.num_tokens, cfg.dim),
+        self.max_tokens = block_tokens(cfg)
+        # Text and decoders: any T up to the family's maximum (checked in _validate); images: exactly their T.
+        fixed = cfg.num_tokens if isinstance(cfg, ViTConfig) and not cfg.is_text else None
+        self.spec = arrays.TensorSpec(
+            shape=(None, fixed, cfg.dim),
             max_batch=settings.max_batch,
             max_bytes=settings.max_message_bytes,
         )
@@ -145,12 +124,12 @@ class BlockService(pb_grpc.BlockNodeServicer):
             variant=cfg.variant,
             weights_sha256=rt.manifest.block_sha256(rt.index),
             device=str(rt.device),
-            compute_dtype=codec.wire_dtype(rt.dtype),  # type: ignore[arg-type]
+            compute_dtype=pb.DTYPE_FLOAT32,  # every engine computes in float32
             software_version=__version__,
             protocol_version=PROTOCOL_VERSION,
             boot_id=self.boot_id,
             depth=cfg.depth,
-            tokens=cfg.num_tokens,
+            tokens=self.max_tokens,
             dim=cfg.dim,
             max_batch=self.settings.max_batch,
             shuffle_robust=cfg.shuffle_robust,
@@ -162,7 +141,47 @@ class BlockService(pb_grpc.BlockNodeServicer):
             ),
             links=self.relayer.peers.link_stats() if self.relayer.peers else [],
             trace_key=self.relayer.signer.public,
+            stream_limits=self.decode.limits_message() if self.decode is not None else None,
         )
+
+    async def Decode(self, request: pb.DecodeRequest, context: grpc.aio.ServicerContext) -> pb.DecodeResponse:
+        """One step of one generation stream (node/decode.py)."""
+        self.metrics.requests.labels("Decode").inc()
+        try:
+            return await self._decoder().decode(request, caller_of(context))
+        except RequestError as exc:
+            code, message = exc.code, str(exc)
+        except Exception as exc:  # a bug: INTERNAL with its name, never the UNKNOWN grpc would send
+            log.exception("decode step failed")
+            code, message = grpc.StatusCode.INTERNAL, f"decode step failed: {type(exc).__name__}: {exc}"
+        self.metrics.errors.labels(code.name).inc()
+        await context.abort(code, message)
+        raise AssertionError("unreachable: abort raises")
+
+    async def DecodeStream(
+        self, request_iterator: AsyncIterator[pb.DecodeRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.DecodeResponse]:
+        """Many streams' steps over one call, replies in order; a failed step is a reply (`refused`)."""
+        if self.decode is None:
+            self.metrics.errors.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_A_DECODER)
+            return
+        async for reply in self.decode.serve_stream(request_iterator, caller_of(context, new_connection())):
+            yield reply
+
+    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
+        self.metrics.requests.labels("Release").inc()
+        try:
+            return self._decoder().release(request, caller_of(context))
+        except RequestError as exc:
+            self.metrics.errors.labels(exc.code.name).inc()
+            await context.abort(exc.code, str(exc))
+            raise  # unreachable: abort raises
+
+    def _decoder(self) -> DecodeService:
+        if self.decode is None:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, NOT_A_DECODER)
+        return self.decode
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
         x, reply_dtype, token_mask = self._validate(request)
@@ -174,7 +193,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.metrics.in_flight.inc()
         try:
             out, ms = await self.runtime.forward(x, request.position, token_mask)
-        except RuntimeError as exc:  # a device error, out of memory: the client must see why
+        except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the client must see why
             log.exception("block compute failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
         finally:
@@ -182,10 +201,10 @@ class BlockService(pb_grpc.BlockNodeServicer):
         self.metrics.latency.observe(ms / 1e3)
         self._check_output(out, reply_dtype)
         return pb.ForwardResponse(
-            request_id=request.request_id, activations=codec.encode(out, reply_dtype), compute_ms=ms
+            request_id=request.request_id, activations=arrays.encode(out, reply_dtype), compute_ms=ms
         )
 
-    def _check_output(self, out: torch.Tensor, reply_dtype: torch.dtype) -> None:
+    def _check_output(self, out: np.ndarray, reply_dtype: int) -> None:
         """Never send what the next hop cannot use: non-finite values, or values the cast to the reply
         dtype would turn into Inf. The input was in range (checked first): this node is at fault."""
         problem = output_problem(out, reply_dtype)
@@ -194,7 +213,7 @@ class BlockService(pb_grpc.BlockNodeServicer):
             log.warning("refusing to send block output: %s", problem)
             raise RequestError(grpc.StatusCode.INTERNAL, f"block output {problem}: not sent")
 
-    def _validate(self, request: pb.ForwardRequest) -> tuple[torch.Tensor, torch.dtype, torch.Tensor | None]:
+    def _validate(self, request: pb.ForwardRequest) -> tuple[np.ndarray, int, np.ndarray | None]:
         cfg = self.runtime.manifest.config
         depth = cfg.depth
         if not request.HasField("activations"):
@@ -203,70 +222,58 @@ class BlockService(pb_grpc.BlockNodeServicer):
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"position {request.position} outside [0, {depth}) for this model"
             )
-        if request.HasField("token_mask") and not cfg.is_text:
+        text = isinstance(cfg, ViTConfig) and cfg.is_text
+        if (request.HasField("token_mask") or request.HasField("frozen")) and not text:
+            kind = "a decoder block" if isinstance(cfg, LMConfig) else "an image block"
             raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT, "token_mask is for text families; this is an image block"
+                grpc.StatusCode.INVALID_ARGUMENT, f"token_mask and frozen are for text families; this is {kind}"
             )
-        try:
-            asked = request.activations.dtype if request.reply_dtype == pb.DTYPE_UNSPECIFIED else request.reply_dtype
-            reply_dtype = codec.torch_dtype(asked)  # int8 in, int8 back: the link is as slow both ways
-        except codec.TensorError as exc:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"activations: {exc}") from exc
-        token_mask = self._token_mask(request) if cfg.is_text else None
+        reply_dtype = reply_dtype_of(request.reply_dtype, request.activations.dtype)
+        token_mask = self._token_mask(request) if text else None
         if request.HasField("frozen"):
             x = self._joined(request, token_mask)
         else:
-            x = self._decoded(request.activations, self.spec, "activations")
-            if cfg.is_text and x.shape[1] > cfg.max_tokens:
+            x = decoded(request.activations, self.spec, "activations")
+            if self.spec.shape[1] is None and x.shape[1] > self.max_tokens:
                 raise RequestError(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"{x.shape[1]} tokens; this family takes {cfg.max_tokens}"
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{x.shape[1]} tokens; this family takes {self.max_tokens}"
                 )
         if token_mask is not None:
             problem = mask_problem(token_mask, x)
             if problem is not None:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        limit = codec.value_limit(reply_dtype) * INPUT_HEADROOM
-        peak = codec.peak_abs(x) if x.numel() else 0.0
-        if peak > limit:  # the sender's output was already wrong: say so, rather than overflow and be blamed
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"input activations out of range: max |x| {peak:.6g} > {limit:.6g} "
-                f"(half the {_name(reply_dtype)} limit); the previous hop's output is suspect",
-            )
+        check_input_range(x, reply_dtype)
         return x, reply_dtype, token_mask
 
-    @staticmethod
-    def _decoded(msg: pb.Tensor, spec: codec.TensorSpec, what: str) -> torch.Tensor:
-        try:
-            return codec.decode(msg, spec)
-        except codec.TensorError as exc:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}") from exc
-
-    def _token_mask(self, request: pb.ForwardRequest) -> torch.Tensor | None:
+    def _token_mask(self, request: pb.ForwardRequest) -> np.ndarray | None:
         """Text: the (B, T) token mask (models/text/tokens.py) if sent, T within the family's maximum."""
         if not request.HasField("token_mask"):
             return None
-        spec = codec.TensorSpec((None, None), max_batch=self.settings.max_batch)
-        mask = self._decoded(request.token_mask, spec, "token_mask").to(torch.float32)
-        max_tokens = self.runtime.manifest.config.max_tokens
-        if mask.shape[1] > max_tokens:
+        spec = arrays.TensorSpec((None, None), max_batch=self.settings.max_batch)
+        mask = decoded(request.token_mask, spec, "token_mask").astype(np.float32, copy=False)
+        if mask.shape[1] > self.max_tokens:
             raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"{mask.shape[1]} tokens; this family takes {max_tokens}"
+                grpc.StatusCode.INVALID_ARGUMENT, f"{mask.shape[1]} tokens; this family takes {self.max_tokens}"
             )
         return mask
 
-    def _joined(self, request: pb.ForwardRequest, mask: torch.Tensor | None) -> torch.Tensor:
+    def _joined(self, request: pb.ForwardRequest, mask: np.ndarray | None) -> np.ndarray:
         """The split form (text): active and frozen rows, placed by the mask, as one (B, T, D) input."""
         if mask is None:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "frozen needs a token_mask to place its rows")
-        rows = codec.TensorSpec(
+        rows = arrays.TensorSpec(
             (None, self.runtime.manifest.config.dim),
-            max_batch=mask.numel(),
+            max_batch=mask.size,
             max_bytes=self.settings.max_message_bytes,
         )
-        active = self._decoded(request.activations, rows, "activations")
-        frozen = self._decoded(request.frozen, rows, "frozen")
+        active = decoded(request.activations, rows, "activations")
+        frozen = decoded(request.frozen, rows, "frozen")
         problem = split_problem(mask, active, frozen)
         if problem is not None:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, problem)
         return join_states(mask, active, frozen)
+
+
+def block_tokens(cfg: ViTConfig | LMConfig) -> int:
+    """T a block expects (images) or takes at most (text: its longest sequence; decoders: the context)."""
+    return cfg.max_seq_len if isinstance(cfg, LMConfig) else cfg.num_tokens

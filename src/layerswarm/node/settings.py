@@ -16,6 +16,7 @@ from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
 DEVICE_KINDS = ("auto", "cpu", "cuda", "mps")
+ENGINES = ("auto", "torch", "numpy")  # what computes a node's block (node/engines/)
 
 
 class NodeSettings(ProcessSettings):
@@ -28,8 +29,14 @@ class NodeSettings(ProcessSettings):
     # The port is reported on stdout in the ready line (with 0, the one the system chose).
     port: int = Field(default=0, ge=0, le=65535, description="gRPC port (0: any free port)")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    # What computes the block (node/engines/): numpy needs no torch (a node for small boards).
+    engine: str = Field(
+        default="auto",
+        description="auto | torch | numpy: what computes the block; auto is torch where it is installed, "
+        "else numpy (CPU only, no torch imported)",
+    )
     # One by default: idle nodes' spinning OpenMP threads steal cores from busy ones.
-    threads: int = Field(default=1, ge=1, description="torch threads")
+    threads: int = Field(default=1, ge=1, description="compute threads (torch's, or the numpy engine's BLAS)")
     # The coordinator admits 64 requests at once by default; past this a node answers RESOURCE_EXHAUSTED.
     max_in_flight: int = Field(default=64, ge=1, description="past this: RESOURCE_EXHAUSTED")
     max_batch: int = Field(default=64, ge=1, description="largest batch accepted")
@@ -51,6 +58,19 @@ class NodeSettings(ProcessSettings):
     )
     stranger_rate: float = Field(
         default=10.0, gt=0, description="calls a second without swarm credentials from one address (bursts of twice)"
+    )
+    # Generation (decoder blocks, docs/generation.md): the streams whose keys and values this node keeps.
+    # A stream's tokens are bounded by the model's context (max_seq_len); these bound the node.
+    max_streams: int = Field(
+        default=64,
+        ge=1,
+        description="decoder blocks: streams held at once (then the least recently used idle one goes)",
+    )
+    max_cache_mib: float = Field(
+        default=256.0, gt=0, description="decoder blocks: MiB of keys and values for all streams together"
+    )
+    idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="decoder blocks: free a stream no step has touched for this many seconds"
     )
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
     advertise: bool = True  # mDNS (DNS-SD) announcement
@@ -81,6 +101,10 @@ class NodeSettings(ProcessSettings):
             raise ValueError(problem)
         return self
 
+    @property
+    def max_cache_bytes(self) -> int:
+        return int(self.max_cache_mib * 1024 * 1024)
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str) -> str:
@@ -90,11 +114,18 @@ class NodeSettings(ProcessSettings):
             raise ValueError(f"{value!r} is not one of auto, cpu, cuda, cuda:N, mps")
         return value
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        if value not in ENGINES:
+            raise ValueError(f"{value!r} is not one of {', '.join(ENGINES)}")
+        return value
+
     @field_validator("model_dir", mode="before")
     @classmethod
     def _shipped_model(cls, value: Any) -> Any:
-        # zoo:FAMILY/MEMBER names a shipped model. Imported here: the zoo reads manifests through
-        # models/checkpoint.py (torch), and `layerswarm --help` builds this class's flags without torch.
+        # zoo:FAMILY/MEMBER names a shipped model. Imported here: `layerswarm --help` builds this class's
+        # flags without reading the zoo.
         from layerswarm.models.zoo import resolve  # noqa: PLC0415
 
         return resolve(value) if isinstance(value, str) else value

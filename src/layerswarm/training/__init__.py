@@ -9,4 +9,5 @@ runs.py, family.py    what `layerswarm train` and `family` do, from typed jobs (
 data/                 datasets: generated, digits, image folders, and held-out splits
 evaluation/           the paper's experiments, adaptive-compute calibration, plots, `layerswarm eval`
 text/                 the text family's side: corpora, per-token depth estimates, its runs
+lm/                   the generative family's side: tokenizer, tasks and corpora, trainer, evaluation
 """

@@ -10,7 +10,7 @@ identity it reports (family, model, block, weights hash, boot id), which only a 
 can compute. So the caller learns, in one round trip and before it has sent anything derived from
 the token, whether the node is one of ours.
 
-Only then does it sign calls to that node (Forward, ForwardStream):
+Only then does it sign calls to that node (Forward, ForwardStream, Decode, DecodeStream, Release, ...):
 
     x-layerswarm-auth: v1.<challenge>.<ts_ms>.<nonce>.<mac>
     mac = HMAC(K, "call|<method>|<challenge>|<ts_ms>|<nonce>")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 SERVICE_TYPE = "_layerswarm._tcp.local."
 PROTOCOL_VERSION = 1
 TXT_KEYS = ("family", "model", "block", "variant", "proto", "boot", "sha")
-# The gRPC service's full name (proto/layerswarm/v1/block.proto; tests/test_wire.py checks), written once:
+# The gRPC service's full name (proto/layerswarm/v1/block.proto; tests/wire/test_wire.py checks), written once:
 # a node reports SERVING under it in grpc.health.v1 ("" is the whole server), and its methods' paths
 # (signed calls, the coordinator-only interceptor) start with METHOD_PREFIX.
 HEALTH_SERVICE = "layerswarm.v1.BlockNode"

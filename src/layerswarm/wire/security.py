@@ -1,8 +1,9 @@
 """Who may talk to a node: a shared swarm token (never sent: per-call MACs, see wire/auth.py) and/or
 mutual TLS.
 
-Both sides load the same settings: `SecuritySettings.from_files(...)`. The token guards the
-BlockNode service (Forward, ForwardStream, Info); the standard health service stays open so that
+Both sides load the same settings: `SecuritySettings.from_files(...)`. The token guards every
+BlockNode call (Forward, ForwardStream, Relay, Collect, and generation's Decode, DecodeStream and
+Release) but Info, which is the token's handshake; the standard health service stays open so that
 container and Kubernetes probes work without secrets. With TLS, nodes require a client certificate
 signed by the swarm's CA, and the coordinator checks the node's certificate against the same CA
 (node certificates carry the shared name `layerswarm-node`, so nodes may change addresses). Roles
@@ -10,7 +11,7 @@ are separate: node certificates are for serverAuth only and the coordinator's fo
 (deploy/make-certs.sh), and TLS checks the extended key usage, so a node's key cannot drive nodes.
 For relay chains a node also holds a relay certificate (clientAuth, name `layerswarm-relay`): with it
 a node may call the next node's Relay (whose chain the coordinator MACed) and Info (its proof), never
-Forward, ForwardStream or Collect.
+Forward, ForwardStream, Collect or generation's calls.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ class RequestRecord:
     status: int  # HTTP status answered
     error: str | None
     policy: str | None
+    topology: str | None  # star or relay: how this request's route ran
     depth: int
     exited_early: bool
     elapsed_ms: float
@@ -118,6 +119,7 @@ class Activity:
             status=200,
             error=None,
             policy=result.policy.value,
+            topology=path.topology,
             depth=path.depth,
             exited_early=path.exited_early,
             elapsed_ms=round(result.elapsed_ms, 3),
@@ -139,6 +141,7 @@ class Activity:
             status=status,
             error=error,
             policy=None,
+            topology=None,
             depth=0,
             exited_early=False,
             elapsed_ms=0.0,

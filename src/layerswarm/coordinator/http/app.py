@@ -1,10 +1,12 @@
 """The coordinator's HTTP app (FastAPI): its middleware, its error map, and its routes, mounted by the
 model family it serves.
 
-Every error is JSON {"error": code, "detail": reason} with a 4xx status (503 when the swarm is too
-thin to answer; errors.py); nothing reaches a client as a traceback. An image family mounts the image
-routes (classify.py) and KServe v2 inference; a text family mounts /v1/classify/text (text.py) and
-answers the other family's routes with a clear 400 (behind the API keys, like every route).
+Every error of the native API is JSON {"error": code, "detail": reason} with a 4xx status (503 when the
+swarm is too thin to answer; errors.py); nothing reaches a client as a traceback. An image family mounts
+the image routes (classify.py) and KServe v2 inference; a text family mounts /v1/classify/text (text.py);
+a decoder family mounts generation: POST /v1/generate (generate.py) and the OpenAI-compatible API
+(openai_api.py, its errors in OpenAI's format: openai_errors.py), and no KServe. Each answers the other
+families' inference routes with a clear 400 (behind the API keys, like every route).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from .bodies import BodySlots
 from .classify import IMAGE_ROUTES, mount_images
 from .errors import ApiError, install_native_errors
 from .front_door import FrontDoor
+from .generate import GENERATE_ROUTES, mount_generate
 from .imaging import Decoder
 from .kserve import INFER_ROUTES, mount_kserve
+from .openai_api import OPENAI_ROUTES, mount_openai
 from .ops import mount_ops
 from .page import mount_page
 from .service import Service
@@ -32,9 +36,14 @@ from .text import TEXT_ROUTES, mount_text
 
 FOR_TEXT = 'this coordinator serves a text family: POST JSON {"text": ...} to /v1/classify/text'
 FOR_IMAGES = "this coordinator serves an image family: use /v1/classify"
+FOR_DECODER = "this coordinator serves a language model: POST /v1/generate, /v1/completions or /v1/chat/completions"
+FOR_CLASSIFIER = "this coordinator serves a classifier family: use /v1/classify"
+GENERATION_ROUTES = (*GENERATE_ROUTES, *OPENAI_ROUTES)
 
 
 def create_app(service: Service) -> FastAPI:
+    if service.generative:
+        return _generation_app(service)
     settings, metrics = service.settings, service.metrics
     text = service.router.config.is_text
     activity = Activity()  # recent requests and rates, for the swarm page
@@ -60,6 +69,30 @@ def create_app(service: Service) -> FastAPI:
     if text:
         mount_text(app, service, activity, slots)
     mount_wrong_family(app, (*IMAGE_ROUTES, *INFER_ROUTES) if text else TEXT_ROUTES, FOR_TEXT if text else FOR_IMAGES)
+    mount_wrong_family(app, GENERATION_ROUTES, FOR_CLASSIFIER)
+    return app
+
+
+def _generation_app(service: Service) -> FastAPI:
+    """A decoder family's app: generation (native and OpenAI-compatible), the page, probes and metrics."""
+    settings, metrics = service.settings, service.metrics
+    activity = Activity()
+    app = FastAPIOffline(
+        title="layerswarm coordinator",
+        version=__version__,
+        description="Generate text through a swarm of decoder-block nodes, token by token: native and "
+        "OpenAI-compatible APIs.",
+    )
+    install_native_errors(app, activity)
+    app.add_middleware(FrontDoor, keys=ApiKeys(settings.api_keys), metrics=metrics)
+    app.add_middleware(AccessLog, enabled=settings.access_log)
+    slots = BodySlots(settings.max_body_reads, metrics.body_reads)
+    app.state.decoder = None  # no images to decode
+    mount_ops(app, service)
+    mount_page(app, service, activity)
+    mount_generate(app, service, slots)
+    mount_openai(app, service, slots)
+    mount_wrong_family(app, (*IMAGE_ROUTES, *TEXT_ROUTES, *INFER_ROUTES), FOR_DECODER)
     return app
 
 

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..generation.runner import StreamFailed
 from ..routing.request import InvalidRequest
 from ..routing.trace import DepthError
 from .activity import MAX_ERROR_CHARS, Activity
@@ -49,7 +50,8 @@ def batch_of(request: Request) -> int:
 
 def install_native_errors(app: FastAPI, activity: Activity) -> None:
     """The native API's one error map: the front door's and the routes' ApiError, the caller's mistakes
-    (InvalidRequest: 422), too few blocks (DepthError: 503), and Starlette's and FastAPI's own."""
+    (InvalidRequest: 422), too few blocks (DepthError: 503), a stream that cannot go on (StreamFailed:
+    503), and Starlette's and FastAPI's own."""
 
     def answer(request: Request, status: int, error: str, detail: Any) -> JSONResponse:
         if request.url.path.startswith(INFERENCE):
@@ -66,7 +68,15 @@ def install_native_errors(app: FastAPI, activity: Activity) -> None:
 
     @app.exception_handler(DepthError)
     async def _too_thin(request: Request, exc: DepthError) -> JSONResponse:
-        return answer(request, *TOO_THIN, str(exc))
+        if request.url.path.startswith(INFERENCE):
+            activity.record_failure("v1", batch_of(request), TOO_THIN[0], TOO_THIN[1])
+        # the block indices no node answered for, named for the operator who has to bring one back
+        content = {"error": TOO_THIN[1], "detail": str(exc), "missing_blocks": exc.missing}
+        return JSONResponse(status_code=TOO_THIN[0], content=content)
+
+    @app.exception_handler(StreamFailed)  # generation: a stream no node could carry on (before it started)
+    async def _stream_failed(request: Request, exc: StreamFailed) -> JSONResponse:
+        return answer(request, 503, "stream_failed", str(exc))
 
     @app.exception_handler(StarletteHTTPException)  # routing 404/405 come from Starlette itself
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

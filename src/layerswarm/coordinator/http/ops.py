@@ -20,7 +20,7 @@ def insecure_notice(settings: CoordinatorSettings) -> str | None:
 
 
 def mount_ops(app: FastAPI, service: Service) -> None:
-    manifest = service.router.manifest
+    manifest = service.manifest
     cfg = manifest.config
 
     @app.get("/v1/nodes")

@@ -46,11 +46,11 @@ def node_view(record: NodeRecord, now: float, convicted: ConvictionView) -> dict
 
 
 def swarm_snapshot(service: Service, activity: Activity) -> dict[str, Any]:
-    registry, manifest = service.registry, service.router.manifest
+    registry, manifest = service.registry, service.manifest
     now = registry.clock()
     ready, reason = service.ready()
     records = sorted(registry.nodes.values(), key=lambda r: (r.block, r.address))
-    return {
+    snapshot: dict[str, Any] = {
         "time": time.time(),
         "swarm": {
             "family_id": manifest.family_id,
@@ -68,6 +68,12 @@ def swarm_snapshot(service: Service, activity: Activity) -> dict[str, Any]:
         "stats": activity.stats(),
         "requests": activity.routes(ROUTES_SHOWN),
     }
+    if not service.generative:  # star or relay, and under auto what was measured
+        snapshot["topology"] = service.router.topology_view()
+    if service.generative:  # a decoder family: its live streams and the latest finished ones
+        live, recent = service.generator.views()
+        snapshot["streams"] = {"live": live, "recent": recent}
+    return snapshot
 
 
 def mount_page(app: FastAPI, service: Service, activity: Activity) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from layerswarm.models.checkpoint import AnyManifest
+
+from ..generation.generator import Generator
 from ..membership.registry import Registry
 from ..metrics import CoordinatorMetrics
 from ..routing.router import Router
@@ -17,7 +20,16 @@ class Service(Protocol):
     def settings(self) -> CoordinatorSettings: ...
 
     @property
-    def router(self) -> Router: ...  # classify, and the model it serves (manifest, config)
+    def manifest(self) -> AnyManifest: ...  # the model it serves, either kind
+
+    @property
+    def generative(self) -> bool: ...  # a decoder family (generator), else a classifier's (router)
+
+    @property
+    def router(self) -> Router: ...  # a classifier family's: classify (a decoder's raises)
+
+    @property
+    def generator(self) -> Generator: ...  # a decoder family's: streams (a classifier's raises)
 
     @property
     def registry(self) -> Registry: ...  # the swarm as seen: /v1/nodes, the page

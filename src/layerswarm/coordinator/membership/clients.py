@@ -238,6 +238,30 @@ class NodeClient:
             self._learn(exc)
             raise
 
+    async def decode(self, request: pb.DecodeRequest, timeout: float) -> pb.DecodeResponse:
+        """One generation step of one stream (unary Decode). Raises grpc.aio.AioRpcError, or
+        asyncio.TimeoutError past `timeout`."""
+        try:
+            return await _call(self.block.Decode(request, timeout=timeout, metadata=self._signed("Decode")))
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+
+    def decode_link(self) -> DecodeLink:
+        """A DecodeStream call of its own for one generation stream: its steps go over it in order, and
+        the node frees what was opened over it when it ends (the stream closed or this process went away)."""
+        return DecodeLink(self)
+
+    async def release(self, stream_ids: list[str], timeout: float) -> int:
+        """Free these streams' caches on the node; how many it held for us."""
+        request = pb.ReleaseRequest(stream_ids=stream_ids)
+        try:
+            reply = await _call(self.block.Release(request, timeout=timeout, metadata=self._signed("Release")))
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+        return int(reply.released)
+
     async def check_health(self, service: str, timeout: float) -> Any:
         """grpc.health.v1 Check (its reply)."""
         request = health_pb2.HealthCheckRequest(service=service)
@@ -259,6 +283,73 @@ class NodeClient:
         await self._relay_link.close()
         await self.channel.close()
         await self.control.close()
+
+
+class DecodeLink:
+    """One DecodeStream call to one node, for one generation stream's steps (replies come in order).
+
+    Opened on the first step; a call that failed, timed out or was cancelled is never reused (its state
+    is unknown): the next step opens a new one, and the node, which freed what the old call opened,
+    answers it FAILED_PRECONDITION or NOT_FOUND, which the caller turns into a rebuild. A node older than
+    DecodeStream (UNIMPLEMENTED) gets unary Decode calls from then on."""
+
+    def __init__(self, client: NodeClient) -> None:
+        self.client = client
+        self._call: Any = None
+        self._unary = client.transport == "unary"
+
+    async def step(self, request: pb.DecodeRequest, timeout: float) -> pb.DecodeResponse:
+        if self._unary:
+            return await self.client.decode(request, timeout)
+        if self._call is None or self._call.done():
+            self._call = self.client.block.DecodeStream(metadata=self.client._signed("DecodeStream"))
+        call = self._call
+        try:
+            return await _call(asyncio.wait_for(_decode_exchange(call, request), timeout))
+        except RefusedInStream:
+            raise  # one step refused; the call goes on for the next
+        except grpc.aio.AioRpcError as exc:
+            self._drop()
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                self._unary = True
+                return await self.client.decode(request, timeout)
+            self.client._learn(exc)
+            raise
+        except asyncio.InvalidStateError as exc:  # the call ended under us (the node went away)
+            self._drop()
+            raise _unavailable(f"stream closed: {exc}") from exc
+        except BaseException:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def close(self) -> None:
+        """End the call: the node frees every stream opened over it."""
+        self._drop()
+
+
+class RefusedInStream(grpc.aio.AioRpcError):  # type: ignore[misc]
+    """One step refused inside a DecodeStream (its reply's `refused` status name): the call stays open."""
+
+
+async def _decode_exchange(call: Any, request: pb.DecodeRequest) -> pb.DecodeResponse:
+    await call.write(request)
+    reply = await call.read()
+    if reply is grpc.aio.EOF:
+        status = await call.code()
+        if status is not None and status is not grpc.StatusCode.OK:
+            details = await call.details()
+            raise grpc.aio.AioRpcError(status, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+        raise _unavailable("decode stream closed by the node")
+    refused = getattr(reply, "refused", "")  # a node answers a failed step in the stream, which stays open
+    if refused:
+        code = getattr(grpc.StatusCode, refused, grpc.StatusCode.UNKNOWN)
+        raise RefusedInStream(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=getattr(reply, "error", ""))
+    return reply
 
 
 def _channel(address: str, security: SecuritySettings, max_receive: int, max_send: int) -> grpc.aio.Channel:

@@ -21,8 +21,8 @@ from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from layerswarm.wire.discovery import SERVICE_TYPE, Advert
+from layerswarm.wire.periodic import Periodic
 
-from .periodic import Periodic
 from .records import MDNS
 from .registry import Registry
 

@@ -16,12 +16,12 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from layerswarm.wire.discovery import HEALTH_SERVICE
+from layerswarm.wire.periodic import Periodic
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .clients import ClientPool, NodeNotProven
 from .linkmap import COORDINATOR
-from .periodic import Periodic
-from .records import NodeIdentity, NodeState
+from .records import NodeIdentity, NodeState, StreamLimits
 from .registry import Registry
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,16 @@ def identity_from_info(info: pb.NodeInfo) -> NodeIdentity:
         shuffle_robust=info.shuffle_robust,
         device=info.device,
         trace_key=info.trace_key,
+        stream_limits=stream_limits_from_info(info),
     )
+
+
+def stream_limits_from_info(info: pb.NodeInfo) -> StreamLimits | None:
+    """A decoder node's limits; None for a classifier's block (which leaves the field unset)."""
+    limits = info.stream_limits
+    if limits.max_streams <= 0:
+        return None
+    return StreamLimits(limits.max_streams, limits.max_seq_len, limits.max_cache_bytes, limits.idle_timeout_s)
 
 
 class HealthMonitor:

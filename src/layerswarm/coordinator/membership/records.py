@@ -66,6 +66,16 @@ class NodeState(str, Enum):
 
 
 @dataclass(frozen=True)
+class StreamLimits:
+    """What a decoder node admits (its Info's stream_limits): the generation planner keeps within it."""
+
+    max_streams: int  # streams held at once (past it the node evicts its least recently used idle one)
+    max_seq_len: int  # tokens per stream
+    max_cache_bytes: int
+    idle_timeout_s: float  # a stream not stepped for this long is freed by the node
+
+
+@dataclass(frozen=True)
 class NodeIdentity:
     """What a node says it serves (from its Info reply)."""
 
@@ -82,6 +92,7 @@ class NodeIdentity:
     shuffle_robust: bool
     device: str = "cpu"
     trace_key: bytes = b""  # Ed25519 public key for its relay trace entries (empty: an older node)
+    stream_limits: StreamLimits | None = None  # decoder nodes only (None: a classifier's block)
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,7 @@ class FamilySpec:
     dim: int
     known_weights: dict[tuple[str, int], str] = field(default_factory=dict)  # (model, block) -> sha256
     strict: bool = False  # admit only (model, block) pairs known_weights lists, with exactly that sha256
+    generative: bool = False  # a decoder family: tokens is the context, and nodes must state stream limits
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,8 @@ class Registry:
             return f"family {ident.family_id}, not ours ({fam.family_id})"
         if (ident.tokens, ident.dim) != (fam.tokens, fam.dim) or not 0 <= ident.block < fam.depth:
             return f"shape (T={ident.tokens}, D={ident.dim}, block {ident.block}) does not fit the family"
+        if fam.generative and ident.stream_limits is None:
+            return "no stream limits in its Info: a decoder family's node must serve Decode"
         expected = fam.known_weights.get((ident.model_id, ident.block))
         if expected is None and fam.strict:
             return f"model {ident.model_id} is listed by no known manifest (strict: --model-dir/--family-dir only)"

@@ -8,12 +8,13 @@ import asyncio
 import logging
 import time
 
+from layerswarm.wire.periodic import Periodic
+
 from ..settings import CoordinatorSettings
 from .clients import ClientPool
 from .discovery import DnsDiscovery, MdnsDiscovery
 from .health import REMEMBERED, HealthMonitor
 from .peer_memory import load_peers, save_peers
-from .periodic import Periodic
 from .records import NodeState
 from .registry import Registry
 

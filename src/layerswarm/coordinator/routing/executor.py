@@ -2,7 +2,9 @@
 
 Per hop: try the planned node; on an error, timeout or malformed reply, try the same block index on
 another node (another model of the family); for shuffle-robust families, any block not used yet; when
-nothing can stand in, skip the hop. The request fails only if fewer than `min_blocks` blocks ran.
+nothing can stand in, skip the hop. The request fails only if the path ran out with fewer than
+`min_blocks` blocks (the readiness minimum, depth.py); a path the exit rule or the caller's deadline
+ended (from their own floors on) is an answer.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class PathState:
     route_id: str  # the request id the nodes see (an ensemble's routes are told apart)
     rng: random.Random
     early_exit: RouteExit | None  # None: no exit rule (or a relay route's star step)
-    min_blocks: int  # below this depth the run fails (DepthError); 0 for a relay route's star step
+    min_blocks: int  # a path that runs out below this depth fails (DepthError); 0 for a relay route's star step
     path_length: int  # blocks in the planned path (sent to nodes: informational)
     first_position: int = 0  # position of the first hop
     force_verify: bool = False  # re-execute every hop
@@ -124,7 +126,8 @@ class PathExecutor:
         head: Head | None = None,
     ) -> PathResult:
         """The plan walked from activations `x`: each hop's node, or another when it fails. Raises
-        DepthError when fewer than the request's minimum depth ran (never for a `resume`d step).
+        DepthError when the plan ran out before the request's minimum depth (never for a `resume`d step;
+        never for a path its exit rule or deadline ended: those are answers).
         `head`: the coordinator's head, to find the answer's decisive hops (verification/decisive.py),
         which are re-executed before the path is returned."""
         state = PathState(
@@ -155,11 +158,13 @@ class PathExecutor:
         finally:
             state.checks.cancel_all()
         path.discarded = walk.discarded
-        if path.depth < state.min_blocks:
+        if path.depth < state.min_blocks and not (path.exited_early or path.anytime):
+            skipped = [h.planned_block for h in path.hops if h.block is None]
+            missing = sorted({*plan.unreachable, *skipped} - {h.block for h in path.hops})
             raise DepthError(
-                f"only {path.depth} blocks could run (minimum {state.min_blocks}); "
-                f"unreachable blocks {plan.unreachable}, "
-                f"skipped {[h.planned_block for h in path.hops if h.block is None]}"
+                f"only {path.depth} blocks could run (minimum {state.min_blocks}); no node answered for block "
+                f"indices {missing} (unreachable when planned: {plan.unreachable}; skipped: {skipped})",
+                missing,
             )
         return path
 
@@ -182,7 +187,8 @@ class PathExecutor:
             if step.block in state.used and not step.repeat:  # a substitute already ran this block index
                 hop.outcome = "skipped"
                 continue
-            if position >= state.min_blocks and not _next_hop_fits(step.candidates, state.request.anytime_deadline):
+            past_floor = position >= state.request.anytime_min_blocks  # the caller's budget may cut from here
+            if past_floor and not _next_hop_fits(step.candidates, state.request.anytime_deadline):
                 if hop.attempts:  # a hop rerun after a rewind: its failed attempts stay in the trace
                     hop.outcome = "skipped"
                 else:
@@ -259,10 +265,10 @@ class PathExecutor:
 
     @staticmethod
     async def _exits(x: torch.Tensor, state: PathState, depth: int, more_planned: bool) -> bool:
-        """Ask the exit rule after every hop (patience counts every hop); stop only past min depth."""
+        """Ask the exit rule after every hop (patience counts every hop); it stops only from its floor on."""
         if state.early_exit is None or not more_planned:
             return False
-        return await state.early_exit(x) and depth >= state.min_blocks
+        return await state.early_exit(x, depth)
 
     async def _run_hop(
         self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: PathState

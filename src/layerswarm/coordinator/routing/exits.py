@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypedDict
 
@@ -28,6 +28,7 @@ HeadFn = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
 
 class AdaptiveView(TypedDict):
     exit: dict[str, object] | None  # the default exit rule and threshold (models/exits.py)
+    exit_min_blocks: int  # no exit before this depth
     thresholds: dict[str, float]
     ensemble_confidence: float
     repeats: bool
@@ -43,10 +44,13 @@ class AdaptiveDefaults:
     ensemble_confidence: float = 0.9  # adaptive ensembles: a second route below this confidence
     repeats: bool = False  # eval showed that repeating blocks beats skipping them
     source: str = "none"
+    exit_min_blocks: int = 1  # the exit floor the thresholds were calibrated with
+    anytime_min_blocks: int | None = None  # the calibrated anytime floor (None: not calibrated)
 
     def to_json(self) -> AdaptiveView:
         return {
             "exit": None if self.exit is None else self.exit.to_json(),
+            "exit_min_blocks": self.exit_min_blocks,
             "thresholds": self.thresholds,
             "ensemble_confidence": self.ensemble_confidence,
             "repeats": self.repeats,
@@ -59,7 +63,11 @@ def load_defaults(model_dir: Path, exit_setting: str, threshold: float | None) -
     name (with `threshold`, or that rule's calibrated threshold)."""
     policy = read_policy(model_dir) or {}
     thresholds = {str(k): float(v) for k, v in (policy.get("exit_thresholds") or {}).items()}
+    anytime = policy.get("anytime_min_blocks")
     base = AdaptiveDefaults(
+        # files written before the floors had names of their own call the exit floor `min_blocks`
+        exit_min_blocks=int(policy.get("exit_min_blocks", policy.get("min_blocks", 1))),
+        anytime_min_blocks=int(anytime) if anytime is not None else None,
         thresholds=thresholds,
         ensemble_confidence=float(policy.get("ensemble_confidence") or 0.9),
         repeats=bool(policy.get("repeats", False)),
@@ -81,7 +89,7 @@ def load_defaults(model_dir: Path, exit_setting: str, threshold: float | None) -
             source = "--exit-threshold" if threshold is not None else f"calibrated {exit_setting} threshold"
             raise ValueError(f"{source} {value:g}: {problem}")
         exit_policy = ExitPolicy(ExitRule(exit_setting), value)
-    return AdaptiveDefaults(exit_policy, thresholds, base.ensemble_confidence, base.repeats, base.source)
+    return replace(base, exit=exit_policy)
 
 
 class ExitRuleError(InvalidRequest):
@@ -119,10 +127,12 @@ def _request_policy(
 
 
 class RouteExit:
-    """One route's early-exit check: the head after every hop, the rule's decision, what fired."""
+    """One route's early-exit check: the head after every hop, the rule's decision from the exit floor
+    on (calibration simulates exactly this: models/exits.simulate)."""
 
-    def __init__(self, policy: ExitPolicy, head: HeadFn) -> None:
+    def __init__(self, policy: ExitPolicy, head: HeadFn, min_blocks: int = 1) -> None:
         self.policy = policy
+        self.min_blocks = min_blocks
         self.tracker = ExitTracker(policy)
         self.head = head
         self.checks = 0
@@ -134,7 +144,10 @@ class RouteExit:
     def restore(self, state: tuple[torch.Tensor | None, torch.Tensor | None]) -> None:
         self.tracker.previous, self.tracker.streak = state
 
-    async def __call__(self, x: torch.Tensor) -> bool:
+    async def __call__(self, x: torch.Tensor, depth: int) -> bool:
+        """After `depth` blocks ran: may the route stop here? The rule sees every hop (patience counts
+        them), but fires only from the floor on."""
         self.checks += 1
         logits = await self.head(x)
-        return bool(self.tracker.step(logits).all())  # a batch exits only when every row may
+        fired = bool(self.tracker.step(logits).all())  # a batch exits only when every row may
+        return fired and depth >= self.min_blocks

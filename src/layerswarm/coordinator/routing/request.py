@@ -30,9 +30,9 @@ class ClassifyOptions:
     top_k: int = 5
     policy: Policy | None = None  # None: the family's default
     seed: int | None = None
-    min_blocks: int | None = None
+    min_blocks: int | None = None  # readiness: None: the coordinator's (depth.py)
     max_blocks: int | None = None
-    exit_confidence: float | None = None  # early exit once the head is this sure (after min_blocks)
+    exit_confidence: float | None = None  # early exit once the head is this sure (from the exit floor)
     exit_rule: str | None = None  # confidence | entropy | patience | none; None: the coordinator's default
     exit_threshold: float | None = None  # None: the calibrated threshold of the rule
     deadline_ms: float | None = None  # anytime: answer with what ran once the next hop would be late
@@ -65,7 +65,8 @@ class Request:
     x: torch.Tensor  # our own stem's output
     policy: Policy  # the options' or the family's default
     seed: int  # the options' or a fresh random one (answered, so a path can be repeated)
-    min_blocks: int  # below this depth the request fails (503)
+    min_blocks: int  # readiness: a path that runs out below this depth fails (503; depth.py)
+    anytime_min_blocks: int  # the caller's deadline cuts the path only from this depth on
     shuffle_robust: bool  # any unused block may stand in for a missing one (robust family, not sequential)
     deadline: float  # time.monotonic() by which the path must be done (--request-timeout)
     anytime_deadline: float | None  # the caller's budget: no hop starts past it once min depth ran

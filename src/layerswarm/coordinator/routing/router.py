@@ -26,6 +26,7 @@ from layerswarm.models.text.tokenizer import PAD_ID
 from ..membership.registry import Registry
 from ..membership.watch import SwarmWatch
 from ..settings import CoordinatorSettings
+from .depth import DepthRule, missing_blocks
 from .ensemble import EnsembleResult, Route, run_ensemble
 from .executor import PathExecutor
 from .exits import RouteExit, load_defaults, request_policy
@@ -33,8 +34,8 @@ from .members import Member, load_members
 from .netorder import NetPlan, plan_from_registry
 from .planner import Plan, Policy, plan_path, with_repeats
 from .request import ClassifyOptions, Request, check_images, check_options, check_stem_output
-from .topology import TopologyChooser
-from .trace import PathResult
+from .topology import TopologyChooser, TopologyState
+from .trace import DepthError, PathResult
 from .wire_choice import WireFormat
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Router:
         self,
         settings: CoordinatorSettings,
         manifest: Manifest,
-        min_blocks: int,
+        depth_rule: DepthRule,
         wire: WireFormat,
         registry: Registry,
         watch: SwarmWatch,
@@ -83,7 +84,7 @@ class Router:
         self.settings = settings
         self.manifest = manifest
         self.config = manifest.config
-        self.min_blocks = min_blocks  # the depth below which a request fails, unless it asks for another
+        self.depth_rule = depth_rule  # readiness and the anytime floor (depth.py)
         self.wire = wire
         self.registry = registry
         self.watch = watch
@@ -94,6 +95,10 @@ class Router:
         self.members = load_members(settings.model_dir, manifest, self.stem, self.head, settings.family_dirs)
         self.adaptive = load_defaults(settings.model_dir, settings.exit_rule, settings.exit_threshold)
         log.info("adaptive compute defaults: %s", self.adaptive.to_json())
+        # Every block index must stay reachable: say so louder, a single lost index means 503s.
+        no_spare = depth_rule.min_blocks == depth_rule.depth and not depth_rule.repeats
+        level = logging.WARNING if no_spare else logging.INFO
+        log.log(level, "how many blocks must answer: %s", depth_rule.describe())
         self.topology = TopologyChooser() if settings.topology == "auto" and relay is not None else None
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
 
@@ -106,15 +111,20 @@ class Router:
     def depth_ready(self) -> tuple[bool, str]:
         """Whether a request with the defaults can be answered now (enough blocks reachable), and why."""
         depth = self.registry.reachable_depth()
-        need = self.min_blocks
+        need = self.depth_rule.min_blocks
         if depth >= need:
             return True, f"{depth} of {self.config.depth} blocks reachable (minimum {need})"
+        missing = missing_blocks(self.config.depth, set(self.registry.routable_by_block()))
         if depth > 0 and self.adaptive.repeats:  # what a request with the defaults does: ready as it is
             return True, (
-                f"{depth} of {self.config.depth} blocks reachable; requests run some again to reach the minimum "
-                f"depth {need} (repeats: on by default for this model, where calibration showed they help)"
+                f"{depth} of {self.config.depth} blocks reachable (no node for block indices {missing}); requests "
+                f"run some again to reach the minimum depth {need} (repeats: on by default for this model, where "
+                "calibration showed they help)"
             )
-        return False, f"only {depth} of {self.config.depth} blocks reachable, minimum depth is {need}"
+        return False, (
+            f"only {depth} of {self.config.depth} blocks reachable, minimum depth is {need}: no node for block "
+            f"indices {missing}"
+        )
 
     async def classify(self, inputs: torch.Tensor, options: ClassifyOptions) -> Classification:
         """inputs: (B, C, H, W) float32 in [0, 1], or for a text family (B, T) token ids ([PAD]-filled;
@@ -135,7 +145,8 @@ class Router:
             x=x,
             policy=policy,
             seed=options.seed if options.seed is not None else random.SystemRandom().randrange(2**31),
-            min_blocks=options.min_blocks if options.min_blocks is not None else self.min_blocks,
+            min_blocks=options.min_blocks if options.min_blocks is not None else self.depth_rule.min_blocks,
+            anytime_min_blocks=self.depth_rule.anytime_min_blocks,
             shuffle_robust=self.config.shuffle_robust and policy is not Policy.SEQUENTIAL,
             deadline=started + self.settings.request_timeout_s,
             anytime_deadline=None if options.deadline_ms is None else started + options.deadline_ms / 1e3,
@@ -176,19 +187,22 @@ class Router:
             preferred_model=member.model_id,
             keep_to_model=self._over_members(request.options),
         )
-        topology = self._topology(len(plan.steps))
+        topology = self._topology(len(plan.steps), request, exit_policy)
         netplan = self._network_plan(plan, x, topology) if request.policy is Policy.NETWORK else None
         if netplan is not None:
             plan = Plan(netplan.plan.steps, plan.unreachable)
         repeats = request.options.repeats if request.options.repeats is not None else self.adaptive.repeats
         if repeats:
             plan = with_repeats(plan, request.min_blocks, rng, shuffle=request.policy is not Policy.SEQUENTIAL)
+        if len(plan.steps) < request.min_blocks:  # not ready: refused before any node works on it
+            raise self._too_few(plan, request)
         route_id = f"{request.id}-{index}" if index else request.id
         started = time.monotonic()
         if topology == "relay" and self.relay is not None:
             path = await self.relay.run(x, plan, request, route_id, rng)  # no per-hop exit inside a chain
         else:
-            early_exit = RouteExit(exit_policy, head) if exit_policy is not None else None
+            floor = self.adaptive.exit_min_blocks
+            early_exit = RouteExit(exit_policy, head, floor) if exit_policy is not None else None
             path = await self.executor.run(x, plan, request, route_id, rng, early_exit, head=head)
         if self.topology is not None:
             self.topology.observe(topology, (time.monotonic() - started) * 1e3, path.depth)
@@ -203,6 +217,16 @@ class Router:
             self.observer.observe_route(path)
         return Route(index, path, await head(path.activations), member.model_id)
 
+    def _too_few(self, plan: Plan, request: Request) -> DepthError:
+        """Why a planned path cannot reach the request's minimum depth: the indices no node serves."""
+        if not plan.unreachable:  # every index is reachable: the request's own max_blocks cut the path
+            return DepthError(f"max_blocks {len(plan.steps)} is below the minimum depth {request.min_blocks}")
+        return DepthError(
+            f"only {self.config.depth - len(plan.unreachable)} of {self.config.depth} block indices reachable "
+            f"(minimum {request.min_blocks}): no node serves block indices {plan.unreachable}",
+            plan.unreachable,
+        )
+
     def _over_members(self, options: ClassifyOptions) -> bool:
         return options.ensemble > 1 and options.ensemble_over == "members" and len(self.members) > 1
 
@@ -211,11 +235,33 @@ class Router:
         (whose nodes the route then keeps to, where they are up)."""
         return self.members[index % len(self.members)] if self._over_members(options) else self.members[0]
 
-    def _topology(self, steps: int) -> str:
-        """star or relay for this route: the setting, or under `auto` the measured faster one."""
+    def _topology(self, steps: int, request: Request, exit_policy: ExitPolicy | None) -> str:
+        """star or relay for this route: the setting, or under `auto` the measured faster one. auto keeps
+        to star where a chain would drop what the request asked for: a per-hop exit or an anytime deadline."""
         if self.relay is None or steps < 2 or self.config.is_text:  # relays do not carry token masks yet
             return "star"
-        return self.topology.choose() if self.topology is not None else "relay"
+        if self.topology is None:
+            return "relay"
+        if exit_policy is not None or request.anytime_deadline is not None:
+            return "star"
+        return self.topology.choose()
+
+    def topology_view(self) -> TopologyState:
+        """What the page shows: the setting, whether relay can be used here (and why not), and under
+        auto each topology's measured time per hop."""
+        setting = self.settings.topology
+        if self.config.is_text:
+            why = "text family: star (relay chains do not carry token masks yet)"
+        elif setting != "star" and self.relay is None:
+            why = "no swarm token (--token-file): star only; relay chains are MACed with it"
+        else:
+            why = {
+                "auto": "per request, whichever has been faster per hop (star for exits and deadlines)",
+                "relay": "every route a relay chain",
+                "star": "every hop through the coordinator",
+            }[setting]
+        measured = self.topology.to_json() if self.topology is not None else None
+        return {"setting": setting, "relay_available": self.relay is not None, "why": why, "measured": measured}
 
     def _network_plan(self, plan: Plan, x: torch.Tensor, topology: str) -> NetPlan:
         """The planned blocks, ordered (robust families) and placed to minimise expected time."""

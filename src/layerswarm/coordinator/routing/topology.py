@@ -25,6 +25,13 @@ class TopologyView(TypedDict):
     samples: int
 
 
+class TopologyState(TypedDict):
+    setting: str  # star | relay | auto
+    relay_available: bool  # a swarm token and a relay: chains can run
+    why: str
+    measured: dict[str, TopologyView] | None  # under auto: each topology's EWMA time per hop
+
+
 @dataclass
 class TopologyChooser:
     rng: random.Random = field(default_factory=random.Random)

@@ -5,6 +5,7 @@ them needs its machinery."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
@@ -150,4 +151,9 @@ class PathResult:
 
 
 class DepthError(RuntimeError):
-    """Fewer blocks ran than the request's minimum depth: the coordinator answers 503 with this."""
+    """Fewer blocks ran than the request's minimum depth: the coordinator answers 503 with this, naming
+    the block indices that had no node (`missing`)."""
+
+    def __init__(self, message: str, missing: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.missing = sorted(set(missing))

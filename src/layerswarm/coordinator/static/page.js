@@ -27,10 +27,24 @@ function renderHeader(snap) {
   insecure.textContent = s.insecure || "";
   $("depth").textContent = `${s.reachable_depth} / ${s.depth}`;
   $("inflight").textContent = s.in_flight;
+  renderTopology(snap.topology);
   const st = snap.stats;
   $("rate").textContent = st.requests_per_s.toFixed(2);
   $("errors").textContent = st.error_rate === null ? st.errors : `${st.errors} (${pct(st.error_rate)})`;
   $("accuracy").textContent = st.accuracy === null ? "–" : `${pct(st.accuracy)} of ${st.labelled}`;
+}
+
+// star or relay (and under auto each one's measured time per hop); a decoder family has none.
+function renderTopology(t) {
+  const card = $("topology-card");
+  card.hidden = !t;
+  if (!t) return;
+  const m = t.measured;
+  const perHop = m
+    ? ` · star ${ms(m.star.ms_per_hop)}/hop, relay ${ms(m.relay.ms_per_hop)}/hop`
+    : "";
+  $("topology").textContent = t.setting;
+  $("topology").title = `${t.why}${perHop}`;
 }
 
 function renderBlocks(snap) {
@@ -114,7 +128,8 @@ function renderRoute(req) {
   const li = el("li", req.status >= 400 ? "failed" : "");
   li.dataset.seq = req.seq;
   const when = new Date(req.at * 1000).toLocaleTimeString();
-  li.append(el("span", "meta", `${when} · ${req.api}${req.batch > 1 ? ` · ×${req.batch}` : ""}`));
+  const via = req.topology ? ` · ${req.topology}` : "";
+  li.append(el("span", "meta", `${when} · ${req.api}${req.batch > 1 ? ` · ×${req.batch}` : ""}${via}`));
   const path = el("span", "path");
   if (req.status >= 400) {
     path.textContent = `${req.status} ${req.error}`;
@@ -150,12 +165,46 @@ function renderRoutes(snap) {
   if (!snap.requests.length) list.append(el("li", "muted", "no requests yet"));
 }
 
+function renderStream(stream, live) {
+  const li = el("li", stream.error ? "failed" : "");
+  const state = live ? "live" : (stream.finish_reason || (stream.error ? "failed" : "abandoned"));
+  li.append(el("span", "meta", `${state} · ${stream.id}`));
+  const path = el("span", "path");
+  stream.route.forEach((slot, i) => {
+    if (i > 0) path.append(el("span", "arrow", "→"));
+    const chip = el("span", `hop ${slot.state}`, slot.block);
+    chip.title = slot.state === "skipped"
+      ? `block ${slot.block} skipped for the rest of the stream`
+      : `block ${slot.block} @ ${slot.node} [${short(slot.model_id)}]`
+        + (slot.rebuilds ? ` rebuilt ${slot.rebuilds}×` : "");
+    path.append(chip);
+  });
+  if (stream.error) path.append(el("span", "arrow", ` ${stream.error}`));
+  li.append(path);
+  const rate = stream.tokens_per_s === null ? "–" : `${stream.tokens_per_s.toFixed(1)} tok/s`;
+  const failovers = `rebuilt ${stream.rebuilt} · skipped ${stream.skipped}`;
+  li.append(el("span", "result", `${stream.tokens} tok · ${rate} · ${failovers}`));
+  return li;
+}
+
+function renderStreams(snap) {
+  if (!snap.streams) return;  // a classifier family: no streams
+  $("streams-section").hidden = false;
+  const list = $("streams");
+  list.replaceChildren(
+    ...snap.streams.live.map((s) => renderStream(s, true)),
+    ...snap.streams.recent.map((s) => renderStream(s, false)),
+  );
+  if (!list.children.length) list.append(el("li", "muted", "no streams yet"));
+}
+
 let seq = 0;
 function render(snap) {
   renderHeader(snap);
   renderBlocks(snap);
   renderNodes(snap);
   renderRoutes(snap);
+  renderStreams(snap);
   seq += 1;
   const updated = $("updated");
   updated.dataset.seq = seq;

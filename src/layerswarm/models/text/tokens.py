@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from ..vit import Block
+from .codes import ACTIVE_CODE, FROZEN_CODE, PAD_CODE
 
-PAD_CODE, FROZEN_CODE, ACTIVE_CODE = 0.0, 1.0, 2.0
+__all__ = ["ACTIVE_CODE", "FROZEN_CODE", "PAD_CODE"]
 
 
 def hop_mask(key_mask: Tensor, token_depth: Tensor | None, hops_run: int) -> Tensor:
@@ -28,17 +29,6 @@ def hop_mask(key_mask: Tensor, token_depth: Tensor | None, hops_run: int) -> Ten
     active = key_mask if token_depth is None else key_mask & (token_depth > hops_run)
     codes = torch.where(key_mask, FROZEN_CODE, PAD_CODE)
     return torch.where(active, ACTIVE_CODE, codes).to(torch.float32)
-
-
-def mask_problem(mask: Tensor, x: Tensor) -> str | None:
-    """Why `mask` cannot go with activations `x`, or None."""
-    if mask.dim() != 2 or tuple(mask.shape) != tuple(x.shape[:2]):
-        return f"token_mask shape {tuple(mask.shape)} does not match activations (B, T) = {tuple(x.shape[:2])}"
-    if not bool(((mask == PAD_CODE) | (mask == FROZEN_CODE) | (mask == ACTIVE_CODE)).all()):
-        return "token_mask values must be 0 (padding), 1 (frozen) or 2 (active)"
-    if not bool((mask > PAD_CODE).any(dim=1).all()):
-        return "token_mask leaves a sequence with no real token"
-    return None
 
 
 def active_count(mask: Tensor) -> int:
@@ -72,17 +62,6 @@ def join_states(mask: Tensor, active: Tensor, frozen: Tensor) -> Tensor:
     x[mask == ACTIVE_CODE] = active.to(torch.float32)
     x[mask == FROZEN_CODE] = frozen.to(torch.float32)
     return x
-
-
-def split_problem(mask: Tensor, active: Tensor, frozen: Tensor) -> str | None:
-    """Why the split form's parts cannot go with `mask`, or None."""
-    n_active, n_frozen = active_count(mask), int((mask == FROZEN_CODE).sum())
-    if active.shape[0] != n_active or frozen.shape[0] != n_frozen:
-        return (
-            f"split form: token_mask has {n_active} active and {n_frozen} frozen tokens, "
-            f"activations has {active.shape[0]} rows and frozen {frozen.shape[0]}"
-        )
-    return None
 
 
 def scatter_active(x: Tensor, mask: Tensor, updates: Tensor) -> Tensor:

@@ -5,21 +5,24 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from typing_extensions import NotRequired, TypedDict
 
 from layerswarm.models.adaptive_policy import write_policy
 from layerswarm.models.checkpoint import load_model
+from layerswarm.models.text.specials import PAD_ID
 
-from ..data.datasets import Dataset
 from .calibrate import (
     AdaptivePolicy,
+    AnytimeCalibration,
     CalibrationPlan,
     EnsembleCalibration,
     ExitCalibration,
     RepeatReport,
     accuracy_at_blocks,
+    calibrate_anytime,
     calibrate_ensemble,
     calibrate_exits,
     policy_record,
@@ -28,6 +31,14 @@ from .calibrate import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class TestSplit(Protocol):
+    """What calibration reads of a data set (image Dataset and TextDataset alike)."""
+
+    spec: str
+    test_x: Any  # a Tensor when in memory: images (N, C, H, W), or token ids (N, T)
+    test_y: torch.Tensor
 
 
 class CalibrationRecord(TypedDict):
@@ -39,27 +50,32 @@ class CalibrationRecord(TypedDict):
     exits: ExitCalibration
     ensemble: EnsembleCalibration
     repeats: RepeatReport
+    anytime: AnytimeCalibration
     policy: AdaptivePolicy
     policy_sha256: NotRequired[str]  # when written: DIR/adaptive.json's hash, as the manifest lists it
 
 
 @torch.inference_mode()
-def calibrate_model(model_dir: Path, data: Dataset, plan: CalibrationPlan, write: bool) -> CalibrationRecord:
+def calibrate_model(model_dir: Path, data: TestSplit, plan: CalibrationPlan, write: bool) -> CalibrationRecord:
+    """Images or text: a text model's blocks are given its token mask (padding is never attended to)."""
     model, manifest = load_model(model_dir)
     robust = manifest.config.shuffle_robust
     blocks, head = list(model.blocks), model.head
     if not isinstance(data.test_x, torch.Tensor):
         raise ValueError("calibration needs the test images in memory (this image folder streams from disk)")
     x = model.stem(data.test_x)
+    mask = data.test_x != PAD_ID if manifest.config.is_text else None
     y = data.test_y
     rng = random.Random(plan.seed)
-    first = prefix_logits(blocks, head, x, robust, rng, plan.chunk)
-    second = prefix_logits(blocks, head, x, robust, rng, plan.chunk)  # the same images, other orders
+    first = prefix_logits(blocks, head, x, robust, rng, plan.chunk, mask)
+    second = prefix_logits(blocks, head, x, robust, rng, plan.chunk, mask)  # the same images, other orders
     exits = calibrate_exits(first, y, plan)
     ensemble = calibrate_ensemble(first, second, y, plan)
+    anytime = calibrate_anytime(first, y, plan)
     half = len(y) // 2  # repeats: on the held-out half only (the costliest part: many full passes)
-    repeat = repeats(blocks, head, x[half:], y[half:], robust, plan)
-    policy = policy_record(exits, ensemble, repeat)
+    held_mask = None if mask is None else mask[half:]
+    repeat = repeats(blocks, head, x[half:], y[half:], robust, plan, held_mask)
+    policy = policy_record(exits, ensemble, repeat, anytime)
     result: CalibrationRecord = {
         "model_id": manifest.model_id,
         "variant": manifest.variant,
@@ -67,6 +83,7 @@ def calibrate_model(model_dir: Path, data: Dataset, plan: CalibrationPlan, write
         "exits": exits,
         "ensemble": ensemble,
         "repeats": repeat,
+        "anytime": anytime,
         "policy": policy,
     }
     if write:
@@ -125,4 +142,9 @@ def render_calibration(calibration: dict[str, CalibrationRecord]) -> str:
         rep = c["repeats"]
         cells = ", ".join(f"{k}: {v['skipped']:.3f} / {v['repeated']:.3f}" for k, v in rep["by_missing"].items())
         lines.append(f"| {name} | {rep['order']} | {cells} | {rep['helps']} |")
+    lines += ["", "| model | anytime floor (margin) | accuracy after k blocks, held out |", "| --- | --- | --- |"]
+    for name, c in calibration.items():
+        any_ = c["anytime"]
+        cells = ", ".join(f"{k}: {v['held_out']:.3f}" for k, v in any_["curve"].items())
+        lines.append(f"| {name} | {any_['min_blocks']} ({100 * any_['margin']:g} points) | {cells} |")
     return "\n".join(lines)

@@ -1,9 +1,10 @@
 """Calibration of adaptive compute on one model: exit rules, path ensembles and repeated blocks.
 
 Everything runs in arbitrary order, as a LayerShuffle swarm does (sequential for a model that is not
-shuffle-robust). The test split is cut in two: thresholds are chosen on the first half ("calibration")
-and every reported figure comes from the second half ("held out"), so a chosen threshold is never
-judged on the images that chose it.
+shuffle-robust): by default every image takes an order of its own, as every request through the swarm
+does, so that eval's figures and the swarm's agree on the same images. The test split is cut in two:
+thresholds are chosen on the first half ("calibration") and every reported figure comes from the second
+half ("held out"), so a chosen threshold is never judged on the images that chose it.
 
 - exits: per rule, accuracy against mean blocks run over a sweep of thresholds; the chosen threshold
   is the cheapest whose accuracy stays within `margin` of the full path; the default rule is the
@@ -13,6 +14,9 @@ judged on the images that chose it.
   `max_hops_ratio` times the single path's mean hops.
 - repeats: accuracy with k block indices missing, the path shorter (skipped) or filled back to full
   length by running present indices again (repeated).
+- anytime: accuracy answering after exactly k blocks (what a deadline that cuts the path leaves); the
+  anytime floor is the fewest blocks within `anytime_margin` of the full path, the fewest an answer cut
+  by a request's deadline may have.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class ExitChoice(TypedDict):
 
 class ExitCalibration(TypedDict):
     margin: float
-    min_blocks: int
+    min_blocks: int  # the exit floor: no exit before this depth
     depth: int
     images: dict[str, int]  # calibration, held_out
     full_accuracy: Halves
@@ -97,6 +101,12 @@ class EnsembleCalibration(TypedDict):
     chosen: ChosenEnsemble | None
 
 
+class AnytimeCalibration(TypedDict):
+    margin: float
+    min_blocks: int  # the anytime floor, chosen on the calibration half
+    curve: dict[str, Halves]  # blocks run -> accuracy answering after exactly that many, both halves
+
+
 class RepeatReport(TypedDict):
     order: str
     by_missing: dict[str, dict[str, float]]  # k missing -> skipped, repeated
@@ -110,7 +120,9 @@ class AdaptivePolicy(TypedDict):
     exit: ExitChoice | None
     exit_thresholds: dict[str, float]
     margin: float
-    min_blocks: int
+    exit_min_blocks: int  # the exit floor the thresholds were calibrated with
+    anytime_min_blocks: int  # the fewest blocks an answer cut by a deadline may have
+    anytime_margin: float  # within this accuracy of the full path (calibration half)
     ensemble_confidence: float | None
     repeats: bool
     model_id: NotRequired[str]  # written with the file: the model and data it was calibrated on
@@ -121,7 +133,10 @@ class AdaptivePolicy(TypedDict):
 class CalibrationPlan:
     margin: float = 0.01  # accuracy the chosen exit threshold may lose against the full path
     min_blocks: int = 1  # exits are allowed from this depth on
-    chunk: int = 50  # images that share one random order (so the orders number N / chunk)
+    # Images that share one random order. 1: an order per image, as the swarm draws one per request; with
+    # 50 a test split of 2,000 saw 40 orders, and eval's figures differed from the swarm's by 2-4 points.
+    chunk: int = 1
+    anytime_margin: float = 0.10  # accuracy an answer cut by a deadline may lose against the full path
     max_hops_ratio: float = 1.3  # adaptive ensemble: the most it may cost against a single path
     repeat_trials: int = 4
     seed: int = 0
@@ -137,15 +152,23 @@ def thresholds(rule: ExitRule, depth: int) -> tuple[float, ...]:
 
 @torch.inference_mode()
 def prefix_logits(
-    blocks: Sequence[nn.Module], head: nn.Module, x: Tensor, robust: bool, rng: random.Random, chunk: int
+    blocks: Sequence[nn.Module],
+    head: nn.Module,
+    x: Tensor,
+    robust: bool,
+    rng: random.Random,
+    chunk: int,
+    key_mask: Tensor | None = None,
 ) -> Tensor:
-    """(N, L, classes): the head's logits after every hop; each chunk of images takes a fresh order."""
+    """(N, L, classes): the head's logits after every hop; each chunk of images takes a fresh order.
+    key_mask: text, (N, T) True for real tokens."""
     out = []
     for i in range(0, x.shape[0], chunk):
         order = rng.sample(range(len(blocks)), len(blocks)) if robust else list(range(len(blocks)))
         h, steps = x[i : i + chunk], []
+        mask = None if key_mask is None else key_mask[i : i + chunk]
         for position, index in enumerate(order):
-            h = blocks[index](h, position)
+            h = blocks[index](h, position) if mask is None else blocks[index](h, position, mask)
             steps.append(head(h))
         out.append(torch.stack(steps, 1))
     return torch.cat(out)
@@ -239,9 +262,29 @@ def calibrate_ensemble(first: Tensor, second: Tensor, y: Tensor, plan: Calibrati
     }
 
 
+def calibrate_anytime(prefix: Tensor, y: Tensor, plan: CalibrationPlan) -> AnytimeCalibration:
+    """Accuracy answering after exactly k blocks, k = 1..L; the floor is chosen on the first half: the
+    fewest blocks within `anytime_margin` of that half's full-path accuracy."""
+    half = prefix.shape[0] // 2
+    depth = prefix.shape[1]
+    curve: dict[str, Halves] = {
+        str(k): {"calibration": _acc(prefix[:half, k - 1], y[:half]), "held_out": _acc(prefix[half:, k - 1], y[half:])}
+        for k in range(1, depth + 1)
+    }
+    full = curve[str(depth)]["calibration"]
+    floor = min(k for k in range(1, depth + 1) if curve[str(k)]["calibration"] >= full - plan.anytime_margin)
+    return {"margin": plan.anytime_margin, "min_blocks": floor, "curve": curve}
+
+
 @torch.inference_mode()
 def repeats(
-    blocks: Sequence[nn.Module], head: nn.Module, x: Tensor, y: Tensor, robust: bool, plan: CalibrationPlan
+    blocks: Sequence[nn.Module],
+    head: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    robust: bool,
+    plan: CalibrationPlan,
+    key_mask: Tensor | None = None,
 ) -> RepeatReport:
     """Accuracy with k of L block indices missing: the path skips them, or repeats present ones."""
     rng = random.Random(plan.seed + 1)
@@ -254,8 +297,8 @@ def repeats(
             fill = present + [rng.choice(present) for _ in range(k)]
             short = rng.sample(present, len(present)) if robust else present
             full = rng.sample(fill, len(fill)) if robust else sorted(fill)
-            skipped.append(_acc(head(run_blocks([blocks[i] for i in short], x)), y))
-            repeated.append(_acc(head(run_blocks([blocks[i] for i in full], x)), y))
+            skipped.append(_acc(head(run_blocks([blocks[i] for i in short], x, key_mask)), y))
+            repeated.append(_acc(head(run_blocks([blocks[i] for i in full], x, key_mask)), y))
         by_missing[str(k)] = {"skipped": sum(skipped) / len(skipped), "repeated": sum(repeated) / len(repeated)}
     gains = [v["repeated"] - v["skipped"] for v in by_missing.values()]
     # "helps": on average over k, a path filled with repeats beats the shorter one (the alternative the
@@ -269,14 +312,18 @@ def repeats(
     }
 
 
-def policy_record(exits: ExitCalibration, ensemble: EnsembleCalibration, repeat: RepeatReport) -> AdaptivePolicy:
+def policy_record(
+    exits: ExitCalibration, ensemble: EnsembleCalibration, repeat: RepeatReport, anytime: AnytimeCalibration
+) -> AdaptivePolicy:
     """What the coordinator reads from DIR/adaptive.json (the full curves stay in the eval report)."""
     chosen = ensemble.get("chosen")
     return {
         "exit": exits["default"],
         "exit_thresholds": {n: c["threshold"] for n, r in exits["rules"].items() if (c := r["chosen"])},
         "margin": exits["margin"],
-        "min_blocks": exits["min_blocks"],
+        "exit_min_blocks": exits["min_blocks"],
+        "anytime_min_blocks": anytime["min_blocks"],
+        "anytime_margin": anytime["margin"],
         "ensemble_confidence": None if chosen is None else chosen["threshold"],
         "repeats": repeat["helps"],
     }

@@ -26,6 +26,7 @@ from layerswarm.models.text.depth import DEPTH_POLICY
 from layerswarm.models.text.model import TextEncoder
 from layerswarm.models.text.tokenizer import save_tokenizer, train_tokenizer
 
+from ..evaluation.adaptive import calibrate_model
 from ..evaluation.evaluate import EvalPlan, check_targets, evaluate_models, min_useful_depth
 from ..evaluation.report import EvalReport
 from ..evaluation.runs import EvalJob, model_name
@@ -115,19 +116,32 @@ def _fine_tune_copy(parent: Any, manifest: Manifest, data: TextDataset, variant:
 
 def evaluate_text_models(job: EvalJob, spec: str) -> EvalReport:
     """The paper's experiments on text models (tokenised with the first model's tokenizer), and each
-    model's minimum useful depth written into its policy unless the job says not to."""
+    model's minimum useful depth written into its policy unless the job says not to; with calibration,
+    each model's adaptive-compute policy as for images."""
     data = load_text_data(spec, job.model_dirs[0])
-    plan = EvalPlan(orders=job.orders, merges=job.merges, seed=job.seed)
-    report = evaluate_models([str(d) for d in job.model_dirs], data, plan)
-    report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
-    if job.write_policy:
-        for model_dir in job.model_dirs:
-            row = report["models"][model_name(model_dir)]
-            group = report["groups"].get(f"{row['family_id']}/{row['variant']}")
-            order = "arbitrary" if row["variant"].startswith("layershuffle") else "sequential"
-            depth = min_useful_depth((group or row)["pruned"], order, job.min_depth_margin)
-            write_entry(model_dir, MIN_BLOCKS, {**depth, "measured_on": "family" if group else "model"})
+    report: EvalReport = {"dataset": data.describe(), "models": {}, "groups": {}}
+    if job.experiments:
+        plan = EvalPlan(orders=job.orders, merges=job.merges, seed=job.seed)
+        report = evaluate_models([str(d) for d in job.model_dirs], data, plan)
+        report["targets"] = check_targets(report, chance=1.0 / len(data.class_names))
+        if job.write_policy:
+            write_text_min_depths(job, report)
+    if job.calibrate:
+        write = job.write_calibration and not job.test_noise  # text has no noisy split: never one to write from
+        report["calibration"] = {
+            model_name(d): calibrate_model(d, data, job.calibration, write=write) for d in job.model_dirs
+        }
     return report
+
+
+def write_text_min_depths(job: EvalJob, report: EvalReport) -> None:
+    """Each model's minimum useful depth, from its family's pruning curve where it has one."""
+    for model_dir in job.model_dirs:
+        row = report["models"][model_name(model_dir)]
+        group = report["groups"].get(f"{row['family_id']}/{row['variant']}")
+        order = "arbitrary" if row["variant"].startswith("layershuffle") else "sequential"
+        depth = min_useful_depth((group or row)["pruned"], order, job.min_depth_margin)
+        write_entry(model_dir, MIN_BLOCKS, {**depth, "measured_on": "family" if group else "model"})
 
 
 class NotATextModel(ValueError):

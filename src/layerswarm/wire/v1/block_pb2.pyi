@@ -77,7 +77,7 @@ class Load(_message.Message):
     def __init__(self, in_flight: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., served: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("family_id", "model_id", "block_index", "variant", "weights_sha256", "device", "compute_dtype", "software_version", "protocol_version", "boot_id", "load", "depth", "tokens", "dim", "max_batch", "shuffle_robust", "links", "trace_key")
+    __slots__ = ("family_id", "model_id", "block_index", "variant", "weights_sha256", "device", "compute_dtype", "software_version", "protocol_version", "boot_id", "load", "depth", "tokens", "dim", "max_batch", "shuffle_robust", "links", "trace_key", "stream_limits")
     FAMILY_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class NodeInfo(_message.Message):
     SHUFFLE_ROBUST_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     TRACE_KEY_FIELD_NUMBER: _ClassVar[int]
+    STREAM_LIMITS_FIELD_NUMBER: _ClassVar[int]
     family_id: str
     model_id: str
     block_index: int
@@ -114,7 +115,20 @@ class NodeInfo(_message.Message):
     shuffle_robust: bool
     links: _containers.RepeatedCompositeFieldContainer[LinkStat]
     trace_key: bytes
-    def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkStat, _Mapping]]] = ..., trace_key: _Optional[bytes] = ...) -> None: ...
+    stream_limits: StreamLimits
+    def __init__(self, family_id: _Optional[str] = ..., model_id: _Optional[str] = ..., block_index: _Optional[int] = ..., variant: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., device: _Optional[str] = ..., compute_dtype: _Optional[_Union[DType, str]] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_id: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., depth: _Optional[int] = ..., tokens: _Optional[int] = ..., dim: _Optional[int] = ..., max_batch: _Optional[int] = ..., shuffle_robust: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkStat, _Mapping]]] = ..., trace_key: _Optional[bytes] = ..., stream_limits: _Optional[_Union[StreamLimits, _Mapping]] = ...) -> None: ...
+
+class StreamLimits(_message.Message):
+    __slots__ = ("max_streams", "max_seq_len", "max_cache_bytes", "idle_timeout_s")
+    MAX_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    max_streams: int
+    max_seq_len: int
+    max_cache_bytes: int
+    idle_timeout_s: float
+    def __init__(self, max_streams: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., max_cache_bytes: _Optional[int] = ..., idle_timeout_s: _Optional[float] = ...) -> None: ...
 
 class LinkStat(_message.Message):
     __slots__ = ("peer", "ewma_send_ms", "ewma_mbps", "samples", "rtt_ms")
@@ -215,3 +229,53 @@ class CollectRequest(_message.Message):
     request_id: str
     output_sha256: str
     def __init__(self, request_id: _Optional[str] = ..., output_sha256: _Optional[str] = ...) -> None: ...
+
+class DecodeRequest(_message.Message):
+    __slots__ = ("stream_id", "start", "activations", "reply_dtype", "request_id", "fill", "release", "kv_only")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLY_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FILL_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    KV_ONLY_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    start: int
+    activations: Tensor
+    reply_dtype: DType
+    request_id: str
+    fill: Tensor
+    release: bool
+    kv_only: bool
+    def __init__(self, stream_id: _Optional[str] = ..., start: _Optional[int] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., reply_dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ..., fill: _Optional[_Union[Tensor, _Mapping]] = ..., release: _Optional[bool] = ..., kv_only: _Optional[bool] = ...) -> None: ...
+
+class DecodeResponse(_message.Message):
+    __slots__ = ("stream_id", "activations", "compute_ms", "length", "batched", "refused", "error")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BATCHED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    activations: Tensor
+    compute_ms: float
+    length: int
+    batched: int
+    refused: str
+    error: str
+    def __init__(self, stream_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., length: _Optional[int] = ..., batched: _Optional[int] = ..., refused: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("stream_ids",)
+    STREAM_IDS_FIELD_NUMBER: _ClassVar[int]
+    stream_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stream_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,21 @@ class BlockNodeStub:
                 request_serializer=layerswarm_dot_v1_dot_block__pb2.CollectRequest.SerializeToString,
                 response_deserializer=layerswarm_dot_v1_dot_block__pb2.ForwardResponse.FromString,
                 _registered_method=True)
+        self.Decode = channel.unary_unary(
+                '/layerswarm.v1.BlockNode/Decode',
+                request_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeResponse.FromString,
+                _registered_method=True)
+        self.DecodeStream = channel.stream_stream(
+                '/layerswarm.v1.BlockNode/DecodeStream',
+                request_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/layerswarm.v1.BlockNode/Release',
+                request_serializer=layerswarm_dot_v1_dot_block__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=layerswarm_dot_v1_dot_block__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class BlockNodeServicer:
@@ -112,6 +127,31 @@ class BlockNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Decode(self, request, context):
+        """Generation: one step of one stream through this block (prefill, decode, verify). A stream belongs to
+        the peer that opened it: another caller gets PERMISSION_DENIED; an unknown or evicted stream
+        NOT_FOUND (evicted: the message says so); limits RESOURCE_EXHAUSTED. Concurrent streams' steps are
+        batched into one block call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecodeStream(self, request_iterator, context):
+        """The same over one long-lived stream from a coordinator: replies in order; every stream opened over
+        it is freed when it ends (the coordinator went away).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Free streams (the client finished or went away).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlockNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +184,21 @@ def add_BlockNodeServicer_to_server(servicer, server):
                     servicer.Collect,
                     request_deserializer=layerswarm_dot_v1_dot_block__pb2.CollectRequest.FromString,
                     response_serializer=layerswarm_dot_v1_dot_block__pb2.ForwardResponse.SerializeToString,
+            ),
+            'Decode': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decode,
+                    request_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeRequest.FromString,
+                    response_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeResponse.SerializeToString,
+            ),
+            'DecodeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecodeStream,
+                    request_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeRequest.FromString,
+                    response_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=layerswarm_dot_v1_dot_block__pb2.ReleaseRequest.FromString,
+                    response_serializer=layerswarm_dot_v1_dot_block__pb2.ReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +363,87 @@ class BlockNode:
             '/layerswarm.v1.BlockNode/Collect',
             layerswarm_dot_v1_dot_block__pb2.CollectRequest.SerializeToString,
             layerswarm_dot_v1_dot_block__pb2.ForwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/layerswarm.v1.BlockNode/Decode',
+            layerswarm_dot_v1_dot_block__pb2.DecodeRequest.SerializeToString,
+            layerswarm_dot_v1_dot_block__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecodeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/layerswarm.v1.BlockNode/DecodeStream',
+            layerswarm_dot_v1_dot_block__pb2.DecodeRequest.SerializeToString,
+            layerswarm_dot_v1_dot_block__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/layerswarm.v1.BlockNode/Release',
+            layerswarm_dot_v1_dot_block__pb2.ReleaseRequest.SerializeToString,
+            layerswarm_dot_v1_dot_block__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,285 @@
+"""A decoder family's streams, from open to release: the coordinator's side of generation.
+
+    open(prompt, options)  checked (options.py), a route planned (routes.py): a StreamSession
+    prefill(session)       every prompt token through the route once
+    tokens(session)        then one token per step: sample (models/lm/generate.py: the monolith's own
+                           Sampling and pick_next, so the same seed gives the same text), show what
+                           stops.py allows, feed the token back through the route (runner.py)
+    close(session)         Release on every node that may hold the stream's cache, whatever ended it
+                           (finished, failed, the client went away): in a task of its own, so a
+                           cancelled HTTP response still frees the nodes
+
+The stem and the head run here, on one thread beside the event loop; the blocks run on the nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import secrets
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+import torch
+
+from layerswarm.models import policy
+from layerswarm.models.checkpoint import TOKENIZER, Manifest, load_stem_head, verified_file
+from layerswarm.models.lm.config import LMConfig
+from layerswarm.models.lm.generate import pick_next
+from layerswarm.models.lm.tokenizer import check_tokenizer, decode, load_tokenizer
+
+from ..membership.clients import ClientPool
+from ..membership.registry import Registry
+from ..membership.watch import SwarmWatch
+from ..routing.trace import DepthError
+from ..settings import CoordinatorSettings
+from ..verification.decode_check import DecodeVerifier
+from .decode_call import DecodeCaller
+from .options import GenerationOptions, check_generation
+from .routes import block_order, eligible, plan_route
+from .rows import RowLog
+from .runner import RouteRules, StreamRunner
+from .session import RouteSlot, StreamSession, StreamView
+from .stops import TextStream
+
+log = logging.getLogger(__name__)
+
+RECENT_STREAMS = 16  # finished streams kept for the page
+RELEASE_TIMEOUT_S = 2.0
+
+
+class StreamObserver(Protocol):
+    """Who counts what streams did (metrics.py: CoordinatorMetrics), above generation: handed in."""
+
+    def stream_opened(self) -> None: ...
+
+    def stream_closed(self, outcome: str, tokens: int) -> None: ...
+
+    def token_step(self, seconds: float) -> None: ...
+
+    def failover(self, kind: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one sampled token lets the caller see: its text (may be empty: held back, or eos), its id
+    (None for eos), and the finish reason once the stream ends (stop | length)."""
+
+    text: str
+    token: int | None
+    finish_reason: str | None
+
+
+def generation_min_depth(settings: CoordinatorSettings, manifest: Manifest[LMConfig]) -> int:
+    """Blocks a stream's route keeps: --min-blocks, else the evaluated minimum depth, else all of them
+    (a family nobody evaluated never skips a block mid-stream)."""
+    if settings.min_blocks is not None:
+        if settings.min_blocks > manifest.config.depth:
+            raise ValueError(f"--min-blocks {settings.min_blocks} is past the model's depth of {manifest.config.depth}")
+        return settings.min_blocks
+    evaluated = policy.min_blocks(manifest)
+    return evaluated if evaluated is not None else manifest.config.depth
+
+
+class Generator:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        manifest: Manifest[LMConfig],
+        registry: Registry,
+        pool: ClientPool,
+        watch: SwarmWatch,
+        verifier: DecodeVerifier | None,
+        wire: torch.dtype,
+        observer: StreamObserver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.manifest = manifest
+        self.config = manifest.config
+        self.registry = registry
+        self.pool = pool
+        self.watch = watch
+        self.verifier = verifier
+        self.wire = wire
+        self.observer = observer
+        self.min_depth = generation_min_depth(settings, manifest)
+        self.stem, self.head = load_stem_head(settings.model_dir, manifest)
+        self.tokenizer = load_tokenizer(verified_file(settings.model_dir, manifest, TOKENIZER))
+        check_tokenizer(self.tokenizer, self.config, str(settings.model_dir))
+        rules = RouteRules(manifest.model_id, self.config.shuffle_robust, self.min_depth)
+        calls = DecodeCaller(pool, wire, self.config.dim, settings.hop_timeout_s)
+        failover = observer.failover if observer is not None else None
+        self.runner = StreamRunner(calls, pool, registry, verifier, rules, self.open_streams, failover)
+        self.live: dict[str, StreamSession] = {}
+        self.recent: deque[StreamSession] = deque(maxlen=RECENT_STREAMS)
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
+        self._releases: set[asyncio.Task[None]] = set()
+        log.info("generation: routes keep at least %d of %d blocks", self.min_depth, self.config.depth)
+
+    def depth_ready(self) -> tuple[bool, str]:
+        """Whether a stream can be opened now (enough blocks have a node that may serve ours), and why."""
+        robust, own = self.config.shuffle_robust, self.manifest.model_id
+        served = sum(
+            any(eligible(r, own, robust) for r in records) for records in self.registry.routable_by_block().values()
+        )
+        need, depth = self.min_depth, self.config.depth
+        if served >= need:
+            return True, f"{served} of {depth} blocks can serve streams (minimum {need})"
+        return False, f"only {served} of {depth} blocks can serve streams, minimum depth is {need}"
+
+    # --- text ----------------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """The prompt's ids: <s> (when the model has one) and the text's tokens."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ([self.config.bos_id] if self.config.bos_id >= 0 else []) + ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return decode(self.tokenizer, ids)
+
+    # --- streams -------------------------------------------------------------------------------------
+
+    async def open(self, prompt: Sequence[int], options: GenerationOptions) -> StreamSession:
+        """A stream with its route planned. Raises InvalidGeneration (the request) and DepthError (too
+        few blocks reachable for the minimum depth)."""
+        limit = check_generation(
+            prompt, options, self.config, self.settings.max_new_tokens, self.settings.default_max_tokens
+        )
+        await self.watch.wait_first_round(self.settings.request_timeout_s / 2)
+        sampling = options.sampling()
+        if not sampling.greedy and sampling.seed is None:  # a seed of our own, answered: the text can be had again
+            options = dataclasses.replace(options, seed=random.SystemRandom().randrange(2**31))
+            sampling = options.sampling()
+        blocks = block_order(self.config.depth, options.order, random.Random(options.seed))
+        nodes = plan_route(
+            self.registry.routable_by_block(),
+            blocks,
+            self.manifest.model_id,
+            self.config.shuffle_robust,
+            self.open_streams(),
+        )
+        served = sum(node is not None for node in nodes)
+        if served < self.min_depth:
+            missing = [b for b, n in zip(blocks, nodes, strict=True) if n is None]
+            raise DepthError(
+                f"only {served} of {len(blocks)} blocks can serve a stream now (minimum {self.min_depth}); "
+                f"no node for blocks {missing}"
+            )
+        dim = self.config.dim
+        route = [
+            RouteSlot(i, b, RowLog(dim, self.wire), node=n) for i, (b, n) in enumerate(zip(blocks, nodes, strict=True))
+        ]
+        session = StreamSession(
+            id=secrets.token_hex(16),
+            request_id=secrets.token_hex(6),
+            prompt=list(prompt),
+            options=options,
+            limit=limit,
+            route=route,
+            final=RowLog(dim, self.wire),
+            text=TextStream(self.decode, options.stop),
+            sampling=sampling,
+            rng=None if sampling.greedy else sampling.generator(),
+            eos_id=self.config.eos_id,
+        )
+        self.live[session.id] = session
+        if self.observer is not None:
+            self.observer.stream_opened()
+        return session
+
+    async def prefill(self, s: StreamSession) -> torch.Tensor:
+        """Every prompt token through the route: the logits (1, V) the first token is drawn from.
+        Raises StreamFailed."""
+        x = await self._local(self.stem, torch.tensor([s.prompt]))
+        out = await self.runner.advance(s, x, 0)
+        return await self._local(self.head, out[:, -1])
+
+    async def tokens(self, s: StreamSession, logits: torch.Tensor) -> AsyncIterator[Delta]:
+        """The stream's tokens from the prefill's logits on, until it finishes. Raises StreamFailed."""
+        while True:
+            token = int(pick_next(logits, s.sampling, s.rng)[0])
+            text, finish = s.accept(token)
+            yield Delta(text, None if token == s.eos_id else token, finish)
+            if finish is not None:
+                s.finish_reason = finish
+                return
+            started = time.monotonic()
+            x = await self._local(self.stem, torch.tensor([[token]]))
+            out = await self.runner.advance(s, x, s.length - 1)
+            logits = await self._local(self.head, out[:, -1])
+            if self.observer is not None:
+                self.observer.token_step(time.monotonic() - started)
+
+    def close(self, s: StreamSession, error: str | None = None) -> None:
+        """The stream ended (finished, failed, or its client went away): free its caches on every node
+        that may hold them, in a task of its own (this may run in a cancelled response). Idempotent."""
+        if s.closed:
+            return
+        s.closed, s.error, s.finished_at = True, error, time.monotonic()
+        self.live.pop(s.id, None)
+        self.recent.appendleft(s)
+        outcome = "finished" if s.finish_reason is not None else "failed" if error else "abandoned"
+        if self.observer is not None:
+            self.observer.stream_closed(outcome, len(s.generated))
+        for link in s.links.values():
+            link.close()
+        s.links.clear()
+        task = asyncio.get_running_loop().create_task(self._release(s), name=f"release {s.request_id}")
+        self._releases.add(task)
+        task.add_done_callback(self._released)
+
+    async def _release(self, s: StreamSession) -> None:
+        async def one(address: str) -> None:
+            try:
+                await self.pool.get(address).release([s.id], RELEASE_TIMEOUT_S)
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:  # a dead node holds nothing
+                log.debug("%s: release on %s: %s", s.request_id, address, exc)
+
+        await asyncio.gather(*(one(address) for address in sorted(s.holders)))
+
+    async def releases_done(self, timeout: float = RELEASE_TIMEOUT_S + 1) -> None:
+        """Wait (bounded) for the releases under way."""
+        if self._releases:
+            await asyncio.wait(set(self._releases), timeout=timeout)
+
+    def _released(self, task: asyncio.Task[None]) -> None:
+        self._releases.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("releasing a stream failed", exc_info=task.exception())
+
+    def open_streams(self) -> Counter[str]:
+        """Our live streams per node address (the planner keeps within each node's stated limit)."""
+        held: Counter[str] = Counter()
+        for s in self.live.values():
+            for slot in s.route:
+                if slot.node is not None and not slot.skipped:
+                    held[slot.node.address] += 1
+        return held
+
+    def views(self) -> tuple[list[StreamView], list[StreamView]]:
+        """Live streams and the latest finished ones, for the page."""
+        now = time.monotonic()
+        return [s.view(now) for s in self.live.values()], [s.view(now) for s in self.recent]
+
+    async def _local(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        def compute() -> torch.Tensor:
+            with torch.inference_mode():
+                return module(x)
+
+        return await asyncio.get_running_loop().run_in_executor(self._compute, compute)
+
+    async def aclose(self) -> None:
+        """The process is stopping: free every live stream's caches, and wait (bounded) for the releases."""
+        for s in list(self.live.values()):
+            self.close(s, "the coordinator is stopping")
+        await self.releases_done()
+        if self.verifier is not None:
+            self.verifier.close()
+        self._compute.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,100 @@
+"""What a generation caller asks (GenerationOptions), and the checks that refuse what no node could serve
+before anything reaches one (a prompt over the context, max_tokens past the limit, a token id outside
+the vocabulary): the caller's mistakes never count against a node.
+
+Every API (native /v1/generate, OpenAI's completions and chat) builds one GenerationOptions from its
+own validated body; the generator reads it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from layerswarm.models.lm.config import LMConfig
+from layerswarm.models.lm.generate import Sampling
+
+from ..routing.request import InvalidRequest
+
+ORDERS = ("sequential", "shuffle")  # the route's block order (shuffle: shuffle-robust families only)
+MAX_STOPS = 8  # the caller's (OpenAI allows 4) and a chat template's own
+MAX_STOP_CHARS = 256
+
+
+class InvalidGeneration(InvalidRequest):
+    """A generation request no node could serve: the message, the parameter at fault and a short code
+    (OpenAI's error format carries both; the native API shows the message)."""
+
+    def __init__(self, message: str, param: str | None, code: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What the caller asked for one stream. max_tokens None: the server's default (bounded by the
+    context); temperature 0: greedy; same seed, same text (models/lm/generate.py's Sampling)."""
+
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    order: str = "sequential"
+
+    def sampling(self) -> Sampling:
+        return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+
+
+def check_generation(
+    prompt: Sequence[int], options: GenerationOptions, cfg: LMConfig, max_new_tokens: int, default_max_tokens: int
+) -> int:
+    """The number of tokens the stream may generate; raises InvalidGeneration for what no node could serve."""
+    if not prompt:
+        raise InvalidGeneration("the prompt is empty", "prompt", "empty_prompt")
+    bad = next((t for t in prompt if not 0 <= t < cfg.vocab_size), None)
+    if bad is not None:
+        raise InvalidGeneration(
+            f"token id {bad} is outside the vocabulary of {cfg.vocab_size}", "prompt", "invalid_token"
+        )
+    context = cfg.max_seq_len
+    if len(prompt) >= context:
+        raise InvalidGeneration(
+            f"the prompt has {len(prompt)} tokens; the model's context is {context} tokens, with room for at least "
+            "one generated token",
+            "prompt",
+            "context_length_exceeded",
+        )
+    asked = options.max_tokens
+    if asked is not None and asked > max_new_tokens:
+        raise InvalidGeneration(
+            f"max_tokens {asked} is over this server's limit of {max_new_tokens}", "max_tokens", "max_tokens_exceeded"
+        )
+    if asked is not None and len(prompt) + asked > context:
+        raise InvalidGeneration(
+            f"the model's context is {context} tokens; the prompt has {len(prompt)} and max_tokens asks {asked} more",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    _check_sampling(options, cfg)
+    room = context - len(prompt)
+    return asked if asked is not None else min(default_max_tokens, max_new_tokens, room)
+
+
+def _check_sampling(options: GenerationOptions, cfg: LMConfig) -> None:
+    try:
+        options.sampling()
+    except ValueError as exc:
+        raise InvalidGeneration(str(exc), "temperature", "invalid_sampling") from None
+    if len(options.stop) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in options.stop):
+        raise InvalidGeneration(
+            f"stop: at most {MAX_STOPS} sequences, each 1 to {MAX_STOP_CHARS} characters", "stop", "invalid_stop"
+        )
+    if options.order not in ORDERS:
+        raise InvalidGeneration(f"order must be one of {', '.join(ORDERS)}", "order", "invalid_order")
+    if options.order == "shuffle" and not cfg.shuffle_robust:
+        raise InvalidGeneration(
+            f"order shuffle needs a shuffle-robust family; this one is {cfg.variant}", "order", "invalid_order"
+        )

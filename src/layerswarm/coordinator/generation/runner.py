@@ -1,0 +1,337 @@
+"""Moves a step's new tokens through a stream's route, and keeps the stream going when hops fail.
+
+    advance(session, x, row)   the states of tokens row .. row + T - 1, (1, T, D), through every position
+
+Each position's node gets Decode(start, its inputs from start on): start is `row`, or less when the node's
+cache holds less, down to 0 on a node that holds nothing, where the position's RowLog (every input it was
+ever sent) is replayed: that is how a cache is rebuilt. When a hop fails (decode_call.Failure):
+
+    LOST       rebuild on the same node (it is up; its cache went), once; then as DOWN
+    FULL       the same node again after a short backoff (a busy moment passes), a few times; then as DOWN
+    others     rebuild on another node of the same block index (routes.choose: our own model, or a
+               sibling model's block where the family is shuffle-robust), replaying the inputs
+    none left  skip the block for the rest of the stream where the family's evaluated minimum depth
+               allows it (routes.may_skip); else the stream fails (StreamFailed)
+
+A node that left the routable set since the last step (ejected by health checks) is rebuilt away from
+before it is called. Checks (verification/decode_check.py) run beside the later hops and are awaited
+before the step's output is used: a failed one convicts the node, and the stream is rewound to the first
+token whose state the node falsified (its earlier replies are the next position's stored inputs): a new
+node replays that position, and every later one recomputes from that token (Decode's start truncates
+their caches to it). A node convicted by another stream is treated the same way when this stream
+reaches it. Every event goes into the stream's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ..membership.clients import ClientPool, DecodeLink
+from ..membership.records import Evidence, NodeRecord
+from ..membership.registry import Registry
+from ..verification.decode_check import DecodeVerifier
+from .decode_call import DecodeCaller, DecodeFailed, DecodeReply, Failure
+from .routes import choose, may_skip
+from .rows import RowLog
+from .session import RouteSlot, StreamSession, TraceEvent
+
+log = logging.getLogger(__name__)
+
+MAX_REWINDS = 8  # per step: a swarm of liars cannot keep a stream rewinding for ever
+# A node at its limits (RESOURCE_EXHAUSTED) refuses before it touches our cache: a busy moment passes, so
+# the same node is asked again (0.02, 0.04, 0.08 s) before the position goes elsewhere.
+BUSY_RETRIES = 3
+BUSY_BACKOFF_S = 0.01
+
+
+class StreamFailed(Exception):
+    """The stream cannot go on: a block no node can serve and the minimum depth forbids skipping it, or
+    too many rewinds. The message says which."""
+
+
+class _Rewind(Exception):
+    def __init__(self, position: int, row: int) -> None:
+        super().__init__(f"rewind to position {position}, token {row}")
+        self.position = position
+        self.row = row
+
+
+@dataclass
+class _Check:
+    slot: RouteSlot
+    record: NodeRecord
+    task: asyncio.Future[Evidence | None]
+    row: int
+
+
+@dataclass
+class _Takeover:
+    """A position changing node (or rebuilding on the same one): noted in the trace once it answers."""
+
+    old: str | None
+    reason: str
+    started: float
+
+
+@dataclass(frozen=True)
+class RouteRules:
+    own_model: str  # the coordinator's model: its nodes are preferred
+    robust: bool  # shuffle-robust family: a sibling model's block may stand in
+    min_depth: int  # blocks a route keeps; a family never evaluated keeps every block
+
+
+class StreamRunner:
+    def __init__(
+        self,
+        calls: DecodeCaller,
+        pool: ClientPool,
+        registry: Registry,
+        verifier: DecodeVerifier | None,
+        rules: RouteRules,
+        open_streams: Callable[[], Mapping[str, int]],
+        on_failover: Callable[[str], None] | None = None,
+    ) -> None:
+        self.calls = calls
+        self.pool = pool
+        self.registry = registry
+        self.verifier = verifier
+        self.rules = rules
+        self.open_streams = open_streams
+        self.on_failover = on_failover
+
+    async def advance(self, s: StreamSession, x: torch.Tensor, row: int) -> torch.Tensor:
+        """(1, T, D) states of tokens row .. row + T - 1 through the route; the route's output for them
+        (after a rewind, for the tokens from the rewound one: the last row is always the newest token's)."""
+        position, rewinds = 0, 0
+        while True:
+            try:
+                return await self._walk(s, position, row, x)
+            except _Rewind as rewind:
+                rewinds += 1
+                if rewinds > MAX_REWINDS:
+                    raise StreamFailed(f"{rewinds} rewinds in one step: too many nodes failed their checks") from None
+                position, row = rewind.position, rewind.row
+                x = s.route[position].inputs.rows(row)
+
+    async def _walk(self, s: StreamSession, first: int, row: int, x: torch.Tensor) -> torch.Tensor:
+        checks: list[_Check] = []
+        try:
+            for slot in s.route[first:]:
+                if s.closed:  # its client left while the step ran: open nothing new on any node
+                    raise StreamFailed("the stream was closed")
+                if slot.skipped:
+                    continue
+                x = slot.inputs.put(row, x)
+                x = await self._hop(s, slot, row, x, checks)
+            s.final.put(row, x)
+            await self._confirm(s, checks)
+        finally:
+            for check in checks:
+                check.task.cancel()  # a rewind redoes what they would have confirmed
+        return x
+
+    # --- one position ----------------------------------------------------------------------------------
+
+    async def _hop(
+        self, s: StreamSession, slot: RouteSlot, row: int, x: torch.Tensor, checks: list[_Check]
+    ) -> torch.Tensor:
+        """The position's output for tokens row.. (x: its input for them, logged already)."""
+        takeover: _Takeover | None = None
+        lost_once: set[str] = set()
+        busy = 0  # refusals of a node at its limits, in a row
+        while True:
+            record = slot.node
+            if record is None or not record.routable:
+                if record is not None and record.convicted:
+                    await self._convicted_elsewhere(s, slot, record)  # raises _Rewind when it falsified ours
+                reason = slot.left_because if record is None else f"{record.state.value}: {record.reason}"
+                old = record.address if record is not None else slot.previous
+                takeover = takeover or _Takeover(old, reason, time.monotonic())
+                record = self._take_over(s, slot, reason)
+                if record is None:
+                    return x  # skipped: the block's input goes on as its output
+            start = min(slot.held, row)
+            sent = slot.inputs.rows(start)
+            try:
+                reply = await self.calls.call(record, self._link(s, record), s.id, s.request_id, start, sent)
+            except DecodeFailed as failure:
+                if failure.kind is Failure.FULL and busy < BUSY_RETRIES:  # refused before our cache was touched
+                    busy += 1
+                    await asyncio.sleep(BUSY_BACKOFF_S * 2**busy)
+                    continue
+                same = failure.kind is Failure.LOST and record.address not in lost_once
+                lost_once.add(record.address)
+                self._failed(s, slot, record, failure, retry_here=same)
+                takeover = takeover or _Takeover(record.address, str(failure), time.monotonic())
+                if not same:
+                    slot.leave(str(failure))
+                continue
+            self._answered(s, slot, record, reply, takeover, sent.shape[1], row)
+            if self.verifier is not None and self.verifier.wants(record):
+                inputs = slot.inputs.rows()
+                task = asyncio.ensure_future(
+                    self.verifier.check(record, inputs, reply.out, self.calls.wire, slot.position)
+                )
+                checks.append(_Check(slot, record, task, row))
+            return reply.out[:, row - start :]
+
+    def _answered(
+        self,
+        s: StreamSession,
+        slot: RouteSlot,
+        record: NodeRecord,
+        reply: DecodeReply,
+        takeover: _Takeover | None,
+        replayed: int,
+        row: int,
+    ) -> None:
+        self.registry.record_success(record.address, reply.latency_ms)
+        slot.held = reply.length
+        if takeover is None:
+            return
+        if takeover.old != record.address:
+            slot.since_row = row  # outputs before `row` downstream came from the node before it
+        slot.rebuilds += 1
+        ms = round((time.monotonic() - takeover.started) * 1e3, 3)
+        s.note(
+            TraceEvent(
+                kind="rebuilt",
+                position=slot.position,
+                block=slot.block,
+                node=takeover.old,
+                to=record.address,
+                reason=takeover.reason,
+                replayed_tokens=replayed,
+                ms=ms,
+            )
+        )
+        log.info(
+            "%s: position %d rebuilt on %s (%d tokens replayed)", s.request_id, slot.position, record.address, replayed
+        )
+        if self.on_failover is not None:
+            self.on_failover("rebuilt")
+
+    def _failed(
+        self, s: StreamSession, slot: RouteSlot, record: NodeRecord, failure: DecodeFailed, retry_here: bool
+    ) -> None:
+        slot.held = 0  # whatever it held for us is gone or unknown: it is rebuilt with start 0
+        s.note(
+            TraceEvent(
+                kind="hop_failed", position=slot.position, block=slot.block, node=record.address, reason=str(failure)
+            )
+        )
+        log.info("%s: position %d on %s failed: %s", s.request_id, slot.position, record.address, failure)
+        if failure.kind is Failure.MALFORMED:
+            self.registry.quarantine(record.address, str(failure), failure.evidence)
+        elif failure.kind in (Failure.DOWN, Failure.REFUSED):
+            self.registry.record_failure(record.address, str(failure))
+        if not retry_here:
+            s.failed.add(record.address)
+            self._drop_link(s, record.address)
+
+    def _take_over(self, s: StreamSession, slot: RouteSlot, reason: str) -> NodeRecord | None:
+        """Another node for the position (its cache rebuilt from the inputs on its first call), or None
+        when the block was skipped. Raises StreamFailed when neither is allowed."""
+        rules = self.rules
+        candidates = self.registry.routable_by_block().get(slot.block, [])
+        record = choose(candidates, rules.own_model, rules.robust, self.open_streams(), s.failed)
+        if record is not None:
+            slot.node, slot.held = record, 0
+            return record
+        if not may_skip(len(s.active), rules.min_depth):
+            raise StreamFailed(
+                f"block {slot.block} has no node left to serve it ({reason}), and skipping it would leave "
+                f"{len(s.active) - 1} blocks, under the minimum depth of {rules.min_depth}"
+            )
+        slot.skipped, slot.node = True, None
+        s.note(TraceEvent(kind="skipped", position=slot.position, block=slot.block, reason=reason))
+        log.info("%s: block %d skipped for the rest of the stream (%s)", s.request_id, slot.block, reason)
+        if self.on_failover is not None:
+            self.on_failover("skipped")
+        return None
+
+    def _link(self, s: StreamSession, record: NodeRecord) -> DecodeLink:
+        link = s.links.get(record.address)
+        if link is None:
+            link = s.links[record.address] = self.pool.get(record.address).decode_link()
+        s.holders.add(record.address)
+        return link
+
+    @staticmethod
+    def _drop_link(s: StreamSession, address: str) -> None:
+        link = s.links.pop(address, None)
+        if link is not None:
+            link.close()  # the node frees what the call opened (the final Release is sent all the same)
+
+    # --- lies ------------------------------------------------------------------------------------------
+
+    async def _confirm(self, s: StreamSession, checks: list[_Check]) -> None:
+        """Wait for the step's checks, in route order; the first failed one rewinds the stream."""
+        for check in checks:
+            evidence = await check.task
+            if evidence is None:
+                continue
+            assert self.verifier is not None
+            evidence = self.verifier.convict(check.record, evidence)
+            self.registry.quarantine(check.record.address, f"verification failed: {evidence['check']}", evidence)
+            raise await self._rewind_from(
+                s, check.slot, check.record, check.row, f"caught lying: {evidence['discrepancy']}"
+            )
+
+    async def _convicted_elsewhere(self, s: StreamSession, slot: RouteSlot, record: NodeRecord) -> None:
+        """A node another stream convicted: rewind when its replies to this stream were false too."""
+        if self.verifier is None or slot.held == 0:
+            return
+        bad = await self._first_bad_row(s, slot, record)
+        if bad is not None:
+            raise await self._rewind_from(s, slot, record, bad, "convicted by another stream's check")
+
+    async def _rewind_from(
+        self, s: StreamSession, slot: RouteSlot, record: NodeRecord, row: int, reason: str
+    ) -> _Rewind:
+        """The rewind past a liar at `slot`: from the first token it falsified (`row` when none earlier)."""
+        found = await self._first_bad_row(s, slot, record)
+        first = min(row, found) if found is not None else row
+        sampled_until = s.length - 1  # rows before it were sampled from (the newest row's token is still to come)
+        tainted = max(0, sampled_until - max(first, len(s.prompt) - 1))
+        s.note(
+            TraceEvent(
+                kind="convicted",
+                position=slot.position,
+                block=slot.block,
+                node=record.address,
+                reason=reason,
+                from_row=first,
+                tainted_tokens=tainted,
+            )
+        )
+        s.failed.add(record.address)
+        self._drop_link(s, record.address)
+        slot.leave(reason)
+        return _Rewind(slot.position, first)
+
+    async def _first_bad_row(self, s: StreamSession, slot: RouteSlot, record: NodeRecord) -> int | None:
+        """Where the node's earlier replies to this stream went (the next position's inputs, or the
+        head's), held against the reference: the first token it falsified, from when it took the
+        position over."""
+        assert self.verifier is not None and record.identity is not None
+        downstream = self._downstream(s, slot)
+        n = min(slot.inputs.length, downstream.length)
+        if n <= slot.since_row:
+            return None
+        ident = record.identity
+        return await self.verifier.first_bad_row(
+            ident.model_id, ident.block, slot.inputs.rows(0, n), downstream.rows(0, n), slot.since_row, self.calls.wire
+        )
+
+    @staticmethod
+    def _downstream(s: StreamSession, slot: RouteSlot) -> RowLog:
+        """The next position's inputs (skipped or not: its log holds what this one sent it until then)."""
+        later = s.route[slot.position + 1 :]
+        return later[0].inputs if later else s.final

@@ -1,0 +1,1 @@
+"""The generative family's trainer, data, tokenizer training and evaluation (the model is models/lm/)."""
