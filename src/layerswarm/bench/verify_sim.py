@@ -215,7 +215,7 @@ def _summary(rows: list[dict[str, Any]], within: int) -> dict[str, Any]:
 async def steady_cost(model: Model, settings: VerifySettings, requests: int, tail: int) -> dict[str, Any]:
     """An all-honest swarm for `requests` requests: the share of hops re-executed over the last `tail`
     (every node long past probation: the rule's steady price), and re-execution time against the
-    blocks' own compute time in that stretch (same process, same thread)."""
+    blocks' own compute time in that stretch (same process, 1 torch thread)."""
     rng = random.Random(0)
     depth = len(model.blocks)
     verifier = Verifier([model.model_dir], settings, seed=0)
