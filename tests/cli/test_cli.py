@@ -418,8 +418,10 @@ def test_every_command_is_a_module_with_its_own_entry_point() -> None:
         assert func is not None and func.__module__ == f"layerswarm.cli.{name.replace('-', '_')}", name
 
 
-def test_the_documented_config_file_loads(tmp_path: Path) -> None:
+def test_the_documented_config_file_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    monkeypatch.chdir(tmp_path)  # the token file it names, relative to where the process starts
+    (tmp_path / "swarm.token").write_text("t" * 64)
     config = tmp_path / "swarm.toml"
     config.write_text(doc.split("```toml\n", 1)[1].split("```", 1)[0])
     node = settings_of(["node", "--config", str(config), "--block", "3"])
@@ -488,7 +490,7 @@ def test_a_host_this_machine_cannot_listen_on_names_the_host_flag(command: str) 
     host = "192.0.2.1"
     flag = "--host" if command == "node" else "--http-host"
     extra = ["--block", "0", "--no-advertise"] if command == "node" else ["--no-mdns"]
-    result = run_cli(command, "--model-dir", SHIPPED, flag, host, *extra)
+    result = run_cli(command, "--model-dir", SHIPPED, flag, host, *extra, "--insecure")  # past the token check
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"layerswarm {command}: error: {flag} {host}: "), result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -39,6 +39,7 @@ HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 3.0
 MAX_IN_FLIGHT = 4
 MAX_CONNECTIONS = 260
+WRITE_TIMEOUT_S = 2.0
 BUDGET = 4096 * 1024  # the default pixel budget
 KEYS = ("first-key-0123456789", "second-key-0123456789")
 
@@ -86,7 +87,7 @@ def coord(family_dirs: list[Path], nodes: list[Proc], spool: Path) -> Iterator[P
         nodes,
         *("--max-upload-bytes", str(UPLOAD_LIMIT), "--max-concurrent-requests", str(MAX_IN_FLIGHT)),
         *("--header-timeout", str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S)),
-        *("--max-connections", str(MAX_CONNECTIONS)),
+        *("--max-connections", str(MAX_CONNECTIONS), "--write-timeout", str(WRITE_TIMEOUT_S)),
     )
     # INFO: disconnects and closed connections are logged there; TMPDIR: where a spooled upload would land
     proc = spawn("coordinator", cmd, env={"LAYERSWARM_LOG": "INFO", "TMPDIR": str(spool)})
@@ -381,6 +382,114 @@ def test_connections_past_the_cap_are_refused_at_once(family_dirs: list[Path], n
             assert c.get("/healthz").status_code == 200  # the held ones are gone: served again
     finally:
         stop_all([proc])
+
+
+# --- framing, the head's size, clients that do not read ------------------------------------------------
+
+
+def _hiding(head: bytes) -> bytes:
+    """A POST framed by both Content-Length (41: the rest, to a proxy that reads it) and chunked (its end
+    at 0\\r\\n\\r\\n, to h11), hiding GET /v1/nodes behind its body."""
+    return (
+        b"POST /v1/classify HTTP/1.1\r\nhost: a\r\n" + head + b"\r\n0\r\n\r\nGET /v1/nodes HTTP/1.1\r\nhost: a\r\n\r\n"
+    )
+
+
+SMUGGLED = {
+    "length then chunked": _hiding(b"content-length: 41\r\ntransfer-encoding: chunked\r\n"),
+    "chunked then length": _hiding(b"Transfer-Encoding: chunked\r\nContent-Length: 41\r\n"),
+    "upper-case chunked": _hiding(b"Content-Length: 41\r\nTransfer-Encoding: CHUNKED\r\n"),
+    "length zero": _hiding(b"Content-Length: 0\r\nTransfer-Encoding: chunked\r\n"),
+    "behind a pipelined request": b"GET /healthz HTTP/1.1\r\nhost: a\r\n\r\n"
+    + _hiding(b"content-length: 41\r\ntransfer-encoding: chunked\r\n"),
+}
+
+
+@pytest.mark.parametrize("raw", SMUGGLED.values(), ids=SMUGGLED.keys())
+def test_a_request_framed_twice_is_refused_and_what_it_hides_never_answered(coord: Proc, raw: bytes) -> None:
+    """RFC 9112 6.1: Content-Length with Transfer-Encoding is how a request is smuggled past a proxy that
+    reads the other header. Before, h11 took the chunked framing, and the GET hidden after the body was
+    answered on a connection kept open; now the request is answered 400 and the connection closed."""
+    with socket.create_connection(("127.0.0.1", port(coord)), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = _read_until_closed(sock, 10)  # closed by the server: a timeout here fails the test
+    statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", answer)
+    assert statuses[-1] == b"400" and statuses.count(b"400") == 1, answer
+    assert b"reachable_depth" not in answer  # /v1/nodes, the hidden request, never answered
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"x-big: " + b"a" * 100_000 + b"\r\n",  # one line
+        b"".join(b"x-h%d: %s\r\n" % (i, b"b" * 90) for i in range(1000)),  # 1,000 lines
+    ],
+    ids=["one line", "1000 lines"],
+)
+@pytest.mark.parametrize("writes", [1, 50], ids=["one write", "50 writes"])
+def test_an_oversized_header_block_is_431_whatever_the_read_size(coord: Proc, head: bytes, writes: int) -> None:
+    """Before, 100 KB of headers sent in one write was accepted (h11 limits only an incomplete head)."""
+    raw = b"GET /healthz HTTP/1.1\r\nhost: a\r\n" + head + b"\r\n"
+    step = -(-len(raw) // writes)
+    with socket.create_connection(("127.0.0.1", port(coord)), timeout=10) as sock:
+        with contextlib.suppress(ConnectionError):  # refused before the last write: the rest goes nowhere
+            for i in range(0, len(raw), step):
+                sock.sendall(raw[i : i + step])
+        answer = _read_until_closed(sock, 10)
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"header_too_large" in answer, answer[:200]
+
+
+LARGE = b"GET /static-offline-docs/swagger-ui-bundle.js HTTP/1.1\r\nhost: a\r\n\r\n"  # 1.5 MB, open path
+
+
+def _slow_reader(port_: int) -> socket.socket:
+    """A client that asks for a large response three times over and never reads: a tiny receive window,
+    so our writes stall once the kernel's buffers (about 1.3 MB on loopback) are full."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port_))
+    sock.sendall(LARGE * 3)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 20):
+            pass
+        return True  # end of stream
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def test_a_client_that_does_not_read_is_dropped_after_the_write_timeout(coord: Proc, client: httpx.Client) -> None:
+    before = closed_connections(client, "write_timeout")
+    reader = _slow_reader(port(coord))
+    try:
+        time.sleep(WRITE_TIMEOUT_S * 3)  # stalled, then past the write deadline (with room for a busy machine)
+        assert _closed_by_server(reader)  # before: held (with its admission and connection slot) for ever
+    finally:
+        reader.close()
+    assert closed_connections(client, "write_timeout") >= before + 1
+
+
+def test_slow_readers_past_the_cap_give_way_to_clients_that_read(coord: Proc, client: httpx.Client) -> None:
+    """More non-reading clients than connection slots: a client that reads takes the place of one
+    stalled longest. Before, the stalled ones held every slot and the others got 503 or resets."""
+    readers = [_slow_reader(port(coord)) for _ in range(MAX_CONNECTIONS + 10)]
+    try:
+        time.sleep(WRITE_TIMEOUT_S / 2)  # their writes stall (well before their deadline)
+        statuses = []
+        for _ in range(20):
+            with httpx.Client(base_url=f"http://127.0.0.1:{port(coord)}", timeout=30) as fresh:  # a slot each
+                statuses.append(fresh.get("/v1/nodes").status_code)
+        assert statuses == [200] * 20, statuses
+    finally:
+        for sock in readers:
+            sock.close()
 
 
 # --- malformed JSON ---------------------------------------------------------------------------------

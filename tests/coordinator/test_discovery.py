@@ -71,7 +71,12 @@ async def test_discovery_across_hosts_on_a_bridge(family_dirs: list[Path]) -> No
         hosts = [lab.add_host(f"h{b}") for b in range(3)]
         nodes = spawn_many(
             [
-                (h.name, h.command(node_cmd(family_dirs[b % 2], b, "--grace", "0.5", host=h.address, port=50051)))
+                (
+                    h.name,
+                    h.command(
+                        node_cmd(family_dirs[b % 2], b, "--grace", "0.5", "--insecure", host=h.address, port=50051)
+                    ),
+                )
                 for b, h in enumerate(hosts)
             ]
         )

@@ -158,10 +158,12 @@ def test_half_a_tls_configuration_is_refused(certs: Path) -> None:
 
 
 @pytest.mark.parametrize("node_with", [TOKEN], indirect=True)
-async def test_a_stranger_cannot_make_a_node_read_more_than_its_model_needs(node_with: Node) -> None:
-    """A refused call is read before its refusal (refusing first races the caller's send), so what a
-    stranger can make a node take in per call is its receive limit: sized to the model's largest
-    request (here batch 64 x 5 tokens x 32 wide, + 1 MiB), not the 64 MiB ceiling."""
+async def test_a_stranger_is_refused_before_its_message_is_read(node_with: Node) -> None:
+    """A call without swarm credentials is refused from its metadata, its message never read: a padded
+    3 MiB call, which grpc would refuse RESOURCE_EXHAUSTED had it read it (past the receive limit), gets
+    UNAUTHENTICATED (before node/guard.py it was read and got RESOURCE_EXHAUSTED). A signed caller is
+    still held to the receive limit, sized to the model's largest request (here batch 64 x 5 tokens x 32
+    wide, + 1 MiB), not the 64 MiB ceiling."""
     from layerswarm.node.server import receive_limit
 
     cfg = node_with.manifest.config
@@ -170,11 +172,16 @@ async def test_a_stranger_cannot_make_a_node_read_more_than_its_model_needs(node
     padded = pb.ForwardRequest(activations=pb.Tensor(data=b"\0" * (3 << 20)), position=0)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{node_with.port}") as channel:
         stub = pb_grpc.BlockNodeStub(channel)  # type: ignore[no-untyped-call]
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.Forward(most, timeout=10)  # the largest legitimate request: read, then refused
-        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        for request in (most, padded):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Forward(request, timeout=10)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED, refused.value
+        signer = CallSigner(str(TOKEN.token))
+        nonce = signer.new_nonce()
+        info = stub.Info(pb.InfoRequest(), metadata=((NONCE_KEY, nonce),))
+        assert signer.accept_info(await info.trailing_metadata(), nonce, info_identity(await info))
         with pytest.raises(grpc.aio.AioRpcError) as too_big:
-            await stub.Forward(padded, timeout=10)
+            await stub.Forward(padded, timeout=10, metadata=(signer.sign("/layerswarm.v1.BlockNode/Forward"),))
         assert too_big.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 

@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,14 +28,21 @@ K8S = [
     for name in ("nodes.yaml", "coordinator.yaml")
     for doc in yaml.safe_load_all((ROOT / "deploy" / "k8s" / name).read_text())
 ]
+K8S_TOKEN = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "token.yaml").read_text()))
+# Where the deployments' swarm token is (compose: the swarm-token volume; k8s: the Secret's mount): a
+# file that exists only in a container, so parse() points it at a real one.
+TOKEN_PATHS = {"/var/lib/layerswarm/swarm.token", "/run/layerswarm/token"}
 
 
 def parse(argv: list[str]) -> Any:
     """The command and, for node and coordinator, their loaded settings (as the process would see them)."""
-    args = build_parser().parse_args(argv)
-    if not hasattr(args, "settings_flags"):
-        return args
-    return SimpleNamespace(command=args.command, **dict(load_settings(args)))
+    with tempfile.TemporaryDirectory() as tmp:
+        token = Path(tmp) / "token"
+        token.write_text("t" * 64)
+        args = build_parser().parse_args([str(token) if a in TOKEN_PATHS else a for a in argv])
+        if not hasattr(args, "settings_flags"):
+            return args
+        return SimpleNamespace(command=args.command, **dict(load_settings(args)))
 
 
 def compose_services() -> dict[str, dict[str, Any]]:
@@ -46,7 +54,7 @@ def test_every_compose_command_is_accepted_by_the_cli() -> None:
         if service.get("image", "").startswith("prom/"):
             continue
         args = parse(service["command"])
-        assert args.command in ("node", "coordinator"), name
+        assert args.command in ("node", "coordinator", "token"), name
         test = service.get("healthcheck", {}).get("test")
         if test:
             assert test[:2] == ["CMD", "layerswarm"]
@@ -56,6 +64,7 @@ def test_every_compose_command_is_accepted_by_the_cli() -> None:
 def test_compose_swarm_is_consistent() -> None:
     services = compose_services()
     nodes = {n: parse(s["command"]) for n, s in services.items() if s["command"][0] == "node"}
+    assert services["swarm-token"]["command"][0] == "token"
     coordinator = parse(services["coordinator"]["command"])
     assert services["coordinator"]["ports"] == [f"{coordinator.http_port}:{coordinator.http_port}"]
     blocks_by_model: dict[str, set[int]] = {}
@@ -78,6 +87,43 @@ def test_compose_swarm_is_consistent() -> None:
     targets = yaml.safe_load(config_path.read_text())["scrape_configs"]
     scraped = {t for job in targets for cfg in job["static_configs"] for t in cfg["targets"]}
     assert scraped == {"coordinator:8080"} | {f"{n}:{a.metrics_port}" for n, a in nodes.items()}
+
+
+def test_every_deployment_makes_or_mounts_a_swarm_token() -> None:
+    """Secure by default: compose, Kubernetes and the systemd unit each make a token on first start and
+    give it to every node and the coordinator, so none of them serves open (they would refuse to start)."""
+    services = compose_services()
+    maker = services["swarm-token"]
+    made = maker["command"][1]
+    volume = next(v for v in maker["volumes"] if made.startswith(v.split(":")[1] + "/"))
+    assert maker["restart"] == "no" and not volume.endswith(":ro")
+    for name, service in services.items():
+        if service["command"][0] not in ("node", "coordinator"):
+            continue
+        argv = service["command"]
+        assert argv[argv.index("--token-file") + 1] == made, name
+        assert f"{volume}:ro" in service["volumes"], name
+        assert service["depends_on"]["swarm-token"] == {"condition": "service_completed_successfully"}, name
+        assert parse(argv).security.token == "t" * 64
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in K8S_TOKEN}
+    job = kinds[("Job", "layerswarm-token")]["spec"]["template"]["spec"]
+    secret = parse(job["containers"][0]["args"]).k8s_secret
+    assert job["serviceAccountName"] == "layerswarm-token" and secret == "layerswarm-token"
+    rules = kinds[("Role", "layerswarm-token")]["rules"]
+    assert {v for r in rules for v in r["verbs"]} == {"get", "create"}
+    assert all(r["resources"] == ["secrets"] for r in rules)
+    for d in (d for d in K8S if d["kind"] == "Deployment"):
+        pod = d["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        container = pod["containers"][0]
+        mount = next(m for m in container["volumeMounts"] if volumes[m["name"]].get("secret"))
+        source = volumes[mount["name"]]["secret"]
+        assert source["secretName"] == secret and "optional" not in source  # pods wait for the Job's Secret
+        args = container["args"]
+        assert args[args.index("--token-file") + 1] == f"{mount['mountPath']}/token", d["metadata"]["name"]
+    unit = (DEPLOY / "systemd" / "layerswarm-node@.service").read_text()
+    assert "Environment=LAYERSWARM_NODE_TOKEN_FILE=swarm.token\nEnvironmentFile=" in unit  # the file may override it
+    assert "ExecStartPre=%h/layerswarm/venv/bin/layerswarm token ${LAYERSWARM_NODE_TOKEN_FILE}" in unit
 
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"

@@ -102,12 +102,16 @@ def test_node_bound_to_all_advertises_its_route_to_the_lan(model_dir: Path) -> N
         listed = subprocess.run(ip_addr, capture_output=True, text=True, check=True).stdout
         assert [line.split()[1] for line in listed.splitlines()][1:] == ["docker0", "eth0"]  # docker0 first
         try:
-            cmd = layerswarm_cmd("node", "--model-dir", str(model_dir), "--block", "0", "--host", "0.0.0.0")
+            cmd = layerswarm_cmd(
+                "node", "--model-dir", str(model_dir), "--block", "0", "--host", "0.0.0.0", "--insecure"
+            )
             node = wait_for_ready_line(launch("node", board.command([*cmd, "--port", "50051"])))
             procs.append(node)
             assert node.ready["advertised"] == [board.address], node.ready
             assert "default route" in node.ready["advertised_by"]
-            coord_cmd = layerswarm_cmd("coordinator", "--model-dir", str(model_dir), "--http-host", laptop.address)
+            coord_cmd = layerswarm_cmd(
+                "coordinator", "--model-dir", str(model_dir), "--http-host", laptop.address, "--insecure"
+            )
             procs.append(wait_for_ready_line(launch("coordinator", laptop.command(coord_cmd))))
             url = f"http://{laptop.address}:{procs[-1].ready['port']}"
             nodes = wait_for("the node healthy", lambda: healthy_nodes(url), 30)

@@ -7,7 +7,12 @@ attackers run, interleaved phase by phase, so each figure is a ratio against the
 - pixel bombs: 2 clients sending, back to back, a PNG at the pixel budget (1 x 4,194,304, resize=true:
   the costliest image admitted) and one over it (1 x 16,777,216: refused from its header);
 - held bodies: 100 connections that send 4 MB minus one byte of a JSON body and stall (coordinator RSS);
-- slow loris: 1,000 connections trickling header bytes (coordinator open files, legit requests answered).
+- slow loris: 1,000 connections trickling header bytes (coordinator open files, legit requests answered);
+- smuggling: requests framed by both Content-Length and Transfer-Encoding, each hiding a second request
+  (how many hidden requests were answered, and whether the connection stayed open);
+- oversized headers: a 100 KB header block in one line and in 1,000 lines, in one write and in 50;
+- slow readers: 520 connections (past the 512 slots) that ask for a large response and never read it,
+  then 200 classifications, each on a new connection (how many were answered 200, their p50).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import socket
 import statistics
 import struct
@@ -169,6 +175,113 @@ def slow_loris(url: str, proc: Proc, count: int, image: bytes) -> dict[str, Any]
     }
 
 
+def _exchange(url: str, raw: bytes, writes: int = 1, timeout: float = 10.0) -> tuple[bytes, bool]:
+    """Send `raw` in `writes` pieces and read until the server closes (True) or goes quiet (False)."""
+    host, port = url.removeprefix("http://").split(":")
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        step = -(-len(raw) // writes)
+        with suppress(ConnectionError):
+            for i in range(0, len(raw), step):
+                sock.sendall(raw[i : i + step])
+        try:
+            while more := sock.recv(65536):
+                answer += more
+            return answer, True
+        except TimeoutError:
+            return answer, False
+        except ConnectionError:
+            return answer, True
+
+
+def smuggling(url: str) -> dict[str, Any]:
+    """Each variant hides GET /v1/nodes behind a body that Content-Length and chunked framing delimit
+    differently; a hidden request answered is one smuggled past a proxy that reads the other header."""
+    hidden = b"GET /v1/nodes HTTP/1.1\r\nhost: a\r\n\r\n"
+    post = b"POST /v1/classify HTTP/1.1\r\nhost: a\r\n"
+    variants = {
+        "length then chunked": b"content-length: 41\r\ntransfer-encoding: chunked\r\n",
+        "chunked then length": b"transfer-encoding: chunked\r\ncontent-length: 41\r\n",
+        "upper-case chunked": b"Content-Length: 41\r\nTransfer-Encoding: CHUNKED\r\n",
+        "length zero": b"content-length: 0\r\ntransfer-encoding: chunked\r\n",
+        "chunked, space before colon": b"content-length: 41\r\ntransfer-encoding : chunked\r\n",
+        "two lengths": b"content-length: 5\r\ncontent-length: 41\r\n",
+        "behind a pipelined request": b"content-length: 41\r\ntransfer-encoding: chunked\r\n",
+    }
+    out: dict[str, Any] = {}
+    for name, head in variants.items():
+        raw = post + head + b"\r\n0\r\n\r\n" + hidden
+        if name == "behind a pipelined request":
+            raw = b"GET /healthz HTTP/1.1\r\nhost: a\r\n\r\n" + raw
+        answer, closed = _exchange(url, raw)
+        statuses = [int(code) for code in re.findall(rb"HTTP/1.1 (\d{3}) ", answer)]
+        out[name] = {"statuses": statuses, "hidden_answered": b"reachable_depth" in answer, "closed": closed}
+    out["hidden_requests_answered"] = sum(v["hidden_answered"] for v in out.values())
+    return out
+
+
+def oversized_headers(url: str) -> dict[str, Any]:
+    lines = {
+        "one line": b"x-big: " + b"a" * 100_000 + b"\r\n",
+        "1000 lines": b"".join(b"x-h%d: %s\r\n" % (i, b"b" * 90) for i in range(1000)),
+    }
+    out = {}
+    for name, head in lines.items():
+        for writes in (1, 50):
+            answer, closed = _exchange(url, b"GET /healthz HTTP/1.1\r\nhost: a\r\n" + head + b"\r\n", writes)
+            status = re.match(rb"HTTP/1.1 (\d{3}) ", answer)
+            out[f"{name}, {writes} write{'s' if writes > 1 else ''}"] = {
+                "status": int(status.group(1)) if status else None,
+                "closed": closed,
+            }
+    return out
+
+
+LARGE = b"GET /static-offline-docs/swagger-ui-bundle.js HTTP/1.1\r\nhost: a\r\n\r\n"  # 1.5 MB, no key needed
+
+
+def slow_readers(url: str, proc: Proc, count: int, image: bytes, requests: int) -> dict[str, Any]:
+    """`count` clients ask for a large response three times over with a 4 KiB receive window and never
+    read; then `requests` classifications, each on a new connection, while they stay."""
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(10)
+        try:
+            sock.connect((host, int(port)))
+            sock.sendall(LARGE * 3)
+        except OSError:
+            sock.close()
+            continue
+        socks.append(sock)
+    time.sleep(2.0)  # their writes stall
+    statuses: dict[str, int] = {}
+    latencies = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        try:
+            with httpx.Client(base_url=url, timeout=60) as client:  # a new connection: it needs a slot
+                status = str(client.post("/v1/classify", files={"file": ("a.png", image, "image/png")}).status_code)
+        except httpx.HTTPError as exc:
+            status = type(exc).__name__
+        latencies.append((time.perf_counter() - started) * 1e3)
+        statuses[status] = statuses.get(status, 0) + 1
+    peak_files = open_files(proc.pid)
+    for sock in socks:
+        sock.close()
+    return {
+        "slow_readers": count,
+        "connected": len(socks),
+        "requests": requests,
+        "statuses": statuses,
+        "answered_200": statuses.get("200", 0),
+        "p50_ms": round(statistics.median(latencies), 2),
+        "coordinator_open_files_peak": peak_files,
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     members = robust_members(family_root())[:1]
     image = small_png(32)
@@ -195,6 +308,12 @@ def run(quick: bool) -> dict[str, Any]:
             report["pixel_bombs"] = phases
             report["held_bodies"] = held_bodies(url, coord, 100, 4 * 1024 * 1024)
             report["slow_loris"] = slow_loris(url, coord, 1000, image)
+            report["smuggling"] = smuggling(url)
+            report["oversized_headers"] = oversized_headers(url)
+            report["slow_readers"] = slow_readers(url, coord, 520, image, 50 if quick else 200)
+            report["slow_readers"]["p50_ratio_to_baseline"] = round(
+                report["slow_readers"]["p50_ms"] / report["pixel_bombs"]["baseline"]["p50_ms"], 2
+            )
             report["after_attacks"] = legit_p50(url, image, 5)
         finally:
             stop_all([coord])

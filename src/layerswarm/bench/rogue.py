@@ -190,6 +190,10 @@ async def run(requests: int, only: str | None = None) -> dict[str, Any]:
                 "coordinator",
             )
         )
+        # Issue 45: liars that pass probation and then lie cleverly, against the adaptive rule (default rate).
+        plan.append(("issue45: honest, verification on", None, 0.05, None, 0, "coordinator"))
+        for mode in ("push", "other-block"):
+            plan.append((f"issue45: {mode} after 10 honest hops, verification on", mode, 0.05, None, 10, "coordinator"))
         for name, kind, verify, f, after, where in plan:
             if only is not None and only not in name:
                 continue

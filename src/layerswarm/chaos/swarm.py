@@ -37,8 +37,11 @@ class ChaosNode:
         return f"{self.host.address}:{NODE_PORT}"
 
     def command(self) -> list[str]:
+        # A lab host's address is not loopback: without the token the node must be told --insecure.
         extra = (
-            ("--grace", "0.5") if self.token_file is None else ("--grace", "0.5", "--token-file", str(self.token_file))
+            ("--grace", "0.5", "--insecure")
+            if self.token_file is None
+            else ("--grace", "0.5", "--token-file", str(self.token_file))
         )
         cmd = node_cmd(self.model_dir, self.block, *extra, host=self.host.address, port=NODE_PORT)
         if self.faults:  # the same node, built by the test-only fault wrapper
@@ -168,6 +171,8 @@ def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = 
             os.close(handle)
             token_file = Path(name)
             extra_coordinator = (*extra_coordinator, "--token-file", str(token_file))
+        else:  # the lab's bridge address is not loopback: an open swarm must say so
+            extra_coordinator = (*extra_coordinator, "--insecure")
         coordinator_host = lab.add_host("coordinator")
         args = [
             "coordinator",

@@ -32,6 +32,7 @@ COMMANDS = (
     "chaos",
     "bench",
     "probe",
+    "token",
     "zoo",
     "samples",
     "datasets",
@@ -47,7 +48,8 @@ examples:
   layerswarm train --data shapes --variant layershuffle --out runs/ls
   layerswarm family --base runs/base --members 4 --out runs/family
   layerswarm eval runs/family/member-* --json report.json --plots figures/
-  layerswarm node --model-dir runs/family/member-0 --block 3 --host 0.0.0.0 --port 50051
+  layerswarm token swarm.token                    # a swarm token: nothing serves a LAN without one
+  layerswarm node --model-dir runs/family/member-0 --block 3 --host 0.0.0.0 --token-file swarm.token
   layerswarm coordinator --model-dir runs/family/member-0 --http-port 8080 --config swarm.toml
 """
 

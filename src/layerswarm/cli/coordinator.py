@@ -64,6 +64,7 @@ def register(sub: Subparsers) -> None:
     add_http_limit_flags(f)
     f.group("security", "the swarm token and mutual TLS toward nodes (docs/trust.md); API keys are under HTTP")
     add_security_flags(f)
+    f.add("--insecure", "insecure", action="store_true")
 
 
 def add_discovery_flags(f: SettingsFlags) -> None:
@@ -84,6 +85,8 @@ def add_verification_flags(f: SettingsFlags) -> None:
     f.add("--verify-rate", "verify_rate", type=float)
     f.add("--verify-probation", "verify_probation", type=int)
     f.add("--verify-on", "verify_on", choices=CHOICES["verify_on"])
+    f.add("--verify-decisive", "verify_decisive", type=int)
+    f.add("--verify-contest", "verify_contest_s", type=float)
     f.add(
         "--no-verify-deferred",
         "verify_deferred",
@@ -101,6 +104,8 @@ def add_http_limit_flags(f: SettingsFlags) -> None:
     f.add("--max-connections", "max_connections", type=int)
     f.add("--header-timeout", "header_timeout_s", type=float)
     f.add("--body-timeout", "body_timeout_s", type=float)
+    f.add("--write-timeout", "write_timeout_s", type=float)
+    f.add("--max-header-bytes", "max_header_bytes", type=int)
     f.add("--api-key-file", "api_keys", type=api_keys)
 
 

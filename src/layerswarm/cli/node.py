@@ -7,7 +7,7 @@ import os
 import sys
 
 from layerswarm.node.settings import ENGINES, NodeSettings
-from layerswarm.wire.memory import keep_large_buffers
+from layerswarm.wire.memory import few_arenas, keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, UsageError, add_command, ensure_can_listen, load_settings
 from .security import add_security_flags
@@ -46,6 +46,11 @@ def register(sub: Subparsers) -> None:
         "forward relay chains with a Relay call per chain, not over one long-lived stream per next node",
         action="store_false",
     )
+    f.add("--max-calls", "max_calls", type=int)
+    f.add("--max-calls-per-peer", "max_calls_per_peer", type=int)
+    f.add("--max-stranger-calls", "max_stranger_calls", type=int)
+    f.add("--max-stranger-calls-per-peer", "max_stranger_calls_per_peer", type=int)
+    f.add("--stranger-rate", "stranger_rate", type=float)
     f.add("--max-streams", "max_streams", type=int)
     f.add("--max-cache-mib", "max_cache_mib", type=float)
     f.add("--idle-timeout", "idle_timeout_s", type=float)
@@ -57,6 +62,7 @@ def register(sub: Subparsers) -> None:
     f.add("--mdns-interface", "mdns_interfaces", action="append")
     f.group("security", "the swarm token and mutual TLS (docs/trust.md)")
     add_security_flags(f, relay=True)
+    f.add("--insecure", "insecure", action="store_true")
 
 
 # The numpy engine's BLAS reads its thread count when numpy loads: set before the node's imports.
@@ -89,4 +95,5 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
+    few_arenas()  # what a stranger's flood left freed goes back to the kernel (wire/memory.py)
     return serve(settings)

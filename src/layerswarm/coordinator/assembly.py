@@ -136,5 +136,7 @@ def make_verifier(settings: CoordinatorSettings) -> Verifier | None:
             probation_hops=settings.verify_probation,
             reexecute_on=settings.verify_on,
             deferred=settings.verify_deferred,
+            decisive=settings.verify_decisive,
+            contest_s=settings.verify_contest_s,
         ),
     )

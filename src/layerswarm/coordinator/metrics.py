@@ -103,7 +103,8 @@ class CoordinatorMetrics:
         )
         self.connections_closed = Counter(
             "layerswarm_http_connections_closed",
-            "HTTP connections the coordinator closed: header_timeout, body_timeout, too_many_connections",
+            "HTTP connections the coordinator closed: header_timeout, body_timeout, write_timeout, header_too_large, "
+            "ambiguous_framing, too_many_connections, stalled_reader_evicted, idle_evicted",
             ["reason"],
             registry=self.registry,
         )

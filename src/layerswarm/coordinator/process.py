@@ -71,6 +71,7 @@ class Coordinator:
         self.verifier = make_verifier(settings)
         if self.verifier is not None:
             self.verifier.quarantine_referee = self.registry.quarantine
+            self.verifier.contest = self.registry.contest
         self.metrics = CoordinatorMetrics(self.registry, self.verifier)  # before any node event is counted
         self.admission = Admission(settings.max_concurrent_requests, self.metrics.in_flight)
         self.watch = SwarmWatch(settings, self.registry, self.pool)

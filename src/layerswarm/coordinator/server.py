@@ -12,6 +12,7 @@ import uvicorn
 
 from .http.app import create_app
 from .http.guarded_h11 import guarded_protocol
+from .http.ops import insecure_notice
 from .process import Coordinator
 from .settings import CoordinatorSettings
 
@@ -23,6 +24,8 @@ SPARE_FILES = 256  # descriptors beyond the HTTP connections: gRPC channels to n
 async def serve(settings: CoordinatorSettings) -> None:
     listener = _listen(settings.http_host, settings.http_port)  # first: a taken port is a one-line error
     coordinator = Coordinator(settings)
+    if (notice := insecure_notice(settings)) is not None:
+        log.warning("%s", notice)
     await coordinator.start()
     app = create_app(coordinator)
     _ensure_file_limit(settings.max_connections + SPARE_FILES)
@@ -36,6 +39,8 @@ async def serve(settings: CoordinatorSettings) -> None:
             settings.body_timeout_s,
             settings.max_connections,
             on_close=lambda reason: counter.labels(reason).inc(),
+            write_timeout_s=settings.write_timeout_s,
+            max_header_bytes=settings.max_header_bytes,
         ),
         log_level="warning",
         lifespan="off",

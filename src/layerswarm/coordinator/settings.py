@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from layerswarm.wire.exposure import INSECURE_HELP, exposure_problem
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
@@ -111,9 +112,21 @@ class CoordinatorSettings(ProcessSettings):
     verify_probation: int = Field(default=2, ge=0, description="hops of each new node always re-executed")
     verify_on: str = Field(
         default="auto",
-        description="where checked hops are re-executed: coordinator (its verified copy), peers (replicas "
-        "with the same weights hash, majority of two; the coordinator breaks ties), auto (the coordinator "
-        "when it holds the model, else peers)",
+        description="where checked hops are re-executed: coordinator (its verified copy), peers (a replica "
+        "with the same weights hash; a disagreement is decided by the coordinator's copy, or without one the "
+        "weights are contested), auto (the coordinator when it holds the model, else peers)",
+    )
+    verify_decisive: int = Field(
+        default=1,
+        ge=0,
+        description="hops of each answer that moved its prediction most, re-executed (on the coordinator's "
+        "copy where it holds one) before the answer is returned: a lie that changes an answer is checked on it",
+    )
+    verify_contest_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds no replica of weights is routed to after replicas disagreed where this "
+        "coordinator holds no copy to tell which one lies",
     )
     verify_deferred: bool = Field(
         default=True,
@@ -180,6 +193,14 @@ class CoordinatorSettings(ProcessSettings):
     )
     header_timeout_s: float = Field(default=10.0, gt=0, description="seconds for a client's request line and headers")
     body_timeout_s: float = Field(default=30.0, gt=0, description="seconds for a client to send a whole request body")
+    write_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds for a client to read a response once its socket stopped taking bytes; then dropped",
+    )
+    max_header_bytes: int = Field(
+        default=16384, ge=1024, description="largest request line and headers (counted across reads); past it: 431"
+    )
     max_connections: int = Field(default=512, ge=1, description="open HTTP connections; past this a new one gets 503")
     # Each body read holds up to max_upload_bytes in memory.
     max_body_reads: int = Field(default=16, ge=1, description="request bodies read at once")
@@ -196,6 +217,7 @@ class CoordinatorSettings(ProcessSettings):
     tls_key: Path | None = None
     tls_ca: Path | None = None
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
+    insecure: bool = Field(default=False, description=INSECURE_HELP)
     state_file: Path | None = Field(
         default=None,
         description="where to remember the last known peers, looked at first after a restart (hints only; none "
@@ -205,6 +227,13 @@ class CoordinatorSettings(ProcessSettings):
     mdns_settle_s: float = Field(default=1.5, ge=0)  # with mDNS the first round lasts at least this long
 
     _security = model_validator(mode="before")(security_from_files)
+
+    @model_validator(mode="after")
+    def _exposed_needs_a_secret(self) -> CoordinatorSettings:
+        problem = exposure_problem(self.http_host, self.security, self.insecure, "--http-host")
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _relay_needs_token(self) -> CoordinatorSettings:

@@ -21,9 +21,12 @@ Modes (MODE):
   noise             Gaussian noise with the real output's mean and std (passes a magnitude filter)
   other-block       the output of block K (--fault-block, default: the next index) of the same model
   overflow          finite values of +-65000 (near the fp16 limit: the next hop would overflow)
+  push              a subtle, targeted liar: the class token moved toward class 0 (the head's own
+                    direction for it), every token's mean and std kept (passes range filters)
   A broken device (the honest servicer's own output check must catch it):
   runtime-overflow  the block computes values 1e6 times too large; the node answers INTERNAL
-A decoder block's Decode replies lie the same way (every mode but other-block); its caches stay honest.
+A decoder block's Decode replies lie the same way (every mode but other-block and push); its caches stay
+honest.
 --fault-after N: answer honestly for the first N requests, then misbehave (a node that passes a
 probation period and turns later).
 
@@ -52,6 +55,7 @@ from layerswarm.models.checkpoint import (
     MANIFEST,
     block_file,
     load_block,
+    load_stem_head,
     read_manifest,
     rehash_model_dir,
 )
@@ -65,9 +69,19 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 MALFORMED_MODES = ("nan", "shape", "dtype")
-ROGUE_MODES = ("zeros", "noise", "other-block", "overflow")
+ROGUE_MODES = ("zeros", "noise", "other-block", "overflow", "push")
 MODES = ("none", *MALFORMED_MODES, *ROGUE_MODES, "runtime-overflow")
 OVERFLOW_VALUE = 65000.0  # finite in fp16 (limit 65504); any residual block adds to it and overflows
+PUSH = 1.5  # push mode: the class token moved this many of its own std toward the target class
+
+
+def pushed(out: torch.Tensor, toward: torch.Tensor, strength: float = PUSH) -> torch.Tensor:
+    """(B, T, D) -> the same with the class token moved along `toward` (D,), its mean and std kept."""
+    cls = out[:, 0]
+    mean, std = cls.mean(-1, keepdim=True), cls.std(-1, keepdim=True)
+    moved = cls + strength * std * toward / toward.std()
+    moved = (moved - moved.mean(-1, keepdim=True)) / moved.std(-1, keepdim=True) * std + mean
+    return torch.cat([moved[:, None], out[:, 1:]], dim=1)
 
 
 @dataclass(frozen=True)
@@ -100,10 +114,18 @@ class FaultyService(BlockService):
     """The real servicer, then the lie: tampering happens after the node's own output check, as a
     modified node would do it."""
 
-    def __init__(self, *args: object, spec: FaultSpec, other: torch.nn.Module | None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        spec: FaultSpec,
+        other: torch.nn.Module | None,
+        toward: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fault = spec
         self.other = other
+        self.toward = toward  # push mode: the head's direction for the target class
         self.answered = 0
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
@@ -120,6 +142,10 @@ class FaultyService(BlockService):
         return self._lie(request, reply)
 
     def _lie(self, request: pb.ForwardRequest, reply: pb.ForwardResponse) -> pb.ForwardResponse:
+        if self.fault.mode == "push":  # the class token moved toward class 0
+            assert self.toward is not None
+            real = codec.decode(reply.activations)
+            return _with(reply, codec.encode(pushed(real.float(), self.toward), real.dtype))
         if self.fault.mode != "other-block":
             return _with(reply, tampered(reply.activations, self.fault.mode))
         # other-block: a genuine block's output, just not the one this node claims to run
@@ -131,7 +157,7 @@ class FaultyService(BlockService):
 
 
 def tampered(activations: pb.Tensor, mode: str) -> pb.Tensor:
-    """A reply's activations as a malformed or rogue node sends them (every mode but other-block)."""
+    """A reply's activations as a malformed or rogue node sends them (every mode but other-block and push)."""
     out = codec.decode(activations)
     dtype = out.dtype
     if mode == "nan":
@@ -162,7 +188,8 @@ def lying_decode(decode: Decode, spec: FaultSpec) -> Decode:
         nonlocal answered
         reply = await decode(request, caller)
         answered += 1
-        if spec.mode in ("none", "runtime-overflow") or answered <= spec.after or not reply.HasField("activations"):
+        honest = spec.mode in ("none", "runtime-overflow", "push")  # push: a classifier's lie
+        if honest or answered <= spec.after or not reply.HasField("activations"):
             return reply
         return pb.DecodeResponse(
             stream_id=reply.stream_id,
@@ -207,6 +234,10 @@ class FaultyNode(Node):
             depth = self.manifest.config.depth
             index = self.fault.other_block if self.fault.other_block is not None else (self.settings.block + 1) % depth
             other = load_block(self.settings.model_dir, index, self.manifest)
+        toward = None
+        if self.fault.mode == "push":  # the model's own head says which way class 0 lies
+            head = load_stem_head(self.settings.model_dir)[1]  # a classifier's (push is a classifier's lie)
+            toward = head.classifier.weight[0].detach()
         return FaultyService(
             self.runtime,
             self.settings,
@@ -216,6 +247,7 @@ class FaultyNode(Node):
             decode=self.decode,  # a decoder block's generation service (None for a classifier's): it lies too
             spec=self.fault,
             other=other,
+            toward=toward,
         )
 
 

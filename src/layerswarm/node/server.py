@@ -20,12 +20,14 @@ from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.manifest import read_any_manifest
 from layerswarm.wire.auth import NodeAuthenticator
 from layerswarm.wire.discovery import HEALTH_SERVICE, PROTOCOL_VERSION, Advert
-from layerswarm.wire.security import CoordinatorRoleInterceptor, SwarmAuthInterceptor
+from layerswarm.wire.exposure import insecure_notice
+from layerswarm.wire.security import CoordinatorRoleInterceptor
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
 from .advertise import Advertised, Advertiser, advertised_addresses
 from .decode import DecodeService
 from .engines import BlockEngine, load_engine
+from .guard import CallGuard, CallLimits, MemoryKeeper
 from .metrics import NodeMetrics
 from .relay import Relayer
 from .runtime import BlockRuntime
@@ -48,13 +50,33 @@ def receive_limit(settings: NodeSettings, cfg: ViTConfig | LMConfig) -> int:
     return min(settings.max_message_bytes, activations + settings.max_batch * tokens * 8 + (1 << 20))
 
 
-def grpc_options(max_receive_bytes: int, max_send_bytes: int) -> list[tuple[str, int]]:
+def grpc_options(max_receive_bytes: int, max_send_bytes: int, limits: CallLimits) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", max_send_bytes),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+        # HTTP/2 streams one connection may hold open at once (a peer opening more waits for one to end),
+        # and connections at once (past it, new ones are refused).
+        ("grpc.max_concurrent_streams", limits.per_peer),
+        ("grpc.max_allowed_incoming_connections", limits.connections),
+        # No bandwidth-delay probing: it grows every stream's receive window to megabytes, which a
+        # stranger fills before its call is refused (a tokenless flood of 8 connections: +130 MiB kept
+        # after it, against +7 MiB without). A call the node reads opens its window to the whole
+        # message, so a legit large message costs at most one more round trip (same p50 on loopback
+        # at 4.3 MB).
+        ("grpc.http2.bdp_probe", 0),
     ]
+
+
+def call_limits(settings: NodeSettings) -> CallLimits:
+    return CallLimits(
+        total=settings.max_calls,
+        per_peer=settings.max_calls_per_peer,
+        strangers=settings.max_stranger_calls,
+        stranger_per_peer=settings.max_stranger_calls_per_peer,
+        stranger_rate=settings.stranger_rate,
+    )
 
 
 class Node:
@@ -73,12 +95,17 @@ class Node:
         self.health = HealthServicer()
         token = settings.security.token
         self.auth = NodeAuthenticator(token) if token else None
-        interceptors: list[Any] = [CoordinatorRoleInterceptor()] if settings.security.tls else []
-        if self.auth is not None:
-            interceptors.append(SwarmAuthInterceptor(self.auth))
+        # Credentials and call limits are decided before any message is read (guard.py); with TLS the
+        # client certificate's role is checked before them (a probe's certificate reaches health only).
+        limits = call_limits(settings)
+        self.guard = CallGuard(self.auth, limits)
+        self.memory = MemoryKeeper(self.guard.slots)
+        interceptors: list[Any] = [CoordinatorRoleInterceptor(), self.guard] if settings.security.tls else [self.guard]
         self.receive_limit = receive_limit(settings, self.manifest.config)
         self.server = grpc.aio.server(
-            options=grpc_options(self.receive_limit, settings.max_message_bytes), interceptors=interceptors or None
+            options=grpc_options(self.receive_limit, settings.max_message_bytes, limits),
+            interceptors=interceptors,
+            maximum_concurrent_rpcs=limits.total,
         )
         self.port = 0
         self.service: BlockService | None = None
@@ -110,6 +137,9 @@ class Node:
         if self.port == 0:
             raise OSError(f"could not bind {s.host}:{s.port}")
         await self.server.start()
+        self.memory.start()
+        if (notice := insecure_notice(s.host, s.security, s.insecure)) is not None:
+            log.warning("%s", notice)
         if self.decode is not None:
             self.decode.start()
         for service in ("", HEALTH_SERVICE):
@@ -144,6 +174,7 @@ class Node:
         if self.service is not None:
             self.service.closing.set()  # relay streams end once their chains have (they never end by themselves)
         await self.server.stop(self.settings.grace_s)
+        await self.memory.stop()
         if self.decode is not None:
             await self.decode.stop()
         if self.advertiser is not None:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from layerswarm.wire.exposure import INSECURE_HELP, exposure_problem
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
@@ -44,6 +45,20 @@ class NodeSettings(ProcessSettings):
     # about half a millisecond more a hop on loopback).
     relay_streams: bool = True
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # What a peer can hold at once (node/guard.py): decided before any of its messages is read.
+    max_calls: int = Field(default=1024, ge=1, description="calls (and streams) at once, from everyone")
+    max_calls_per_peer: int = Field(
+        default=256, ge=1, description="calls at once from one address with swarm credentials (and per connection)"
+    )
+    max_stranger_calls: int = Field(
+        default=16, ge=1, description="calls at once without swarm credentials (health, Info), from everyone"
+    )
+    max_stranger_calls_per_peer: int = Field(
+        default=4, ge=1, description="calls at once without swarm credentials from one address"
+    )
+    stranger_rate: float = Field(
+        default=10.0, gt=0, description="calls a second without swarm credentials from one address (bursts of twice)"
+    )
     # Generation (decoder blocks, docs/generation.md): the streams whose keys and values this node keeps.
     # A stream's tokens are bounded by the model's context (max_seq_len); these bound the node.
     max_streams: int = Field(
@@ -75,8 +90,16 @@ class NodeSettings(ProcessSettings):
     tls_relay_cert: Path | None = None  # the node's client certificate towards the next node of a chain
     tls_relay_key: Path | None = None
     security: SecuritySettings = Field(default_factory=SecuritySettings)  # swarm token and/or mutual TLS
+    insecure: bool = Field(default=False, description=INSECURE_HELP)
 
     _security = model_validator(mode="before")(security_from_files)
+
+    @model_validator(mode="after")
+    def _exposed_needs_a_secret(self) -> NodeSettings:
+        problem = exposure_problem(self.host, self.security, self.insecure, "--host")
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @property
     def max_cache_bytes(self) -> int:

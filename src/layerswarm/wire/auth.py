@@ -24,12 +24,15 @@ sniffed on the LAN works once, on one node, for one method, within a minute: its
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import os
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from layerswarm.wire.v1 import block_pb2 as pb
 
@@ -42,6 +45,39 @@ VERSION = "v1"
 WINDOW_S = 60.0  # a signed call is accepted this long (either side of the node's clock)
 REPLAY_CACHE_MAX = 65536  # nonces remembered; when full the oldest go and older timestamps are refused
 MAX_CLOCK_DIGITS = 16  # a clock in ms has 13 digits until the year 2286; int() refuses 4,301 or more (ValueError)
+
+
+TOKEN_BYTES = 32  # a new swarm token: 32 random bytes in hex (as deploy/push-nodes.sh makes one)
+
+
+def new_token() -> str:
+    return secrets.token_hex(TOKEN_BYTES)
+
+
+def ensure_token_file(path: Path) -> bool:
+    """Make `path` hold a new swarm token (mode 600) unless it holds one already; True when made. Safe
+    against a concurrent maker (containers sharing a volume): written aside, then linked into place,
+    which fails when another got there first, whose token is then the one kept."""
+    if path.is_file() and path.read_text().strip():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(new_token() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            if path.read_text().strip():  # another maker got there first: its token is the one
+                return False
+            os.replace(aside, path)  # an empty file (`touch`ed): replaced
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
 
 
 class AuthError(Exception):
@@ -154,6 +190,15 @@ class NodeAuthenticator:
             raise AuthError("wrong MAC: not signed with our swarm token")
         self.replay.admit(nonce, int(ts), self.now_ms())  # only after the MAC: strangers fill no cache
         return nonce
+
+    def signed_by_us(self, method: str, header: str) -> bool:
+        """Whether `header` was made with our swarm key for `method`, whatever its challenge, clock or
+        nonce: a holder of the token (a coordinator that has not seen our restart yet), not a stranger."""
+        parts = header.split(".")
+        if len(parts) != 5 or parts[0] != VERSION or not valid_clock(parts[2]) or not valid_nonce(parts[3]):
+            return False
+        _, challenge, ts, nonce, mac = parts
+        return hmac.compare_digest(mac, call_mac(self.key, method, challenge, int(ts), nonce))
 
     def challenge_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((CHALLENGE_KEY, self.challenge), (TIME_KEY, str(self.now_ms())))

@@ -8,7 +8,9 @@ activations (batch 8 and up: the "codec and checks" rung of `layerswarm bench --
 
 The other way round, once: `give_back_free_memory` returns the heap's free pages to the kernel. A decoder
 node calls it when many streams' caches were freed (node/decode.py), so a device's memory comes back for
-its other programs after a burst of streams instead of staying in this process's heap.
+its other programs after a burst of streams instead of staying in this process's heap; the node's guard
+calls it after a stranger's flood (node/guard.py), with few arenas (`few_arenas`) so that gRPC's threads
+do not keep freed memory in arenas of their own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+NODE_ARENAS = 2  # measured (bench/grpc_flood.py, 4 connections): +12 to +18 MiB kept after a flood, +5 with 2
 LARGEST_REUSED = 32 * 1024 * 1024  # glibc's own ceiling for its dynamic threshold on 64-bit
 
 
@@ -53,3 +57,11 @@ def give_back_free_memory() -> bool:
     300 MB heap, 28 ms when it hands back 150 MB of it): call it off the event loop, and not per request."""
     trim = getattr(_libc(), "malloc_trim", None)
     return bool(trim(0)) if trim is not None else False
+
+
+def few_arenas(arenas: int = NODE_ARENAS) -> bool:
+    """At most `arenas` malloc arenas (glibc makes up to 8 a core, one per thread that meets contention):
+    gRPC's threads then share a few, and memory a flood freed in them can be given back instead of
+    staying behind in partly used ones. Call at start-up, before threads allocate. True when applied."""
+    mallopt = getattr(_libc(), "mallopt", None)
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))

@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from .auth import AUTH_KEY, NONCE_KEY, AuthError, NodeAuthenticator, info_identity, metadata_value
+from .auth import NodeAuthenticator, info_identity
 from .discovery import METHOD_PREFIX
 
 log = logging.getLogger(__name__)
@@ -98,32 +98,6 @@ class SecuritySettings:
         )
 
 
-class SwarmAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
-    """Answers UNAUTHENTICATED (with the node's challenge) to BlockNode calls (Forward, Decode, ...: every
-    method but Info) that are not signed with the swarm key, and adds the challenge and the node's proof
-    to Info replies (wire/auth.py). Info and the health service need no credentials."""
-
-    def __init__(self, auth: NodeAuthenticator) -> None:
-        self.auth = auth
-
-    async def intercept_service(
-        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
-    ) -> Any:
-        method = handler_call_details.method
-        if not method.startswith(PROTECTED_PREFIX):
-            return await continuation(handler_call_details)
-        metadata = handler_call_details.invocation_metadata
-        if method == PROTECTED_PREFIX + "Info":
-            handler = await continuation(handler_call_details)
-            return _with_proof(handler, self.auth, metadata_value(metadata, NONCE_KEY))
-        try:
-            self.auth.verify(method, metadata_value(metadata, AUTH_KEY))
-        except AuthError as exc:
-            log.info("refused %s: %s", method, exc)
-            return _deny(method, str(exc), self.auth.challenge_metadata())
-        return await continuation(handler_call_details)
-
-
 class CoordinatorRoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types
     """With TLS: BlockNode calls from the coordinator's certificate (its common name), and Relay and
     Info from a node's relay certificate; other client certificates of the swarm (a probe's) reach the
@@ -155,7 +129,8 @@ async def _refuse_role(context: grpc.aio.ServicerContext) -> None:
 
 def _require_role(handler: Any, allowed: set[str]) -> Any:
     """The handler, behind a check of the client certificate's name (BlockNode has unary calls and
-    server-streaming ones, with one request or a stream of them)."""
+    server-streaming ones, with one request or a stream of them; node/guard.py hands every one over
+    request-streaming)."""
 
     codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     for kind, make in (
@@ -178,6 +153,15 @@ def _require_role(handler: Any, allowed: set[str]) -> Any:
                     yield reply
 
             return make(replies, **codec)
+    if (inner_many := handler.stream_unary) is not None:
+
+        async def call(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            if not _client_name_in(context, allowed):
+                await _first_message_in(requests)  # as for a stream: the caller's message in first
+                await _refuse_role(context)
+            return await inner_many(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(call, **codec)
     inner = handler.unary_unary
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -199,33 +183,38 @@ async def _first_message_in(requests: Any) -> None:
         await asyncio.wait_for(anext(aiter(requests)), FIRST_MESSAGE_WAIT_S)
 
 
-def _deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...]) -> Any:
-    """A refusal with UNAUTHENTICATED, after the caller's (first) message is read: a call ended while
-    its caller is still writing makes grpc.aio's client report its own INTERNAL ("Internal error from
-    Core") instead of the refusal (seen under load in the replay tests), and a coordinator then cannot
-    tell a refusal, whose trailing metadata carries the node's new challenge, from a failure."""
+def deny(method: str, reason: str, trailing: tuple[tuple[str, str], ...], read_first: bool = True) -> Any:
+    """A refusal with UNAUTHENTICATED (node/guard.py decides who gets one). `read_first`: after the
+    caller's (first) message is in, for a caller we want to hear the refusal: a call ended while its
+    caller is still writing can make grpc.aio's client report its own INTERNAL ("Internal error from Core")
+    instead (seen under load in the replay tests), and a coordinator then cannot tell a refusal, whose
+    trailing metadata carries the node's new challenge, from a failure. Without it the message is never
+    read: what a stranger without the token gets (its max-size message is not buffered)."""
 
     async def abort(context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"swarm authentication: {reason}", trailing)
 
-    if method.endswith("Stream"):
-
-        async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            # The caller's first message in, as for a unary call, if it writes one at once; a caller that
-            # waits for our answer first (a RelayStream waits to be accepted) gets it after the wait.
+    async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        # The caller's first message in, if it writes one at once; a caller that waits for our answer
+        # first (a RelayStream waits to be accepted) gets it after the wait.
+        if read_first:
             await _first_message_in(requests)
-            await abort(context)
-            yield  # pragma: no cover - abort raises; this makes the function an async generator
+        await abort(context)
+        yield  # pragma: no cover - abort raises; this makes the function an async generator
 
-        return grpc.stream_stream_rpc_method_handler(deny_stream)
-
-    async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def deny_call(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        if read_first:
+            await _first_message_in(requests)
         await abort(context)
 
-    return grpc.unary_unary_rpc_method_handler(deny_unary)
+    # Request-streaming either way: grpc.aio reads a unary call's message before its handler runs.
+    if method.endswith("Stream"):
+        return grpc.stream_stream_rpc_method_handler(deny_stream)
+    return grpc.stream_unary_rpc_method_handler(deny_call)
 
 
-def _with_proof(handler: Any, auth: NodeAuthenticator, nonce: str | None) -> Any:
+def with_proof(handler: Any, auth: NodeAuthenticator, nonce: str | None) -> Any:
+    """The Info handler, whose reply carries our challenge, clock and proof in its trailing metadata."""
     inner = handler.unary_unary
 
     async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:

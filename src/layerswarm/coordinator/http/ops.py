@@ -8,7 +8,15 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from layerswarm.wire.exposure import insecure_notice as exposure_notice
+
+from ..settings import CoordinatorSettings
 from .service import Service
+
+
+def insecure_notice(settings: CoordinatorSettings) -> str | None:
+    """The warning of a coordinator serving beyond loopback on --insecure (None: it is not)."""
+    return exposure_notice(settings.http_host, settings.security, settings.insecure)
 
 
 def mount_ops(app: FastAPI, service: Service) -> None:
@@ -27,6 +35,10 @@ def mount_ops(app: FastAPI, service: Service) -> None:
             "reachable_depth": service.registry.reachable_depth(),
             "ready": ready,
             "reason": reason,
+            # Served beyond loopback without a swarm token or TLS (--insecure): membership is unauthenticated.
+            "insecure": insecure_notice(service.settings),
+            # Weights whose replicas disagreed where the coordinator holds no copy: routed to by nobody for now.
+            "contested": service.registry.contested_view(),
             "nodes": service.registry.snapshot(),
         }
 

@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from ..membership.convictions import ConvictionView
 from ..membership.records import NodeRecord
 from .activity import Activity
+from .ops import insecure_notice
 from .service import Service
 
 STATIC = Path(__file__).parents[1] / "static"  # coordinator/static: the package data of the wheel
@@ -61,6 +62,7 @@ def swarm_snapshot(service: Service, activity: Activity) -> dict[str, Any]:
             "ready": ready,
             "reason": reason,
             "in_flight": service.admission.in_flight,  # the count /metrics shows and 429 is decided on
+            "insecure": insecure_notice(service.settings),
         },
         "nodes": [node_view(r, now, registry.convictions.view(r.address, registry.wall)) for r in records],
         "stats": activity.stats(),

@@ -31,6 +31,7 @@ KEEPALIVE_OPTIONS = [
 ]
 MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
 CONTROL_MAX_BYTES = 1 << 20  # an Info or health reply: a few kB (Info lists at most 64 links)
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 T = TypeVar("T")
 
 
@@ -152,6 +153,13 @@ class NodeClient:
                 grpc.StatusCode.UNAUTHENTICATED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=str(exc)
             ) from exc
 
+    def _signed_if_proven(self, method: str) -> tuple[tuple[str, str], ...]:
+        """Credentials on an open call (health, Info) to a node that has proved itself: the node then
+        counts it as a member's, not against the small budget of strangers' calls (node/guard.py)."""
+        if self.signer is None or not self.signer.proven:
+            return ()
+        return (self.signer.sign(method),)
+
     def _learn(self, exc: grpc.aio.AioRpcError) -> None:
         """A refusal carries the node's challenge: a new one means a new boot, which must prove itself."""
         if self.signer is not None and exc.code() is grpc.StatusCode.UNAUTHENTICATED:
@@ -162,7 +170,8 @@ class NodeClient:
         token (over our fresh nonce and the identity it reports), else NodeNotProven; nothing derived
         from the token is sent before that proof."""
         nonce = CallSigner.new_nonce()
-        call = self._control_block.Info(pb.InfoRequest(), timeout=timeout, metadata=((NONCE_KEY, nonce),))
+        metadata = ((NONCE_KEY, nonce), *self._signed_if_proven(METHOD_PREFIX + "Info"))
+        call = self._control_block.Info(pb.InfoRequest(), timeout=timeout, metadata=metadata)
         reply = await _call(call)
         trailing = await _call(call.trailing_metadata())
         if self.signer is None:
@@ -255,7 +264,9 @@ class NodeClient:
 
     async def check_health(self, service: str, timeout: float) -> Any:
         """grpc.health.v1 Check (its reply)."""
-        return await _call(self.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout))
+        request = health_pb2.HealthCheckRequest(service=service)
+        metadata = self._signed_if_proven(HEALTH_CHECK)
+        return await _call(self.health.Check(request, timeout=timeout, metadata=metadata))
 
     @staticmethod
     async def _exchange(call: Any, request: pb.ForwardRequest) -> pb.ForwardResponse:

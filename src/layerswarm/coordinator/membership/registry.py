@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypedDict
 
 from layerswarm.wire.discovery import PROTOCOL_VERSION
 from layerswarm.wire.stats import ewma
@@ -28,6 +30,27 @@ class NodeView(RecordView, ConvictionView, ClaimsView):
     """A node as /v1/nodes shows it: its record, its address's convictions and claims, its links."""
 
     links: dict[str, LinkView]  # measured out of it, by destination
+
+
+WeightsKey = tuple[str, int, str]  # model id, block index, weights sha256
+
+
+def weights_key(identity: NodeIdentity) -> WeightsKey:
+    return identity.model_id, identity.block, identity.weights_sha256
+
+
+@dataclass(frozen=True)
+class Contest:
+    until: float  # on the registry's clock
+    reason: str
+
+
+class ContestView(TypedDict):
+    model_id: str
+    block: int
+    weights_sha256: str
+    reason: str
+    until: float  # Unix seconds
 
 
 class Registry:
@@ -61,6 +84,9 @@ class Registry:
         )  # by address: outlive records
         self.wall = wall
         self.claims = Claims(clock)  # relay hand-backs, by how the coordinator's probes judged them
+        # Weights (model id, block, sha256) whose replicas disagreed where we hold no copy to tell who is
+        # right (verification/peer_check.py): not routed to until the clock passes `until`; nobody convicted.
+        self.contested: dict[WeightsKey, Contest] = {}
 
     # --- membership --------------------------------------------------------------------------------------
 
@@ -147,6 +173,9 @@ class Registry:
         elif bar is not None and not record.convicted:  # (a convicted incarnation keeps its evidence's reason)
             record.proven, record.barred = True, True
             self._set(record, NodeState.QUARANTINED, bar, announce=new_boot)
+        elif (contest := self._contest_of(identity)) is not None:
+            record.proven = True
+            self._set(record, NodeState.QUARANTINED, contest.reason)
         elif new_boot and record.state in (NodeState.EJECTED, NodeState.QUARANTINED):
             self._set(record, NodeState.HEALTHY, "restarted (new boot id)")  # an honest restart: back at once
         elif record.state in (NodeState.PENDING, NodeState.IGNORED):
@@ -224,6 +253,8 @@ class Registry:
             self._set(record, NodeState.HEALTHY, "recovered")
         elif record.state is not NodeState.QUARANTINED or record.convicted:
             return  # routable already, or this incarnation was caught lying: it never comes back
+        elif self._contest_of(record.identity) is not None:
+            return  # its weights are contested: no replica of them is routed to until that ends
         elif record.barred:
             if self.convictions.bar(address, record.identity.boot_id) is None:
                 record.barred = False
@@ -253,6 +284,41 @@ class Registry:
     def _emit(self, event: NodeEvent) -> None:
         if self.on_change is not None:
             self.on_change(event)
+
+    # --- contested weights ----------------------------------------------------------------------------------
+
+    def contest(self, key: WeightsKey, reason: str, duration_s: float) -> None:
+        """Replicas of these weights disagreed and nobody can say who is right: route to none of them for
+        `duration_s` (each new disagreement starts it again). Nobody is convicted or counted as failed."""
+        self.contested[key] = Contest(self.clock() + duration_s, reason)
+        for record in self.nodes.values():
+            ident = record.identity
+            if ident is not None and weights_key(ident) == key and record.state is NodeState.HEALTHY:
+                self._set(record, NodeState.QUARANTINED, reason)
+
+    def _contest_of(self, identity: NodeIdentity) -> Contest | None:
+        contest = self.contested.get(weights_key(identity))
+        if contest is None:
+            return None
+        if self.clock() >= contest.until:
+            del self.contested[weights_key(identity)]
+            return None
+        return contest
+
+    def contested_view(self) -> list[ContestView]:
+        """For /v1/nodes: contested weights, why, and until when (Unix seconds)."""
+        now, wall = self.clock(), self.wall()
+        return [
+            {
+                "model_id": model_id,
+                "block": block,
+                "weights_sha256": sha,
+                "reason": contest.reason,
+                "until": round(wall + contest.until - now, 1),
+            }
+            for (model_id, block, sha), contest in self.contested.items()
+            if contest.until > now
+        ]
 
     # --- views -------------------------------------------------------------------------------------------
 

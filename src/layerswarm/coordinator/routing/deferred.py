@@ -27,6 +27,7 @@ import torch
 
 from ..membership.records import NodeRecord
 from ..verification.verifier import Lie, Screened, Verifier
+from .hop_call import HopResult
 from .trace import Hop
 
 # Each rewind convicts a distinct node, so rewinds are bounded by the nodes; past this many in one
@@ -64,6 +65,7 @@ class PendingChecks:
 
     def add(self, check: PendingCheck) -> None:
         self.checks.append(check)
+        self.checks.sort(key=lambda c: c.hop_index)  # path order (a decisive check comes after the path)
 
     def snapshot(self) -> tuple[PendingCheck, ...]:
         """The checks a hop starting now depends on (its input derives from their hops)."""
@@ -103,6 +105,22 @@ class PendingChecks:
 
 
 @dataclass
+class Done:
+    """A hop that answered and whose output the path went on with: what a check of it needs later
+    (the answer's decisive hop is known only after the last one: executor.py, _check_decisive)."""
+
+    step: int
+    hop_index: int
+    hop: Hop
+    x: torch.Tensor  # its input
+    record: NodeRecord
+    used: frozenset[int]
+    exit_state: Any
+    result: HopResult
+    checked: bool  # re-executed already in this request (or being re-executed)
+
+
+@dataclass
 class Walk:
     """Where a request's path stands (executor.py); a rewind sets it back to a hop's start."""
 
@@ -111,9 +129,11 @@ class Walk:
     hops: list[Hop] = field(default_factory=list)
     redo: Hop | None = None  # the hop of `step` to run again (its failed attempts kept)
     discarded: list[Hop] = field(default_factory=list)  # hops thrown away by rewinds, for the trace
+    done: list[Done] = field(default_factory=list)  # the hops the current activations came through, in order
 
     def back_to(self, check: PendingCheck) -> None:
         """Discard the hops after `check`'s; go back to its input and step (its hop runs again)."""
+        self.done = [d for d in self.done if d.hop_index < check.hop_index]
         for hop in self.hops[check.hop_index + 1 :]:
             if hop.node is not None or hop.attempts:
                 hop.outcome = "discarded"
@@ -137,7 +157,8 @@ def restore_exit_state(rule: object, state: Any) -> None:
 
 
 async def confirmed(verifier: Verifier, screened: Screened) -> Lie | None:
-    """A deferred check: the Lie that convicts the node, or None when its reply passed."""
+    """A deferred check: the Lie that convicts the node (or contests its weights), or None when its
+    reply passed."""
     try:
         await verifier.confirm(screened)
     except Lie as lie:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +25,21 @@ from ..membership.clients import ClientPool
 from ..membership.records import NodeRecord
 from ..membership.registry import Registry
 from ..settings import CoordinatorSettings
-from ..verification.peer_check import same_weights
+from ..verification.decisive import decisive_hops
+from ..verification.peer_check import Ask, same_weights
 from ..verification.ranges import hard_range_problem
 from ..verification.verifier import Lie, Screened, Verifier
-from .deferred import MAX_REWINDS, PendingCheck, PendingChecks, Rewind, Walk, confirmed, exit_state, restore_exit_state
+from .deferred import (
+    MAX_REWINDS,
+    Done,
+    PendingCheck,
+    PendingChecks,
+    Rewind,
+    Walk,
+    confirmed,
+    exit_state,
+    restore_exit_state,
+)
 from .exits import RouteExit
 from .hop_call import HopCaller, HopFailed, HopResult
 from .planner import Plan, substitutes
@@ -41,8 +52,9 @@ log = logging.getLogger(__name__)
 
 DEADLINE_REACHED = "request deadline reached"
 ANYTIME_RESERVE_MS = 5.0  # of the caller's budget, kept free for the head and the reply
-# the node that answered, its reply, latency in ms, and its check still to confirm (deferred)
+# the node that answered, its reply, latency in ms, and its check (still to confirm unless `confirmed`)
 _Won = tuple[NodeRecord, HopResult, float, Screened | None]
+Head = Callable[[torch.Tensor], Awaitable[torch.Tensor]]  # the coordinator's own head: activations -> logits
 
 
 def _next_hop_fits(candidates: list[NodeRecord], anytime_deadline: float | None) -> bool:
@@ -111,10 +123,13 @@ class PathExecutor:
         rng: random.Random,
         early_exit: RouteExit | None = None,
         resume: Resume | None = None,
+        head: Head | None = None,
     ) -> PathResult:
         """The plan walked from activations `x`: each hop's node, or another when it fails. Raises
         DepthError when the plan ran out before the request's minimum depth (never for a `resume`d step;
-        never for a path its exit rule or deadline ended: those are answers)."""
+        never for a path its exit rule or deadline ended: those are answers).
+        `head`: the coordinator's head, to find the answer's decisive hops (verification/decisive.py),
+        which are re-executed before the path is returned."""
         state = PathState(
             request,
             route_id,
@@ -133,6 +148,8 @@ class PathExecutor:
                 try:
                     path = await self._walk(walk, plan, state)
                     culprit = await state.checks.first_bad(state.checks.snapshot())
+                    if culprit is None and head is not None and await self._check_decisive(walk, state, head):
+                        culprit = await state.checks.first_bad(state.checks.snapshot())
                 except Rewind as rewind:
                     culprit = rewind.check
                 if culprit is None:
@@ -181,15 +198,53 @@ class PathExecutor:
             used, saved_exit = frozenset(state.used), exit_state(state.early_exit)
             won = await self._run_hop(walk.x, hop, step.candidates, state)
             if won is not None:
-                out, record, screened = won
-                if screened is not None:
+                result, record, screened = won
+                hop_index = len(walk.hops) - 1
+                if screened is not None and not screened.confirmed:
                     task = self._confirm(screened)
-                    check = PendingCheck(step_index, len(walk.hops) - 1, hop, walk.x, record, used, saved_exit, task)
+                    check = PendingCheck(step_index, hop_index, hop, walk.x, record, used, saved_exit, task)
                     state.checks.add(check)
-                walk.x = out
+                done = Done(step_index, hop_index, hop, walk.x, record, used, saved_exit, result, screened is not None)
+                walk.done.append(done)
+                walk.x = result.out
                 if await self._exits(walk.x, state, position + 1, step_index + 1 < len(plan.steps)):
                     return PathResult(walk.x, walk.hops, plan.unreachable, exited_early=True)
         return PathResult(walk.x, walk.hops, plan.unreachable)
+
+    async def _check_decisive(self, walk: Walk, state: PathState, head: Head) -> bool:
+        """Start the re-execution of the answer's decisive hops not checked yet (the hops that moved its
+        prediction most: a lie that changes the answer has to be one of them); whether any was started.
+        Always on our own copy where we hold one (verifier.py: decisive), whatever the mode."""
+        verifier = self.verifier
+        count = verifier.settings.decisive if verifier is not None else 0
+        if verifier is None or count <= 0 or not walk.done or walk.done[0].result.token_mask is not None:
+            return False  # text hops keep their own token masks: not ranked by a classification head
+        stages = torch.cat([walk.done[0].x, *(d.result.out for d in walk.done)])  # ((H + 1) * B, T, D)
+        batch = walk.done[0].x.shape[0]
+        log_probs = (await head(stages)).float().log_softmax(-1).view(len(walk.done) + 1, batch, -1)
+        started = False
+        for index in decisive_hops(log_probs, count):
+            done = walk.done[index]
+            if done.checked:
+                continue
+            done.checked = True
+            replicas, ask = self._referees(done.record, done.x, done.hop.position, state)
+            result = done.result
+            screened = verifier.decisive(
+                done.record, done.x, result.out, done.hop.position, result.wire, result.sent, replicas, ask
+            )
+            if screened is None:
+                continue
+            if state.deferred:
+                task = self._confirm(screened)
+            else:  # checks block now (past MAX_REWINDS): confirmed here, its outcome kept as a finished task
+                task = asyncio.get_running_loop().create_future()
+                task.set_result(await confirmed(verifier, screened))
+            state.checks.add(
+                PendingCheck(done.step, done.hop_index, done.hop, done.x, done.record, done.used, done.exit_state, task)
+            )
+            started = True
+        return started
 
     def _rewind(self, walk: Walk, culprit: PendingCheck, state: PathState) -> None:
         """`culprit`'s check failed: convict its node (a failed attempt of its hop, as a blocking check
@@ -197,7 +252,8 @@ class PathExecutor:
         assert culprit.lie is not None and self.verifier is not None
         for check in (culprit, *state.checks.drop_from(culprit)):
             assert check.lie is not None
-            self._failed(check.record, check.hop, state, HopFailed(str(check.lie), True, check.lie.evidence))
+            lie = check.lie
+            self._failed(check.record, check.hop, state, HopFailed(str(lie), lie.convict, lie.evidence, lie.convict))
         walk.back_to(culprit)
         state.used = set(culprit.used)
         restore_exit_state(state.early_exit, culprit.exit_state)
@@ -216,8 +272,8 @@ class PathExecutor:
 
     async def _run_hop(
         self, x: torch.Tensor, hop: Hop, candidates: list[NodeRecord], state: PathState
-    ) -> tuple[torch.Tensor, NodeRecord, Screened | None] | None:
-        """The hop's output, the node that gave it and its check still to confirm; None: skipped."""
+    ) -> tuple[HopResult, NodeRecord, Screened | None] | None:
+        """The hop's reply, the node that gave it and its check still to confirm; None: skipped."""
         alternatives = self._alternatives(hop, candidates, state)
         before = state.checks.snapshot()
         for record in alternatives:
@@ -237,7 +293,7 @@ class PathExecutor:
                 hop.wire = codec.dtype_name(result.wire)
             if result.tokens is not None:  # text: what the winner's hop computed and moved
                 hop.tokens, hop.wire_bytes = result.tokens, result.wire_bytes
-            return result.out, winner, screened
+            return result, winner, screened
         hop.outcome = "skipped"
         return None
 
@@ -299,7 +355,7 @@ class PathExecutor:
         if won is not None:
             record, _result, latency_ms, screened = won
             self.registry.record_success(record.address, latency_ms)
-            if screened is not None:  # its reply was not used: a lie convicts it, and rewinds nothing
+            if screened is not None and not screened.confirmed:  # its reply was not used: a lie convicts it
                 self._let_finish(self._confirm(screened), screened.record)
 
     def _checked(self, check: asyncio.Future[Lie | None], record: NodeRecord) -> None:
@@ -309,7 +365,7 @@ class PathExecutor:
             return
         if (exc := check.exception()) is not None:
             log.error("a hedge loser's check raised", exc_info=exc)
-        elif (lie := check.result()) is not None:
+        elif (lie := check.result()) is not None and lie.convict:
             self.registry.quarantine(record.address, str(lie), lie.evidence)
 
     async def close(self) -> None:
@@ -339,7 +395,7 @@ class PathExecutor:
         hop.attempts.append(Attempt(record.address, ident.model_id if ident else None, record.block, str(exc)))
         if exc.quarantine:
             self.registry.quarantine(record.address, str(exc), exc.evidence)
-        else:
+        elif exc.blame:
             self.registry.record_failure(record.address, str(exc))
 
     async def _upstream(self, before: tuple[PendingCheck, ...], record: NodeRecord, hop: Hop, error: str) -> None:
@@ -382,7 +438,7 @@ class PathExecutor:
     ) -> Screened | None:
         """Blame the node whose reply is wrong, before its output reaches the next (honest) hop; with
         deferred checks only the range filters are done here, and the re-execution still to confirm is
-        returned."""
+        returned (blocking: the hop confirmed already, `confirmed` set; None: not re-executed)."""
         if self.verifier is None:
             hard = hard_range_problem(result.out, position, result.wire)
             if hard is not None:
@@ -390,20 +446,7 @@ class PathExecutor:
                 raise HopFailed(f"reply out of range: {hard['discrepancy']}", quarantine=True, evidence=hard)
             return None
 
-        async def ask(peer: NodeRecord) -> torch.Tensor | None:
-            """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
-            try:
-                forward = self.hops.forward(peer, x, position, state.request, state.route_id, state.path_length)
-                return (await forward).out  # judged as sent
-            except HopFailed as exc:
-                log.info("referee %s gave no usable answer: %s", peer.address, exc)
-                return None
-
-        def replicas() -> list[NodeRecord]:  # only when the hop is re-executed: a scan of every node
-            return [
-                r for r in same_weights(record, list(self.registry.nodes.values())) if r.address not in state.failed
-            ]
-
+        replicas, ask = self._referees(record, x, position, state)
         try:
             screened = self.verifier.screen(
                 record,
@@ -422,6 +465,29 @@ class PathExecutor:
                     self.verifier.counters.deferred += 1
                 return screened
             await self.verifier.confirm(screened)
-            return None
+            screened.confirmed = True  # checked already (blocking): not again as a decisive hop
+            return screened
         except Lie as exc:
-            raise HopFailed(str(exc), quarantine=True, evidence=exc.evidence) from exc
+            raise HopFailed(str(exc), exc.convict, exc.evidence, exc.convict) from exc
+
+    def _referees(
+        self, record: NodeRecord, x: torch.Tensor, position: int, state: PathState
+    ) -> tuple[Callable[[], list[NodeRecord]], Ask]:
+        """The replicas of `record`'s weights (found only when a hop is re-executed: a scan of every
+        node) and how to send them this hop (peer_check.py)."""
+
+        async def ask(peer: NodeRecord) -> torch.Tensor | None:
+            """The same hop on a replica (a referee): its reply, or None when it gave none usable."""
+            try:
+                forward = self.hops.forward(peer, x, position, state.request, state.route_id, state.path_length)
+                return (await forward).out  # judged as sent
+            except HopFailed as exc:
+                log.info("referee %s gave no usable answer: %s", peer.address, exc)
+                return None
+
+        def replicas() -> list[NodeRecord]:
+            return [
+                r for r in same_weights(record, list(self.registry.nodes.values())) if r.address not in state.failed
+            ]
+
+        return replicas, ask

@@ -41,10 +41,15 @@ log = logging.getLogger(__name__)
 class HopFailed(Exception):
     """A hop that gave no usable answer: why, and whether the node is to be quarantined (with evidence)."""
 
-    def __init__(self, message: str, quarantine: bool = False, evidence: Evidence | None = None) -> None:
+    def __init__(
+        self, message: str, quarantine: bool = False, evidence: Evidence | None = None, blame: bool = True
+    ) -> None:
         super().__init__(message)
         self.quarantine = quarantine
         self.evidence = evidence  # set when verification caught a lie (a conviction)
+        # False: the reply is not used, but nothing says this node is at fault (contested weights: the
+        # registry keeps every replica out already), so it is neither quarantined nor counted as failed
+        self.blame = blame
 
 
 class HopResult(NamedTuple):

@@ -203,7 +203,7 @@ class Router:
         else:
             floor = self.adaptive.exit_min_blocks
             early_exit = RouteExit(exit_policy, head, floor) if exit_policy is not None else None
-            path = await self.executor.run(x, plan, request, route_id, rng, early_exit)
+            path = await self.executor.run(x, plan, request, route_id, rng, early_exit, head=head)
         if self.topology is not None:
             self.topology.observe(topology, (time.monotonic() - started) * 1e3, path.depth)
         if netplan is not None:

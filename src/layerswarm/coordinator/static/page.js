@@ -22,6 +22,9 @@ function renderHeader(snap) {
   ready.textContent = s.ready ? "ready" : "not ready";
   ready.className = `pill ${s.ready ? "good" : "bad"}`;
   $("reason").textContent = s.reason;
+  const insecure = $("insecure");  // served beyond loopback without a token or TLS (--insecure)
+  insecure.hidden = !s.insecure;
+  insecure.textContent = s.insecure || "";
   $("depth").textContent = `${s.reachable_depth} / ${s.depth}`;
   $("inflight").textContent = s.in_flight;
   renderTopology(snap.topology);

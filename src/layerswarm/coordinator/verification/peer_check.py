@@ -1,20 +1,27 @@
-"""Spot re-execution on other nodes: the same hop, sent to replicas with the same weights hash.
+"""Spot re-execution on other nodes: the same hop, sent to a replica with the same weights hash.
 
-A coordinator on a small device cannot afford to run every sampled hop itself (one ViT-B/16 block is
+A coordinator on a small device cannot afford to run every checked hop itself (one ViT-B/16 block is
 ~100 ms on a Raspberry Pi-class CPU), and one that holds no copy of a model (an unlisted member, non-strict
 mode) has nothing better than the family envelope. Other nodes that serve the very same weights
 (same model id, block index and sha256) can: honest replicas agree to within the wire dtype's rounding.
 
-Judgement is by majority, never by one peer's word (the referee may be the liar):
+Peers are never trusted to convict, and a majority of them never decides anything: replicas can
+collude (three nodes returning the same wrong output outvoted an honest one and got it convicted,
+before this rule). So:
 
-- the node agrees with its first referee: it passes;
-- it disagrees, and a second referee (or the coordinator's own verified copy) agrees with the first:
-  the node is convicted;
-- the second opinion sides with the node instead: the first referee is the one convicted;
-- no second opinion can be had: the disagreement is recorded (evidence on both, in `/v1/nodes`
-  through the verifier's stats) and nobody is convicted on one node's word against another's.
+- the node agrees with the referee: it passes (its reply matches a second computation);
+- they disagree and the coordinator holds the model: its verified copy decides, alone. The node is
+  convicted if its reply differs from the copy, the referee if the referee's does (both, if both do);
+- they disagree and the coordinator holds no copy: the weights are contested. Nobody is convicted,
+  and no replica of them is routed to for a while (membership/registry.py: contest), since nothing
+  says which side lied: a colluding majority can get honest replicas of such weights refused (a
+  denial of service), never convicted, and never gets its lie accepted once an honest replica
+  referees it.
 
-Referees that passed their own probation are asked first. A referee that fails to answer is passed
+An agreement can still be two colluders agreeing on a lie: the executor re-executes the answer's decisive
+hop on the coordinator's own copy whenever it holds one (decisive.py), so a lie that changes an answer
+meets a referee it cannot pick. Referees that passed their own probation are asked first, at random
+among them (a liar cannot predict which replica checks it). A referee that fails to answer is passed
 over (its failure is the executor's business, not evidence about the node being checked).
 """
 
@@ -30,17 +37,18 @@ from ..membership.records import Evidence, NodeRecord
 
 Ask = Callable[[NodeRecord], Awaitable[torch.Tensor | None]]  # this hop's input on another node; None: no answer
 Compare = Callable[[torch.Tensor], float]  # relative error of a reference against the node's reply
-Referee = Callable[[], Awaitable[torch.Tensor | None]]  # a second opinion that is not a peer (the coordinator)
+Referee = Callable[[], Awaitable[torch.Tensor | None]]  # the coordinator's own verified copy
 
 
 @dataclass(frozen=True)
 class PeerVerdict:
-    """What the peers said. `liar`: the address convicted (the node checked or a referee), None when
-    the node passed or nothing could be decided; `evidence` says what was compared with what."""
+    """What the check found. `convicted`: addresses caught lying by the coordinator's copy (the node
+    checked, a referee, or both); `contested`: a disagreement nobody here can settle."""
 
     passed: bool
-    liar: str | None = None
+    convicted: tuple[str, ...] = ()
     evidence: Evidence | None = None
+    contested: bool = False
     asked: int = 0
 
 
@@ -74,59 +82,49 @@ async def judge(
     ask: Ask,
     disagreement: Compare,
     tolerance: float,
-    fallback: Referee | None = None,
+    own_copy: Referee | None = None,
 ) -> PeerVerdict | None:
-    """Majority judgement of `node`'s reply by up to two referees, and the coordinator's copy
-    (`fallback`) as the tie-breaker. None: no referee answered (the caller judges another way)."""
+    """`node`'s reply against the first referee that answers; a disagreement is settled by `own_copy`
+    (the coordinator's verified copy) or, without one, contested. None: no referee answered."""
     asked = 0
-    first: tuple[NodeRecord, torch.Tensor] | None = None
     for peer in referees:
         ref = await ask(peer)
         asked += 1
         if ref is None:
             continue
         err = disagreement(ref)
-        if first is None:
-            if err <= tolerance:
-                return PeerVerdict(passed=True, asked=asked)
-            first = (peer, ref)
-            continue
-        return _second_opinion(node, first, peer.address, ref, err, disagreement, tolerance, asked)
-    if first is None:
-        return None
-    if fallback is not None and (ref := await fallback()) is not None:
-        return _second_opinion(
-            node, first, "the coordinator's verified copy", ref, disagreement(ref), disagreement, tolerance, asked
-        )
-    return PeerVerdict(
-        passed=False,
-        evidence=_evidence("unresolved", node, first[0].address, disagreement(first[1]), tolerance),
-        asked=asked,
-    )
+        if err <= tolerance:
+            return PeerVerdict(passed=True, asked=asked)
+        copy = await own_copy() if own_copy is not None else None
+        if copy is None:
+            evidence = _evidence("contested", node, peer.address, err, tolerance)
+            return PeerVerdict(passed=False, evidence=evidence, contested=True, asked=asked)
+        return _decided_by_copy(node, peer.address, ref, copy, disagreement, tolerance, asked)
+    return None
 
 
-def _second_opinion(
+def _decided_by_copy(
     node: NodeRecord,
-    first: tuple[NodeRecord, torch.Tensor],
-    second_name: str,
-    second_ref: torch.Tensor,
-    node_vs_second: float,
+    referee: str,
+    referee_ref: torch.Tensor,
+    copy: torch.Tensor,
     disagreement: Compare,
     tolerance: float,
     asked: int,
 ) -> PeerVerdict:
-    referee, first_ref = first
-    if node_vs_second <= tolerance:  # two against the first referee: it is the one that lied
-        err = _relative(first_ref, second_ref)
-        evidence = _evidence("re-execution on peers", node, second_name, err, tolerance, referee=referee.address)
-        return PeerVerdict(passed=True, liar=referee.address, evidence=evidence, asked=asked)
-    evidence = _evidence(
-        "re-execution on peers", node, f"{referee.address} and {second_name}", disagreement(first_ref), tolerance
-    )
-    return PeerVerdict(passed=False, liar=node.address, evidence=evidence, asked=asked)
+    """Node and referee disagree: whoever differs from the coordinator's own copy lied."""
+    against = "the coordinator's verified copy"
+    node_err, referee_err = disagreement(copy), relative_error(referee_ref, copy)
+    liars = tuple(a for a, e in ((node.address, node_err), (referee, referee_err)) if e > tolerance)
+    if node.address in liars:
+        evidence = _evidence("re-execution on peers", node, f"{against} (referee {referee})", node_err, tolerance)
+        return PeerVerdict(passed=False, convicted=liars, evidence=evidence, asked=asked)
+    evidence = _evidence("re-execution on peers", node, against, referee_err, tolerance, referee=referee)
+    return PeerVerdict(passed=True, convicted=liars, evidence=evidence, asked=asked)
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """RMS of the difference over RMS of the reference `b`."""
     return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-6))
 
 
@@ -141,6 +139,6 @@ def _evidence(
         "discrepancy": f"relative RMS error {err:.4g}",
         "tolerance": round(tolerance, 6),
     }
-    if referee is not None:  # the lie was the referee's: it disagreed with the node and a second opinion
-        data["against"] = f"{node.address} and {against}, serving the same weights: {claim}"
+    if referee is not None:  # the lie was the referee's: it disagreed with the node and the coordinator's copy
+        data["against"] = f"{node.address} and {against}: {claim} (referee {referee} lied)"
     return data

@@ -9,16 +9,18 @@ returned: routing/deferred.py runs it while the path goes on, `check` runs both 
    dtype's limit (a residual block adds to its input: past that, the next honest hop overflows). A
    hard violation quarantines the node that sent it (not the next one). A soft violation (an odd
    upload can look odd too) only forces layer 2 for this hop.
-2. Spot re-execution: every hop of a node on probation (its first `probation_hops` hops per boot id),
-   every flagged hop, and a `rate` fraction of the rest are recomputed by the coordinator with a
-   verified copy of the block the node claims to run (same model id and block index, sha256 checked,
-   loaded from --model-dir/--family-dir), from the same fp16-rounded input. Disagreement beyond the
-   wire dtype's rounding quarantines the node; the evidence goes to /v1/nodes. When the coordinator
-   holds no copy of that model (an unlisted model, non-strict mode), the reference is the family
-   envelope: the same block index of every member it holds; the reply must lie closer to one of them
-   than the members lie to each other (times `envelope_slack`). With `reexecute_on` "peers" (or
-   "auto" for a model the coordinator does not hold), the hop goes to one or two other nodes that serve
-   the same weights hash instead, judged by majority (peer_check.py).
+2. Spot re-execution: which hops is sampling.py's rule (probation, suspicion: out of range or not
+   residual-like (anomaly.py), the answer's decisive hop (decisive.py, asked for by the executor), and
+   sampling that trusts a node more the more checks it has passed). They are recomputed by the
+   coordinator with a verified copy of the block the node claims to run (same model id and block
+   index, sha256 checked, loaded from --model-dir/--family-dir), from the same fp16-rounded input.
+   Disagreement beyond the wire dtype's rounding quarantines the node; the evidence goes to /v1/nodes.
+   When the coordinator holds no copy of that model (an unlisted model, non-strict mode), the reference
+   is the family envelope: the same block index of every member it holds; the reply must lie closer to
+   one of them than the members lie to each other (times `envelope_slack`). With `reexecute_on` "peers"
+   (or "auto" for a model the coordinator does not hold), the hop goes to a replica that serves the same
+   weights hash instead (peer_check.py): a disagreement is decided by the coordinator's copy alone,
+   or, without one, leaves the weights contested. Decisive hops always go to the copy when there is one.
 
 Cost: one block forward per verified hop, on the coordinator or on a replica (counted in `stats()`).
 """
@@ -43,8 +45,11 @@ from layerswarm.models.vit import Block
 from layerswarm.wire import codec
 
 from ..membership.records import Evidence, NodeRecord
+from ..membership.registry import WeightsKey, weights_key
+from .anomaly import ResidualBands, residual
 from .peer_check import Ask, PeerVerdict, judge, order_referees
 from .ranges import hard_range_problem, position_ranges, range_problem
+from .sampling import SUSPICION_HOPS, check_probability
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,8 @@ class VerifySettings:
     # re-execute concurrently with the rest of the path (routing/deferred.py): the answer still waits for every
     # check, a failed one rewinds the path to that hop. False: each check blocks its hop, as before.
     deferred: bool = True
+    decisive: int = 1  # hops of each answer that moved its prediction most, re-executed before it is returned
+    contest_s: float = 600.0  # how long weights whose replicas disagreed (no copy here) are routed to by nobody
 
 
 class Detection(Evidence):
@@ -79,9 +86,12 @@ class VerifyReport(TypedDict):
 
     rate: float
     probation_hops: int
+    decisive: int
     hops_seen: int
     hops_reexecuted: int
     hops_flagged_by_range: int
+    hops_not_residual: int
+    hops_checked_as_decisive: int
     reexecute_ms_total: float
     reexecute_on: str
     hops_reexecuted_on_peers: int
@@ -96,11 +106,21 @@ class VerifyReport(TypedDict):
 
 
 class Lie(Exception):
-    """A reply that failed verification; `evidence` says what was checked, against what, how far off."""
+    """A reply that failed verification; `evidence` says what was checked, against what, how far off.
+    `convict`: whether its node is to be quarantined on that evidence (Contested: no)."""
+
+    convict = True
 
     def __init__(self, message: str, evidence: Evidence) -> None:
         super().__init__(message)
         self.evidence = evidence
+
+
+class Contested(Lie):
+    """Replicas disagreed and the coordinator holds no copy: the reply is not used, nobody is convicted,
+    and no replica of those weights is routed to for a while (membership/registry.py: contest)."""
+
+    convict = False
 
 
 @dataclass
@@ -109,6 +129,7 @@ class _Seen:
     first_hop: float
     hops: int = 0
     passed: int = 0
+    suspicion: int = 0  # hops left under closer watch after a suspicious one (sampling.py)
 
 
 @dataclass
@@ -121,11 +142,13 @@ class Screened:
     out: torch.Tensor
     position: int
     wire: torch.dtype
-    soft: Evidence | None  # the range filter's finding, when it forced the check
+    soft: Evidence | None  # the range filter's or the residual check's finding, when it forced the check
     token_mask: torch.Tensor | None
     sent: torch.Tensor | None
     replicas: Callable[[], list[NodeRecord]] | None
     ask: Ask | None
+    decisive: bool = False  # drawn as the answer's decisive hop: on our own copy when we hold one
+    confirmed: bool = False  # re-executed and passed already (a blocking check): the executor sets it
 
 
 @dataclass
@@ -134,9 +157,11 @@ class VerifyStats:
     reexecuted: int = 0
     reexecute_ms: float = 0.0
     flagged: int = 0
-    peer_reexecuted: int = 0  # hops re-executed on replicas (each asks one or two)
+    not_residual: int = 0  # hops whose output did not look like their block's work on their input
+    decisive: int = 0  # hops re-executed as their answer's decisive hop
+    peer_reexecuted: int = 0  # hops re-executed on a replica
     peer_calls: int = 0
-    unresolved: int = 0  # one replica against another, no second opinion: nobody convicted
+    unresolved: int = 0  # a replica disagreed and we hold no copy: contested, nobody convicted
     convicted: int = 0  # nodes caught lying, ever (detections keeps the last 100)
     deferred: int = 0  # re-executions run while the path went on (counted by the executor)
     rewinds: int = 0  # paths rewound to a hop whose deferred check failed
@@ -162,16 +187,23 @@ class Verifier:
         self._rng = random.Random(seed)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.counters = VerifyStats()
+        self.bands = ResidualBands()  # what passed re-execution looked like, per block index (anomaly.py)
         # set by the coordinator: quarantine a referee caught lying (a node other than the one checked)
         self.quarantine_referee: Callable[[str, str, Evidence], None] | None = None
+        # set by the coordinator: keep every replica of weights out of routing for a while (contested)
+        self.contest: Callable[[WeightsKey, str, float], None] | None = None
 
     def wants(self, record: NodeRecord) -> bool:
         """Would a hop of `record` be re-executed (on probation, or sampled now)? Relay chains ask this
         before they plan: a hop that is to be checked runs star, where the coordinator sees it."""
         seen = self._seen.get(record.address)
         boot = record.identity.boot_id if record.identity else None
-        on_probation = seen is None or seen.boot_id != boot or seen.passed < self.settings.probation_hops
-        return on_probation or self._rng.random() < self.settings.rate
+        if seen is None or seen.boot_id != boot:
+            return True
+        return seen.passed < self.settings.probation_hops or self._sampled(seen)
+
+    def _sampled(self, seen: _Seen) -> bool:
+        return self._rng.random() < check_probability(self.settings.rate, seen.passed, seen.suspicion > 0)
 
     async def check(self, *args: Any, **kwargs: Any) -> None:
         """Raise Lie when the reply is wrong; return when it passes: `screen`, then (when it chose the
@@ -209,28 +241,60 @@ class Verifier:
         hard = hard_range_problem(out, position, wire)
         if hard is not None:
             raise self._convict(record, seen, hard)
-        soft = range_problem(self.ranges, out, position)
+        soft = self._suspicious(ident.block, x, out, position)
+        seen.suspicion = SUSPICION_HOPS if soft is not None else max(0, seen.suspicion - 1)
         on_probation = seen.passed < self.settings.probation_hops
-        if soft is not None:
-            self.counters.flagged += 1
-        if soft is None and not on_probation and not force and self._rng.random() >= self.settings.rate:
+        if soft is None and not on_probation and not force and not self._sampled(seen):
             return None
         return Screened(record, seen, x, out, position, wire, soft, token_mask, sent, replicas, ask)
+
+    def _suspicious(self, block: int, x: torch.Tensor, out: torch.Tensor, position: int) -> Evidence | None:
+        """The range filter's finding, else the residual check's: why this hop must be re-executed."""
+        soft = range_problem(self.ranges, out, position)
+        if soft is not None:
+            self.counters.flagged += 1
+            return soft
+        if x.shape != out.shape:
+            return None
+        problem = self.bands.problem(block, residual(x, out))
+        if problem is None:
+            return None
+        self.counters.not_residual += 1
+        return {"check": "residual", "against": "the hop's own input", "discrepancy": problem, "position": position}
+
+    def decisive(
+        self,
+        record: NodeRecord,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        position: int,
+        wire: torch.dtype,
+        sent: torch.Tensor | None,
+        replicas: Callable[[], list[NodeRecord]],
+        ask: Ask,
+    ) -> Screened | None:
+        """A hop drawn as its answer's decisive one (decisive.py; screened already when it ran): to be
+        re-executed on our own copy when we hold one, whatever `reexecute_on` says. None: a node whose
+        identity is unknown (never routed to)."""
+        if record.identity is None:
+            return None
+        self.counters.decisive += 1
+        seen = self._seen_for(record)
+        return Screened(record, seen, x, out, position, wire, None, None, sent, replicas, ask, decisive=True)
 
     async def confirm(self, hop: Screened) -> None:
         """Layer 2: re-execute a screened hop; raise Lie with the evidence, or count a pass (probation)."""
         record, seen, position, wire, token_mask = hop.record, hop.seen, hop.position, hop.wire, hop.token_mask
         assert record.identity is not None
         model_id, ask = record.identity.model_id, hop.ask
-        peers = hop.replicas() if hop.replicas is not None and ask is not None and self._peers_first(model_id) else []
+        on_peers = self._peers_first(model_id) and not (hop.decisive and model_id in self.manifests)
+        peers = hop.replicas() if hop.replicas is not None and ask is not None and on_peers else []
         x_sent = codec.as_sent(hop.x, wire) if hop.sent is None else hop.sent  # exactly what the node received
         if peers and ask is not None:
             verdict = await self._on_peers(record, hop.out, position, wire, peers, ask, x_sent, token_mask)
             if verdict is not None:
-                if verdict.liar == record.address and verdict.evidence is not None:
-                    raise self._convict(record, seen, {**verdict.evidence, "position": position})
-                if verdict.passed:
-                    seen.passed += 1
+                self._peer_verdict(record, seen, verdict, position)
+                self._passed(hop, learn=bool(verdict.convicted))  # two peers agreeing may be two colluders
                 return
         block = record.identity.block
         evidence = await self._reexecute(model_id, block, x_sent, hop.out, position, wire, token_mask)
@@ -238,16 +302,40 @@ class Verifier:
             if hop.soft is not None:
                 evidence["range_filter"] = hop.soft["discrepancy"]
             raise self._convict(record, seen, evidence)
-        seen.passed += 1
+        self._passed(hop)
+
+    def _passed(self, hop: Screened, learn: bool = True) -> None:
+        """A re-execution agreed: one more passed check (trust), and, when it was our own copy that
+        agreed, what honest looks like (the residual bands)."""
+        hop.seen.passed += 1
+        if learn and hop.token_mask is None and hop.x.shape == hop.out.shape and hop.record.identity is not None:
+            self.bands.learn(hop.record.identity.block, residual(hop.x, hop.out))
+
+    def _peer_verdict(self, record: NodeRecord, seen: _Seen, verdict: PeerVerdict, position: int) -> None:
+        """Convict whom the coordinator's copy caught; a contested disagreement keeps the weights out.
+        Returns when the node's reply stands; raises Lie (or Contested) when it does not."""
+        if verdict.evidence is None:  # agreed: nothing found against anyone
+            return
+        evidence: Evidence = {**verdict.evidence, "position": position}
+        for liar in verdict.convicted:
+            if liar != record.address:
+                self._convict_referee(liar, evidence)
+        if record.address in verdict.convicted:
+            raise self._convict(record, seen, evidence)
+        if verdict.contested:
+            raise self._contested(record, evidence)
 
     def stats(self) -> VerifyReport:
         c = self.counters
         return {
             "rate": self.settings.rate,
             "probation_hops": self.settings.probation_hops,
+            "decisive": self.settings.decisive,
             "hops_seen": c.hops,
             "hops_reexecuted": c.reexecuted,
             "hops_flagged_by_range": c.flagged,
+            "hops_not_residual": c.not_residual,
+            "hops_checked_as_decisive": c.decisive,
             "reexecute_ms_total": round(c.reexecute_ms, 3),
             "reexecute_on": self.settings.reexecute_on,
             "hops_reexecuted_on_peers": c.peer_reexecuted,
@@ -307,29 +395,39 @@ class Verifier:
 
         async def coordinator_copy() -> torch.Tensor | None:
             ref = await self._run([(model_id, block)], x_sent, position, token_mask)
+            self.counters.reexecuted += 1
             return ref[0]
 
-        fallback = coordinator_copy if model_id in self.manifests else None
-        referees = order_referees(replicas, self._trusted, self._rng)[:2]
+        own_copy = coordinator_copy if model_id in self.manifests else None
+        referees = order_referees(replicas, self._trusted, self._rng)[:1]
         verdict = await judge(
             record,
             referees,
             counted_ask,
             lambda ref: relative_error(out_wire, codec.as_sent(ref, wire)),
             TOLERANCE[wire],
-            fallback,
+            own_copy,
         )
-        if verdict is None:
-            return None
-        self.counters.peer_reexecuted += 1
-        if verdict.liar is not None and verdict.liar != record.address and verdict.evidence is not None:
-            self._convict_referee(verdict.liar, {**verdict.evidence, "position": position})
-        elif verdict.liar is None and not verdict.passed and verdict.evidence is not None:
-            self.counters.unresolved += 1
-            self.counters.disagreements.append({"address": record.address, **verdict.evidence, "at": time.time()})
-            del self.counters.disagreements[:-100]  # bounded
-            log.warning("unresolved disagreement on %s: %s", record.address, verdict.evidence)
+        if verdict is not None:
+            self.counters.peer_reexecuted += 1
         return verdict
+
+    def _contested(self, record: NodeRecord, evidence: Evidence) -> Contested:
+        """Replicas disagreed and we hold no copy: nobody convicted, the weights kept out for a while."""
+        assert record.identity is not None
+        self.counters.unresolved += 1
+        evidence = {**evidence, "at": time.time()}
+        self.counters.disagreements.append({"address": record.address, **evidence})
+        del self.counters.disagreements[:-100]  # bounded
+        ident = record.identity
+        reason = (
+            f"contested: replicas of {ident.model_id} block {ident.block} disagree and this coordinator holds no "
+            f"copy to tell which one lies ({evidence['discrepancy']})"
+        )
+        log.warning("%s (%s)", reason, record.address)
+        if self.contest is not None:
+            self.contest(weights_key(ident), reason, self.settings.contest_s)
+        return Contested(reason, evidence)
 
     def _convict_referee(self, address: str, evidence: Evidence) -> None:
         seen = self._seen.get(address)  # None: it lied as a referee before any hop of its own was routed
