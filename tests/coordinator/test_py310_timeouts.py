@@ -140,7 +140,19 @@ def _runner(client: Any) -> tuple[RelayRunner, Registry, list[tuple[Step, NodeRe
     wire = WireFormat(torch.float32, codec.TensorSpec((None, 5, 32)))
     runner = RelayRunner(registry, _Pool(client), None, b"k" * 32, wire, hop_timeout_s=0.5)  # type: ignore[arg-type]
     x = torch.zeros(1, 5, 32)
-    request = Request(ClassifyOptions(), "rid", x, x, Policy.SEQUENTIAL, 0, 1, False, time.monotonic() + 5.0, None)
+    request = Request(
+        options=ClassifyOptions(),
+        id="rid",
+        inputs=x,
+        x=x,
+        policy=Policy.SEQUENTIAL,
+        seed=0,
+        min_blocks=1,
+        anytime_min_blocks=1,
+        shuffle_robust=False,
+        deadline=time.monotonic() + 5.0,
+        anytime_deadline=None,
+    )
     segment = [(Step(r.block, [r]), r) for r in records]
     return runner, registry, segment, chains._Run(x, request, "rid")
 
