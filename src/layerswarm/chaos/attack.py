@@ -36,6 +36,7 @@ from .swarm import ChaosNode, ChaosSwarm
 
 log = logging.getLogger(__name__)
 HOP_DEADLINE_S = 0.5  # the chaos coordinator's --hop-timeout
+FAULT_SETTLE_S = 10.0  # a fault recovered this long before a forging round may still show in node states
 ROGUE_MODES = ("zeros", "other-block", "noise")
 
 
@@ -204,13 +205,16 @@ class Schedule:
         started = time.monotonic()
         result = await asyncio.to_thread(self.forger.run_round, kind, self.opts.listen_s, self.swarm.token)
         await asyncio.sleep(1.5)  # several health rounds (0.25 s apart) after the last forged packet
-        # A real node that was healthy and is no longer, from the attack on: the forgery won.
+        # A real node that was healthy and is no longer, from the attack on: the forgery won. Nodes the
+        # schedule itself disturbed around then (a freeze, a kill, a rogue, still being re-admitted) are
+        # left out: their state says what the fault did, not what the forger did.
+        disturbed = self._disturbed_since(started - FAULT_SETTLE_S)
         flipped = sorted(
             {
                 a
                 for t, states in self.poller.timeline
                 if t >= started
-                for a in healthy
+                for a in healthy - disturbed
                 if states and states.get(a) != "healthy"
             }
         )
@@ -219,6 +223,14 @@ class Schedule:
         summary["real_nodes_flipped"] = flipped
         summary["healthy_before"] = len(healthy)
         self.attack_results.append(summary)
+
+    def _disturbed_since(self, since: float) -> set[str]:
+        """Addresses of the schedule's own faults still on, or recovered after `since` (monotonic)."""
+        return {
+            str(e["address"])
+            for e in self.events
+            if e.get("address") and (e.get("recovered_at") is None or e["recovered_at"] >= since)
+        }
 
     def _event(self, kind: str, node: ChaosNode, **extra: Any) -> dict[str, Any]:
         event = fault_event(kind, node, **extra)
