@@ -59,7 +59,7 @@ def test_forged_goodbyes_and_adverts_flip_no_real_node(report: dict[str, Any]) -
     forged = [a for a in report["forging_device"]["attacks"] if a["kind"] == "forge"]
     assert forged and forged[0]["rc"] == 0
     assert forged[0]["goodbyes"] >= 8  # a goodbye under the real instance name of every reachable node
-    assert forged[0]["real_nodes_flipped"] == []
+    assert forged[0]["real_nodes_flipped"] == [], forged[0]["flipped_to"]
     assert check(report, "forged goodbyes")["pass"]
 
 

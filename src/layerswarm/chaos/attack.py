@@ -209,18 +209,16 @@ class Schedule:
         # schedule itself disturbed around then (a freeze, a kill, a rogue, still being re-admitted) are
         # left out: their state says what the fault did, not what the forger did.
         disturbed = self._disturbed_since(started - FAULT_SETTLE_S)
-        flipped = sorted(
-            {
-                a
-                for t, states in self.poller.timeline
-                if t >= started
-                for a in healthy - disturbed
-                if states and states.get(a) != "healthy"
-            }
-        )
+        seen: dict[str, set[str]] = {}
+        for t, states in self.poller.timeline:
+            for a in healthy - disturbed if t >= started and states else ():
+                if states.get(a) != "healthy":
+                    seen.setdefault(a, set()).add(str(states.get(a)))
+        flipped = sorted(seen)
         summary = {k: v for k, v in result.items() if k != "captured"}
         summary["methods_captured"] = sorted({m for m, _ in result.get("captured", [])})
         summary["real_nodes_flipped"] = flipped
+        summary["flipped_to"] = {a: sorted(states) for a, states in seen.items()}  # what they became
         summary["healthy_before"] = len(healthy)
         self.attack_results.append(summary)
 

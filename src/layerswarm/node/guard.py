@@ -67,7 +67,7 @@ class Slots:
         self.members: Counter[str] = Counter()
         self.strangers: Counter[str] = Counter()
         self.stranger_total = 0
-        self.refused = 0
+        self.refused = 0  # ever: calls refused (grpc.aio keeps each aborted call's exception in a cycle)
         self.stranger_calls = 0  # ever: calls without credentials, refused or served (memory.py trims after)
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # peer -> (tokens, when)
 
@@ -137,6 +137,7 @@ class CallGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships
             except AuthError as exc:
                 if method.startswith(METHOD_PREFIX) and method != INFO:
                     self.slots.stranger_calls += 1
+                    self.slots.refused += 1
                     log.info("refused %s: %s", method, exc)
                     # Only a holder of the token (a stale challenge, clock or nonce) is let in to its first
                     # message: anyone else is refused before a byte of theirs is read.
@@ -160,6 +161,7 @@ class MemoryKeeper:
         self.interval_s = interval_s
         self.trims = 0
         self._seen = 0
+        self._refused_seen = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -174,11 +176,17 @@ class MemoryKeeper:
         busy = False
         while True:
             await asyncio.sleep(self.interval_s)
-            calls = self.slots.stranger_calls
+            calls, refused = self.slots.stranger_calls, self.slots.refused
             if calls == self._seen and not busy:
                 continue
-            if calls == self._seen:  # the strangers have stopped: what their refused calls left in cycles
-                gc.collect()  # (grpc.aio keeps each aborted call's exception in one) goes, then its pages
+            # The strangers have stopped: what their refused calls left in cycles (grpc.aio keeps each
+            # aborted call's exception in one) goes, then its pages. Only after refusals: a full
+            # collection stalls the event loop (100 ms and more in a loaded process), and the calls a
+            # node serves every minute without credentials (health probes, the Info handshake) leave
+            # no cycles.
+            if calls == self._seen and refused != self._refused_seen:
+                gc.collect()
+                self._refused_seen = refused
             busy, self._seen = calls != self._seen, calls
             try:  # off the loop: trimming walks every arena
                 await asyncio.get_running_loop().run_in_executor(None, give_back_free_memory)
