@@ -4,7 +4,10 @@ A token-protected swarm (both members' nodes, each its own host), a no-fault bas
 `baseline_requests`, then one fault at a time on a seeded schedule:
 
 - rogue nodes (harness/faults.py: zeros, other-block, noise), each on its own block index, lying until
-  the end of the run: verification must quarantine them;
+  the end of the run: verification must quarantine them; among them a turncoat (honest for
+  TURNCOAT_AFTER replies, past its probation, then a subtle targeted liar: faults.py push) and a
+  colluding pair (both nodes of one block index, one per member, redeployed as the same push liar after
+  an honest third node of that block joined: two replicas that agree, against one honest);
 - a forging device on its own host (forging.py): forged goodbyes for every real node and adverts of
   another family pointing at them; an impostor that advertises itself with real zeroconf, records what
   the coordinator sends and replays it to the real node;
@@ -37,7 +40,13 @@ from .swarm import ChaosNode, ChaosSwarm
 log = logging.getLogger(__name__)
 HOP_DEADLINE_S = 0.5  # the chaos coordinator's --hop-timeout
 FAULT_SETTLE_S = 10.0  # a fault recovered this long before a forging round may still show in node states
-ROGUE_MODES = ("zeros", "other-block", "noise")
+ROGUE_MODES = ("zeros", "other-block", "turncoat", "pair", "noise")
+TURNCOAT_AFTER = 20  # honest replies before the turncoat lies: past its probation (docs/trust-verification.md)
+# A rogue's harness/faults.py arguments where they are not just its mode's name.
+ROGUE_ARGS = {
+    "turncoat": ("--fault-mode", "push", "--fault-after", str(TURNCOAT_AFTER)),
+    "pair": ("--fault-mode", "push"),  # both push toward the same class: they agree on the lie
+}
 
 
 @dataclass
@@ -53,7 +62,7 @@ class AttackOptions:
     # How long a client retries a refused connection (the coordinator restarting) before the request
     # counts as lost; None: the 5 s request deadline.
     connect_patience_s: float | None = None
-    rogues: int = 3
+    rogues: int = len(ROGUE_MODES)  # the first this many of ROGUE_MODES
     basic_kinds: tuple[str, ...] = chaos_swarm.FAULT_KINDS
     max_s: float = 1500.0
 
@@ -99,6 +108,7 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     report = summarize(records, events, poller.depth_timeline, MIN_BLOCKS, DEADLINE_S)
     report["baseline"] = _baseline(records[: opts.baseline_requests])
     report["rogues"] = [_rogue_result(r, records, poller) for r in schedule.rogues]
+    report["pair_third_replicas"] = schedule.honest_added  # honest: the pair is two against one
     report["after_detection"] = _after_detection(report["rogues"], records)
     report["forging_device"] = {**forger.summary(), "attacks": schedule.attack_results}
     report["nodes"] = len([n for n in swarm.nodes if n.name != "joiner" and not n.name.startswith("join-")])
@@ -141,6 +151,7 @@ class Schedule:
         self.rogues: list[dict[str, Any]] = []
         self.starting: list[asyncio.Task[None]] = []  # rogue redeployments under way
         self.attack_results: list[dict[str, Any]] = []
+        self.honest_added: list[str] = []  # the pair's honest third replica
         blocks = sorted({n.block for n in swarm.nodes})
         self.rng.shuffle(blocks)
         self.rogue_blocks = blocks[: opts.rogues]
@@ -168,9 +179,10 @@ class Schedule:
 
     async def _step(self, step: str, done: asyncio.Event) -> None:
         if step.startswith("rogue:"):  # redeployed in the background: the schedule goes on meanwhile
-            block = self.rogue_blocks[len(self.starting)]
-            node = self.rng.choice([n for n in self.swarm.nodes if n.block == block])
-            self.starting.append(asyncio.create_task(self._rogue(node, step.partition(":")[2])))
+            block, mode = self.rogue_blocks[len(self.starting)], step.partition(":")[2]
+            holders = [n for n in self.swarm.nodes if n.block == block]
+            liars = holders if mode == "pair" else [self.rng.choice(holders)]
+            self.starting.append(asyncio.create_task(self._rogue(liars, mode)))
             await _sleep_or_done(done, self.opts.hold_s)
             return
         if step in ("forge", "steal"):
@@ -192,12 +204,27 @@ class Schedule:
         await asyncio.to_thread(recover)
         event["recovered_at"] = time.monotonic()
 
-    async def _rogue(self, node: ChaosNode, mode: str) -> None:
-        """Redeploy `node` as a liar; it lies from its ready line until the end of the run."""
-        log.info("rogue %s on %s", mode, node.name)
-        await asyncio.to_thread(self.swarm.restart, node, ("--fault-mode", mode))
-        event = self._event("rogue", node, mode=mode)
-        self.rogues.append({"mode": mode, "target": node.name, "address": node.address, "lying_from": event["at"]})
+    async def _rogue(self, nodes: list[ChaosNode], mode: str) -> None:
+        """Redeploy `nodes` as liars (a pair together); each lies from its ready line (a turncoat after
+        its honest replies: its detection is counted from its ready line too) until the end of the run."""
+        faults = ROGUE_ARGS.get(mode, ("--fault-mode", mode))
+        if mode == "pair":  # first an honest third replica of the block: two that agree against one honest
+            await asyncio.to_thread(self._third_replica, nodes[0].block)
+        for node in nodes:
+            log.info("rogue %s on %s", mode, node.name)
+            self._event("rogue", node, mode=mode)  # before the restart: its downtime is the schedule's doing
+            await asyncio.to_thread(self.swarm.restart, node, faults)
+            lying_from = time.monotonic()
+            self.rogues.append({"mode": mode, "target": node.name, "address": node.address, "lying_from": lying_from})
+
+    def _third_replica(self, block: int) -> None:
+        """An honest node for `block` (the last member's, as the pair's m1 node holds) on its own host:
+        with it the pair is a colluding majority of two against one, and the block survives their
+        conviction (without it, both replicas lie and the block is simply gone)."""
+        node = ChaosNode(f"third-b{block}", self.swarm.lab.add_host(f"third-b{block}"), self.members[-1], block)
+        self.swarm.add_node(node)
+        self.swarm.start_nodes([node])
+        self.honest_added.append(node.address)
 
     async def _attack(self, kind: str) -> None:
         before = self.poller.latest_states()
@@ -288,8 +315,9 @@ def _after_detection(rogues: list[dict[str, Any]], records: list[Record]) -> dic
 
 
 def quick_options(seed: int = 0) -> AttackOptions:
-    """The CI variant: two rogues, the forging device, a kill, freezes, pulled cables and a coordinator
-    restart: half the nodes faulted, in about a minute of load."""
+    """The CI variant: four rogues (zeros, other-block, the turncoat, the colluding pair), the forging
+    device, a kill, freezes, pulled cables and a coordinator restart: half the nodes faulted, in about a
+    minute of load."""
     return AttackOptions(
         requests=500,
         baseline_requests=150,
@@ -299,7 +327,7 @@ def quick_options(seed: int = 0) -> AttackOptions:
         gap_s=0.5,
         tail_s=2.0,
         listen_s=3.0,
-        rogues=2,
+        rogues=4,
         # A starved CI machine restarts the coordinator slower than the 5 s request deadline (import
         # time): clients wait for it longer here; the full run keeps the deadline.
         connect_patience_s=15.0,
