@@ -18,6 +18,7 @@ import asyncio
 import logging
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +41,31 @@ BATCH = 8
 FORGE_SCALE = 2.0  # noise of twice each tensor's std on every block: at 0.5 accuracy does not move
 
 
-async def scenario(
-    members: list[Path],
-    rogue: str | None,
-    verify: float | None,
-    requests: int,
-    forged: Path | None,
-    after: int = 0,
-    verify_on: str = "coordinator",
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Scenario:
+    """Who lies and how, and how the coordinator verifies (one row of the report)."""
+
+    name: str
+    rogue: str | None = None  # harness/faults.py mode of member 0's nodes for ROGUE_BLOCKS; None: honest
+    verify: float | None = 0.05  # the verification rate; None: off
+    forged: bool = False  # the rogues run genuine software on forged weights instead
+    after: int = 0  # honest replies before lying
+    rate: float = 1.0  # then lie on this share of replies
+    verify_on: str = "coordinator"
+    colluders: int = 0  # extra replicas of each rogue block that lie the same way (a colluding majority)
+
+
+async def scenario(members: list[Path], plan: Scenario, requests: int, forged: Path | None) -> dict[str, Any]:
     """verify_on "peers": member 0's blocks 0-3 get an honest replica each, which (with the liar
-    itself) referees the others' hops instead of the coordinator."""
-    layout = _nodes(members, rogue, forged, after, replicas=verify_on == "peers")
+    itself) referees the others' hops instead of the coordinator; `colluders` more replicas of each
+    lie exactly as the rogue does, so the liars outnumber the honest replica."""
+    rogue = plan.rogue
+    forged = forged if plan.forged else None
+    spec = None if rogue is None or forged is not None else FaultSpec(mode=rogue, after=plan.after, rate=plan.rate)
+    layout = _nodes(members, spec, forged, replicas=plan.verify_on == "peers" or plan.colluders > 0)
+    if spec is not None:
+        layout += _colluders(members[0], spec, plan.colluders)
+    verify, verify_on = plan.verify, plan.verify_on
     nodes = [n for n, _ in layout]
     for n in nodes:
         await n.start()
@@ -78,28 +92,29 @@ async def scenario(
 
 
 def _nodes(
-    members: list[Path], rogue: str | None, forged: Path | None, after: int, replicas: bool = False
+    members: list[Path], spec: FaultSpec | None, forged: Path | None, replicas: bool = False
 ) -> list[tuple[Node, bool]]:
     """(node, lies) for every block of members 0 and 1, and honest replicas of member 0's rogue blocks."""
     out: list[tuple[Node, bool]] = []
     if replicas:
         for block in ROGUE_BLOCKS:
-            out.append((Node(NodeSettings(model_dir=members[0], block=block, advertise=False, grace_s=0.1)), False))
+            out.append((Node(_settings(members[0], block)), False))
     for m, model_dir in enumerate(members[:2]):
         for block in range(read_manifest(model_dir).config.depth):
-            liar = m == 0 and block in ROGUE_BLOCKS and rogue is not None
-            settings = NodeSettings(
-                model_dir=forged if liar and forged is not None else model_dir,
-                block=block,
-                advertise=False,
-                grace_s=0.1,
-            )
-            if liar and forged is None:
-                assert rogue is not None
-                out.append((FaultyNode(settings, FaultSpec(mode=rogue, after=after)), True))
-            else:
-                out.append((Node(settings), liar))
+            liar = m == 0 and block in ROGUE_BLOCKS and (spec is not None or forged is not None)
+            settings = _settings(forged if liar and forged is not None else model_dir, block)
+            out.append((FaultyNode(settings, spec) if liar and spec is not None else Node(settings), liar))
     return out
+
+
+def _colluders(model_dir: Path, spec: FaultSpec, count: int) -> list[tuple[Node, bool]]:
+    """`count` more replicas of member 0's rogue blocks, each lying as `spec` says: the same weights
+    and the same deterministic lie, so they agree with the rogue and with each other."""
+    return [(FaultyNode(_settings(model_dir, block), spec), True) for block in ROGUE_BLOCKS for _ in range(count)]
+
+
+def _settings(model_dir: Path, block: int) -> NodeSettings:
+    return NodeSettings(model_dir=model_dir, block=block, advertise=False, grace_s=0.1)
 
 
 async def _drive(coord: Coordinator, liars: set[str], requests: int) -> dict[str, Any]:
@@ -166,39 +181,43 @@ async def run(requests: int, only: str | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"environment": environment(), "requests_per_scenario": requests, "scenarios": {}}
     with tempfile.TemporaryDirectory() as tmp:
         forged = forge_model_dir(members[0], Path(tmp) / "forged", scale=FORGE_SCALE)
-        plan: list[tuple[str, str | None, float | None, Path | None, int, str]] = [
-            ("honest, verification off", None, None, None, 0, "coordinator"),
-            ("honest, verification on", None, 0.05, None, 0, "coordinator"),
-            ("honest, replicas, verification on peers", None, 0.05, None, 0, "peers"),
-            ("noise, replicas, verification on peers", "noise", 0.05, None, 0, "peers"),
-            ("noise after 2 honest hops, replicas, verification on peers", "noise", 0.25, None, 2, "peers"),
-        ]
+        plan = [
+            Scenario("honest, verification off", verify=None),
+            Scenario("honest, verification on"),
+            Scenario("honest, replicas, verification on peers", verify_on="peers"),
+            Scenario("noise, replicas, verification on peers", "noise", verify_on="peers"),
+            Scenario(
+                "noise after 2 honest hops, replicas, verification on peers", "noise", 0.25, after=2, verify_on="peers"
+            ),
+        ]  # fmt: skip
         for mode in ("zeros", "noise", "other-block", "forged"):
-            f = forged if mode == "forged" else None
-            plan.append((f"{mode}, verification off", mode, None, f, 0, "coordinator"))
-            plan.append((f"{mode}, verification on", mode, 0.05, f, 0, "coordinator"))
+            rogue = "forged" if mode == "forged" else mode
+            plan.append(Scenario(f"{mode}, verification off", rogue, None, forged=mode == "forged"))
+            plan.append(Scenario(f"{mode}, verification on", rogue, forged=mode == "forged"))
+        plan.append(Scenario("noise after 2 honest hops (past probation), verification on", "noise", after=2))
         plan.append(
-            ("noise after 2 honest hops (past probation), verification on", "noise", 0.05, None, 2, "coordinator")
+            Scenario("noise after 2 honest hops (past probation), verification rate 0.25", "noise", 0.25, after=2)
         )
-        plan.append(
-            (
-                "noise after 2 honest hops (past probation), verification rate 0.25",
-                "noise",
-                0.25,
-                None,
-                2,
-                "coordinator",
-            )
-        )
-        # Issue 45: liars that pass probation and then lie cleverly, against the adaptive rule (default rate).
-        plan.append(("issue45: honest, verification on", None, 0.05, None, 0, "coordinator"))
+        # Issue 45: liars that pass probation and then lie cleverly or rarely, and colluding majorities,
+        # against the adaptive rule (default rate).
+        plan.append(Scenario("issue45: honest, verification on"))
         for mode in ("push", "other-block"):
-            plan.append((f"issue45: {mode} after 10 honest hops, verification on", mode, 0.05, None, 10, "coordinator"))
-        for name, kind, verify, f, after, where in plan:
-            if only is not None and only not in name:
+            plan.append(Scenario(f"issue45: {mode} after 10 honest hops, verification on", mode, after=10))
+        plan.append(
+            Scenario("issue45: noise on 5% of hops after 10 honest, verification on", "noise", after=10, rate=0.05)
+        )
+        for where in ("coordinator", "peers", "auto"):
+            plan.append(
+                Scenario(
+                    f"issue45: colluding majority (3 same lies, 1 honest replica), verification on {where}",
+                    "other-block", verify_on=where, colluders=2,
+                )
+            )  # fmt: skip
+        for item in plan:
+            if only is not None and only not in item.name:
                 continue
-            log.info("scenario: %s", name)
-            report["scenarios"][name] = await scenario(members, kind, verify, requests, f, after, where)
+            log.info("scenario: %s", item.name)
+            report["scenarios"][item.name] = await scenario(members, item, requests, forged)
     return report
 
 

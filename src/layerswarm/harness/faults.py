@@ -4,7 +4,7 @@ Production code never imports this module; the node has no fault flags. The fail
 attack suites start a faulty node with
 
     python -m layerswarm.harness.faults <any `layerswarm node` arguments> \\
-        [--fault-mode MODE] [--fault-delay-ms N] [--fault-block K] [--fault-after N]
+        [--fault-mode MODE] [--fault-delay-ms N] [--fault-block K] [--fault-after N] [--fault-rate P]
 
 It prints the same ready line as `layerswarm node` and advertises like one. In-process (tests):
 `FaultyNode(NodeSettings(...), FaultSpec(mode=..., delay_ms=...))`, then `await node.start()`.
@@ -29,6 +29,8 @@ A decoder block's Decode replies lie the same way (every mode but other-block an
 honest.
 --fault-after N: answer honestly for the first N requests, then misbehave (a node that passes a
 probation period and turns later).
+--fault-rate P: past those, lie on a share P of the replies only (a rare liar; drawn from a fixed seed,
+so a run repeats).
 
 Forged weights: `forge_model_dir(src, dst, scale)` copies a member's model directory, perturbs every
 block's weights and re-hashes the manifest (new model id, same family id: a self-consistent forgery).
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import shutil
 import sys
 from collections.abc import Callable, Coroutine
@@ -72,6 +75,7 @@ MALFORMED_MODES = ("nan", "shape", "dtype")
 ROGUE_MODES = ("zeros", "noise", "other-block", "overflow", "push")
 MODES = ("none", *MALFORMED_MODES, *ROGUE_MODES, "runtime-overflow")
 OVERFLOW_VALUE = 65000.0  # finite in fp16 (limit 65504); any residual block adds to it and overflows
+RATE_SEED = 45  # a rare liar's draws: fixed, so that a run repeats
 PUSH = 1.5  # push mode: the class token moved this many of its own std toward the target class
 
 
@@ -90,10 +94,29 @@ class FaultSpec:
     delay_ms: float = 0.0
     other_block: int | None = None  # for other-block; None: the next block index
     after: int = 0  # honest for this many requests first
+    rate: float = 1.0  # then lie on this share of replies (a rare liar below 1)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"--fault-mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if not 0.0 < self.rate <= 1.0:
+            raise ValueError(f"--fault-rate {self.rate}: a share of replies in (0, 1]")
+
+
+class LieSchedule:
+    """Which replies a liar lies on: none of the first `after`, then a share `rate` (every one at 1),
+    drawn from a fixed seed so that a run repeats."""
+
+    def __init__(self, spec: FaultSpec) -> None:
+        self.spec = spec
+        self.answered = 0
+        self.draws = random.Random(RATE_SEED)
+
+    def lies_next(self) -> bool:
+        self.answered += 1
+        if self.answered <= self.spec.after:
+            return False
+        return self.spec.rate >= 1.0 or self.draws.random() < self.spec.rate
 
 
 class FaultyRuntime(BlockRuntime):
@@ -126,7 +149,7 @@ class FaultyService(BlockService):
         self.fault = spec
         self.other = other
         self.toward = toward  # push mode: the head's direction for the target class
-        self.answered = 0
+        self.schedule = LieSchedule(spec)
 
     async def _handle(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
         reply = await super()._handle(request)
@@ -136,8 +159,7 @@ class FaultyService(BlockService):
                 await asyncio.sleep(self.fault.delay_ms / 1e3)
             finally:
                 self.runtime.in_flight -= 1
-        self.answered += 1
-        if self.fault.mode in ("none", "runtime-overflow") or self.answered <= self.fault.after:
+        if self.fault.mode in ("none", "runtime-overflow") or not self.schedule.lies_next():
             return reply
         return self._lie(request, reply)
 
@@ -304,6 +326,9 @@ def _fault_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fault-after", type=int, default=0, metavar="N", help="answer honestly for this many requests first"
     )
+    p.add_argument(
+        "--fault-rate", type=float, default=1.0, metavar="P", help="then lie on this share of replies only (0 < P <= 1)"
+    )
     return p
 
 
@@ -326,7 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         _print_help()
     fault_args, node_argv = _fault_parser().parse_known_args(argv)
-    spec = FaultSpec(fault_args.fault_mode, fault_args.fault_delay_ms, fault_args.fault_block, fault_args.fault_after)
+    try:
+        spec = FaultSpec(
+            fault_args.fault_mode, fault_args.fault_delay_ms, fault_args.fault_block, fault_args.fault_after,
+            fault_args.fault_rate,
+        )  # fmt: skip
+    except ValueError as exc:
+        _fault_parser().error(str(exc))
     settings = node_settings_from_argv(node_argv)
 
     class _Node(FaultyNode):
