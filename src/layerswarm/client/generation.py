@@ -28,6 +28,7 @@ class GenerateOptions(TypedDict, total=False):
     seed: int  # same seed, same text
     stop: str | list[str]
     order: Literal["sequential", "shuffle"]
+    speculation: Literal["off", "auto"] | int | dict[str, int | str]  # drafts per verify trip (0: off)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,53 @@
+"""The adaptive draft length (coordinator/generation/kcontrol.py, pure): longer drafts where trips are slow
+and drafts are kept, short ones where drafts are rejected or drafting costs as much as a hop, and the
+trip's cost per extra token learned from rounds of different k."""
+
+from __future__ import annotations
+
+from layerswarm.coordinator.generation.kcontrol import KController, expected_tokens
+
+
+def settle(
+    c: KController, rounds: int, acceptance: float, draft_s: float, trip_s: float, per_token_s: float = 0.0
+) -> int:
+    for _ in range(rounds):
+        k = c.next_k()
+        c.observe(k, round(k * acceptance), k * draft_s, trip_s + k * per_token_s)
+    return c.best()
+
+
+def test_expected_tokens_per_round() -> None:
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert abs(expected_tokens(0.5, 2) - 1.75) < 1e-9
+
+
+def test_slow_trips_and_kept_drafts_make_long_drafts() -> None:
+    fast_hops = settle(KController(), 40, 0.8, draft_s=0.001, trip_s=0.002)
+    slow_hops = settle(KController(), 40, 0.8, draft_s=0.001, trip_s=0.050)
+    assert slow_hops > fast_hops and slow_hops >= 6
+
+
+def test_rejected_drafts_keep_k_at_its_floor() -> None:
+    assert settle(KController(), 40, 0.0, draft_s=0.001, trip_s=0.010) == 1
+
+
+def test_drafting_as_slow_as_a_trip_keeps_k_short() -> None:
+    assert settle(KController(), 40, 0.6, draft_s=0.010, trip_s=0.010) <= 2
+
+
+def test_the_trips_cost_per_token_is_learned_from_rounds_of_different_k() -> None:
+    """Trips that grow 10 ms a token make extra drafts dear: k falls against trips of a flat cost."""
+    flat = settle(KController(), 80, 0.9, draft_s=0.0005, trip_s=0.010)
+    steep_control = KController()
+    steep = settle(steep_control, 80, 0.9, draft_s=0.0005, trip_s=0.010, per_token_s=0.010)
+    assert steep < flat
+    base, per_token = steep_control._trips.fit()
+    assert abs(per_token - 0.010) < 0.002 and abs(base - 0.010) < 0.004
+
+
+def test_acceptance_follows_the_stream() -> None:
+    c = KController(acceptance=0.9)
+    for _ in range(20):
+        c.observe(4, 0, 0.004, 0.01)
+    assert c.acceptance < 0.05
