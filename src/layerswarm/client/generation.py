@@ -57,6 +57,8 @@ class Generation:
     rebuilt: int
     skipped: int
     trace: tuple[dict[str, Any], ...]
+    trips: int = 0  # passes through the route (plain decoding: one per token)
+    speculation: dict[str, Any] | None = None  # mode, draft depth, drafted, accepted, trips per token
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Generation:
@@ -74,6 +76,8 @@ class Generation:
             rebuilt=stream["rebuilt"],
             skipped=stream["skipped"],
             trace=tuple(data["trace"]),
+            trips=stream.get("trips", 0),
+            speculation=stream.get("speculation"),
         )
 
 

@@ -64,10 +64,11 @@ def speculation_of(value: SpeculationParam) -> Speculation | None:
     return parse_speculation(value.model_dump() if isinstance(value, SpeculationK) else value)
 
 
-def check_speculation(value: SpeculationParam) -> SpeculationParam:
-    """A pydantic validator's body: a bad value is the request's validation error, naming the field."""
+def check_speculation(value: object) -> object:
+    """A pydantic validator's body, before the type's own (whose union would say less): a bad value is
+    the request's validation error, naming the field."""
     try:
-        speculation_of(value)
+        parse_speculation(value)
     except InvalidGeneration as exc:
         raise ValueError(str(exc)) from None
     return value
@@ -89,7 +90,7 @@ class GenerateJson(BaseModel):
     speculation: SpeculationParam = Field(None, description=SPECULATION_HELP)
     stream: bool = Field(False, description="server-sent events: token, then done (or error)")
 
-    _speculation = field_validator("speculation")(check_speculation)
+    _speculation = field_validator("speculation", mode="before")(check_speculation)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJson:

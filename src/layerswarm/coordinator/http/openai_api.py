@@ -72,7 +72,7 @@ class CommonParams(BaseModel):
     order: Literal["sequential", "shuffle"] = "sequential"
     speculation: SpeculationParam = Field(None, description=SPECULATION_HELP)
 
-    _speculation = field_validator("speculation")(check_speculation)
+    _speculation = field_validator("speculation", mode="before")(check_speculation)
 
     def unsupported(self) -> list[tuple[str, bool]]:
         """(parameter, set to something this server does not do)."""
