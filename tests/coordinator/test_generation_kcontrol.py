@@ -46,6 +46,15 @@ def test_the_trips_cost_per_token_is_learned_from_rounds_of_different_k() -> Non
     assert abs(per_token - 0.010) < 0.002 and abs(base - 0.010) < 0.004
 
 
+def test_a_fork_starts_where_its_parent_stands_and_goes_its_own_way() -> None:
+    parent = KController()
+    settle(parent, 40, 0.8, draft_s=0.001, trip_s=0.050)
+    child = parent.fork()
+    assert child.best() == parent.best() and child.rounds == parent.rounds
+    settle(child, 40, 0.0, draft_s=0.001, trip_s=0.050)
+    assert child.best() == 1 and parent.best() >= 6
+
+
 def test_acceptance_follows_the_stream() -> None:
     c = KController(acceptance=0.9)
     for _ in range(20):

@@ -115,5 +115,7 @@ def test_a_node_killed_mid_speculative_stream_leaves_a_stream_that_finishes(mode
         kinds = [e["kind"] for e in final.trace]
         assert "rebuilt" in kinds and "skipped" in kinds, final.trace
         assert [hop["state"] for hop in final.route] == ["ok", "skipped", "rebuilt", "ok"]
+        shown = httpx.get(f"{base}/v1/swarm").json()["streams"]["recent"][0]  # what the page draws
+        assert shown["speculation"] == final.speculation and shown["trips"] == final.trips < tokens
     finally:
         stop_all([coord, *nodes])

@@ -74,7 +74,7 @@ def test_draws_depend_on_the_seed_and_the_position_only() -> None:
 def test_the_draft_proposes_the_shallow_model_greedy_tokens_and_keeps_what_was_kept() -> None:
     torch.manual_seed(0)
     model = DecoderLM(LMConfig(vocab_size=97, dim=32, depth=3, heads=4, kv_heads=2, max_seq_len=64)).eval()
-    drafter = Drafter(model.stem, model.route()[:1], model.head)
+    drafter = Drafter(model.cfg, model.stem, model.route()[:1], model.head)
     stream = drafter.stream()
     prompt = [1, 5, 9, 30]
     stream.prefill(prompt)

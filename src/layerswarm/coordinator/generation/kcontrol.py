@@ -15,7 +15,7 @@ then while its guess rests, so the line has points to stand on).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 DECAY = 0.8  # weight kept by the past at each round
 PROBE_EVERY = 8  # rounds at a settled k before one round tries k + 1 (the trip-cost line needs spread)
@@ -86,6 +86,11 @@ class KController:
             return max(self.k_min, min(2, self.k_max))
         scores = {k: expected_tokens(self.acceptance, k) / max(self.cost(k), 1e-9) for k in self.ranged()}
         return max(scores, key=lambda k: (scores[k], -k))
+
+    def fork(self) -> KController:
+        """A new stream's controller starting from this one's measurements (the same route's trips and
+        the same draft's cost; acceptance is the text's own, so it starts from here and moves)."""
+        return replace(self, _trips=replace(self._trips), _settled=0)
 
     def ranged(self) -> range:
         return range(self.k_min, self.k_max + 1)

@@ -84,7 +84,7 @@ def load_drafter(
 ) -> Drafter:
     """The model's first plan.depth blocks, verified as a node verifies its one."""
     blocks = [load_block(settings.model_dir, i, manifest) for i in range(plan.depth)]
-    return Drafter(stem, blocks, head)
+    return Drafter(manifest.config, stem, blocks, head)
 
 
 class SpeculationObserver(Protocol):
@@ -111,13 +111,13 @@ class Speculator:
         run: Run,
         observer: SpeculationObserver | None = None,
         prior_acceptance: float = 0.5,
-        k_max: int = 8,
     ) -> None:
         self.drafter, self.runner, self.stem, self.head = drafter, runner, stem, head
         self._run = run
         self.observer = observer
-        self.prior_acceptance, self.k_max = prior_acceptance, k_max
+        self.prior_acceptance = prior_acceptance
         self.drafts: dict[str, _Draft] = {}
+        self.learned: KController | None = None  # the last adaptive stream's measurements: the next one's start
 
     async def run(self, fn: Callable[[], T]) -> T:
         result: T = await self._run(fn)
@@ -126,7 +126,7 @@ class Speculator:
     async def prefill(self, s: StreamSession, x: torch.Tensor, ask: Speculation) -> torch.Tensor:
         """x (1, P, D): the prompt's embeddings. The route's logits (1, V) for the first token; the
         draft's caches hold the prompt."""
-        control = KController(k_max=max(self.k_max, ask.k), acceptance=self.prior_acceptance)
+        control = self.learned.fork() if self.learned is not None else KController(acceptance=self.prior_acceptance)
         draft = self.drafts[s.id] = _Draft(self.drafter.stream(), control, ask)
         s.speculation.ask, s.speculation.draft_depth = ask, self.drafter.depth
         out, _ = await asyncio.gather(self.runner.advance(s, x, 0), self.run(lambda: draft.stream.prefill(s.prompt)))
@@ -134,13 +134,15 @@ class Speculator:
         return await self.run(lambda: self.head(out[:, -1]))
 
     def forget(self, s: StreamSession) -> None:
-        self.drafts.pop(s.id, None)
+        draft = self.drafts.pop(s.id, None)
+        if draft is not None and draft.control.rounds:  # the route's trip and draft times outlive a stream
+            self.learned = draft.control
 
     async def tokens(self, s: StreamSession, logits: torch.Tensor) -> AsyncIterator[Delta]:
         """The stream's tokens from the prefill's logits on, a verify trip per round. Raises StreamFailed."""
         draft = self.drafts[s.id]
-        first = await self.run(lambda: draft.stream.first(s.sampling, 0))
-        pending = [self._verdict(s, logits, first, 0).token]
+        first = await self.run(lambda: self._verdict(s, logits, draft.stream.first(s.sampling, 0), 0))
+        pending = [first.token]
         while True:
             for token in pending:
                 text, finish = s.accept(token)
@@ -156,14 +158,17 @@ class Speculator:
         room = s.limit - len(s.generated)  # tokens the caller may still get; a round yields up to span + 1
         span = max(0, min(draft.k(), room - 1))
         ids, position = s.prompt + s.generated, len(s.generated)
-        proposal = await self.run(lambda: draft.stream.propose(ids, span, s.sampling, position))
+
+        def drafted() -> tuple[Proposal, torch.Tensor]:  # one hand-off to the compute thread, not two
+            proposal = draft.stream.propose(ids, span, s.sampling, position)
+            return proposal, self.stem(torch.tensor([[ids[-1], *proposal.drafts[:span]]]))
+
+        proposal, x = await self.run(drafted)
         drafted_at = time.monotonic()
         row = s.length - 1  # the newest token's row: the nodes' caches are cut back to it
-        x = await self.run(lambda: self.stem(torch.tensor([[ids[-1], *proposal.drafts[:span]]])))
         out = await self.runner.advance(s, x, row)
-        logits = await self.run(lambda: self.head(out[0, -(span + 1) :]))
+        verdict = await self.run(lambda: self._verdict(s, self.head(out[0, -(span + 1) :]), proposal, position))
         verified_at = time.monotonic()
-        verdict = self._verdict(s, logits, proposal, position)
         s.trips += 1
         draft.stream.keep(len(ids) + verdict.accepted)
         draft.control.observe(span, verdict.accepted, drafted_at - started, verified_at - drafted_at)
@@ -174,6 +179,5 @@ class Speculator:
 
     @staticmethod
     def _verdict(s: StreamSession, logits: torch.Tensor, proposal: Proposal, position: int) -> Verdict:
-        """logits (n + 1, V) or (1, V) against the proposal's drafts."""
-        with torch.inference_mode():
-            return judge(logits.float(), proposal.drafts, s.sampling, proposal.q, position)
+        """logits (n + 1, V) or (1, V) against the proposal's drafts (on the compute thread)."""
+        return judge(logits.float(), proposal.drafts, s.sampling, proposal.q, position)

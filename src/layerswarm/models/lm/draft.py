@@ -7,6 +7,11 @@
 
 What a coordinator runs beside the swarm (coordinator/generation/speculate.py): it drafts locally, so
 drafting costs no network trip at all, and the swarm only verifies. Batch 1, as a stream is.
+
+The blocks run in numpy (models/lean/decoder.py, the same weights in float32): a token through a small
+block is a few dozen tiny operations, each several times cheaper in numpy than in torch eager (measured
+here: 0.18 against 0.58 ms a block for the shipped 64-wide family). A draft need not match the verifier
+bit for bit: whatever it proposes, the acceptance rule keeps the output exact.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..lean import decoder as lean
 from .accept import DRAFT, draft_probs, draw
-from .generate import CachedBlock, Sampling
+from .config import LMConfig
+from .generate import Sampling
 
 
 @dataclass(frozen=True)
@@ -31,12 +39,14 @@ class Proposal:
 
 
 class Drafter:
-    """The draft's modules, shared by every stream (inference only)."""
+    """The draft's modules, shared by every stream (inference only): the torch stem and head, and the
+    given torch blocks' weights in numpy blocks."""
 
-    def __init__(self, stem: nn.Module, blocks: Sequence[CachedBlock], head: nn.Module) -> None:
+    def __init__(self, cfg: LMConfig, stem: nn.Module, blocks: Sequence[nn.Module], head: nn.Module) -> None:
         if not blocks:
             raise ValueError("a draft needs at least one block")
-        self.stem, self.blocks, self.head = stem, list(blocks), head
+        self.stem, self.head = stem, head
+        self.blocks = [lean.DecoderBlock(cfg, _numpy_weights(block)) for block in blocks]
 
     @property
     def depth(self) -> int:
@@ -60,10 +70,10 @@ class DraftStream:
     @torch.inference_mode()
     def _feed(self, ids: Sequence[int]) -> Tensor:
         """ids after the cached ones -> (V,) draft logits after the last of them."""
-        x = self.drafter.stem(torch.tensor([list(ids)]))
+        x = self.drafter.stem(torch.tensor([list(ids)])).float().numpy()
         for block, cache in zip(self.drafter.blocks, self.caches, strict=True):
             x = block(x, caches=[cache])
-        logits: Tensor = self.drafter.head(x[:, -1])[0]
+        logits: Tensor = self.drafter.head(torch.from_numpy(x[:, -1]))[0]
         self._last_logits = logits
         return logits
 
@@ -113,3 +123,8 @@ class DraftStream:
         q = draft_probs(self._last_logits[None], sampling)
         assert sampling.seed is not None
         return Proposal([draw(q[0], sampling.seed, position, DRAFT)], q)
+
+
+def _numpy_weights(block: nn.Module) -> lean.Weights:
+    """A torch block's tensors as the numpy block takes them (the same names: Hugging Face's Llama ones)."""
+    return {name: np.ascontiguousarray(t.detach().float().numpy()) for name, t in block.state_dict().items()}
