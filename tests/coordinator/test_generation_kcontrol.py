@@ -51,8 +51,21 @@ def test_a_fork_starts_where_its_parent_stands_and_goes_its_own_way() -> None:
     settle(parent, 40, 0.8, draft_s=0.001, trip_s=0.050)
     child = parent.fork()
     assert child.best() == parent.best() and child.rounds == parent.rounds
-    settle(child, 40, 0.0, draft_s=0.001, trip_s=0.050)
+    settle(child, 40, 0.0, draft_s=0.010, trip_s=0.050)  # nothing kept, drafting dearer: its own k
     assert child.best() == 1 and parent.best() >= 6
+
+
+def test_drafts_kept_in_runs_make_longer_drafts_than_the_same_rate_spread_evenly() -> None:
+    """Half the drafts kept either way: all or nothing per round (a run), or the first of every two.
+    Runs make deep positions safe; the per-position estimate sees it, an independent-drafts model not."""
+    runs, spread = KController(), KController()
+    for i in range(60):
+        k = runs.next_k()
+        runs.observe(k, k if i % 2 else 0, 0.001 * k, 0.010)
+        k = spread.next_k()
+        spread.observe(k, min(1, k), 0.001 * k, 0.010)
+    assert runs.best() > spread.best()
+    assert runs.expected(4) > spread.expected(4) + 0.5  # 3.0 against 2.2
 
 
 def test_acceptance_follows_the_stream() -> None:
