@@ -390,12 +390,16 @@ def _generation(g: dict[str, Any]) -> list[str]:
         ),
     ]
     lines = _table(title, ["measure", "value", "ratio"], rows)
-    return lines + (["", *_speculation(g["speculation"])] if "speculation" in g else [])
+    for key in ("speculation", "speculation_lan"):
+        if key in g and "modes" in g[key]:
+            lines += ["", *_speculation(g[key])]
+    return lines
 
 
 def _speculation(s: dict[str, Any]) -> list[str]:
+    where = f", each on a host behind a {s['link_mbit']} Mbit/s link" if "link_mbit" in s else " on loopback"
     title = (
-        f"**Self-speculative decoding, batch 1** ({s['model']}: {s['depth']} node processes, drafting with "
+        f"**Self-speculative decoding, batch 1** ({s['model']}: {s['depth']} node processes{where}, drafting with "
         f"{s['draft_depth']} blocks at the coordinator; {s['prompts']} prompts x {s['tokens_per_stream']} tokens, "
         f"{s['rounds']} interleaved rounds; greedy output identical to plain: {s['identical_to_plain']})"
     )

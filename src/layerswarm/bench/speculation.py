@@ -12,11 +12,12 @@ tokens are compared with plain decoding's: greedy speculation must give the very
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from layerswarm.harness.procs import coordinator_cmd, spawn, stop_all
+from layerswarm.harness.procs import Proc, coordinator_cmd, spawn, stop_all
 from layerswarm.harness.swarm import wait_for_swarm
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import read_lm_manifest
@@ -56,43 +57,51 @@ def one_round(http: httpx.Client, speculation: object) -> dict[str, Any]:
     return {"tokens": tokens, "seconds": seconds, "trips": trips, "drafted": drafted, "accepted": accepted, "ids": ids}
 
 
+def member_dir() -> Path:
+    return family_root("lm") / MEMBER
+
+
 def run(quick: bool) -> dict[str, Any]:
-    member = family_root("lm") / MEMBER
+    member = member_dir()
+    with nodes([(member, b) for b in range(read_lm_manifest(member).config.depth)]) as procs:
+        return compare(member, procs, 2 if quick else 6, target=2.0)
+
+
+def compare(member: Path, procs: list[Proc], rounds: int, target: float) -> dict[str, Any]:
+    """A coordinator (in this network namespace) over the node processes `procs`, and every mode once a
+    round, `rounds` rounds after a warm-up one."""
     manifest = read_lm_manifest(member)
     depth = manifest.config.depth
-    rounds = 2 if quick else 6
     totals: dict[str, dict[str, Any]] = {
         m: {"tokens": 0, "seconds": 0.0, "trips": 0, "drafted": 0, "accepted": 0} for m in MODES
     }
     identical = True
-    with nodes([(member, b) for b in range(depth)]) as procs:
-        coordinator = spawn("bench-coordinator-spec", coordinator_cmd(member, procs, "--wire-dtype", "fp32"), 120)
-        try:
-            base = f"http://127.0.0.1:{coordinator.ready['port']}"
-            with httpx.Client(base_url=base, timeout=120.0) as http:
-                wait_for_swarm(http, depth, 120)
-                one_round(http, "off")  # warm every path once
-                for _ in range(rounds):
-                    plain_ids = None
-                    for mode, speculation in MODES.items():
-                        got = one_round(http, speculation)
-                        plain_ids = got["ids"] if plain_ids is None else plain_ids
-                        identical = identical and got.pop("ids") == plain_ids
-                        for key, value in got.items():
-                            totals[mode][key] += value
-        finally:
-            stop_all([coordinator])
-    draft = (policy.entry(manifest, "draft") or {}).get("draft_depth")
+    coordinator = spawn("bench-coordinator-spec", coordinator_cmd(member, procs, "--wire-dtype", "fp32"), 120)
+    try:
+        base = f"http://127.0.0.1:{coordinator.ready['port']}"
+        with httpx.Client(base_url=base, timeout=120.0) as http:
+            wait_for_swarm(http, depth, 120)
+            one_round(http, "off")  # warm every path once
+            for _ in range(rounds):
+                plain_ids = None
+                for mode, speculation in MODES.items():
+                    got = one_round(http, speculation)
+                    plain_ids = got["ids"] if plain_ids is None else plain_ids
+                    identical = identical and got.pop("ids") == plain_ids
+                    for key, value in got.items():
+                        totals[mode][key] += value
+    finally:
+        stop_all([coordinator])
     return {
         "model": f"zoo:lm/{MEMBER}",
         "depth": depth,
-        "draft_depth": draft,
+        "draft_depth": (policy.entry(manifest, "draft") or {}).get("draft_depth"),
         "tokens_per_stream": TOKENS,
         "prompts": len(PROMPTS),
         "rounds": rounds,
         "identical_to_plain": identical,
         "modes": _modes(totals),
-        "target_over_plain": 2.0,
+        "target_over_plain": target,
     }
 
 
