@@ -36,13 +36,19 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def swarm(model_dir: Path) -> Iterator[str]:
-    nodes, _, coord = start_swarm(model_dir, [0, 1, 2, 3])
+def swarm_and_ports(model_dir: Path) -> Iterator[tuple[str, list[int]]]:
+    """The coordinator's URL and each node's metrics port."""
+    nodes, ports, coord = start_swarm(model_dir, [0, 1, 2, 3])
     try:
         wait_ready(url(coord))
-        yield url(coord)
+        yield url(coord), ports
     finally:
         stop_all([coord, *nodes])
+
+
+@pytest.fixture(scope="module")
+def swarm(swarm_and_ports: tuple[str, list[int]]) -> str:
+    return swarm_and_ports[0]
 
 
 def prompts() -> list[list[int]]:
@@ -62,8 +68,12 @@ async def _all(base: str, speculation: list[object]) -> list[Generation]:
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts())))
 
 
-async def test_greedy_speculation_through_the_swarm_equals_plain_decoding(model_dir: Path, swarm: str) -> None:
+async def test_greedy_speculation_through_the_swarm_equals_plain_decoding(
+    model_dir: Path, swarm_and_ports: tuple[str, list[int]]
+) -> None:
+    swarm, ports = swarm_and_ports
     plain = await _all(swarm, ["off"])
+    before = [_verifies(p) for p in ports]
     speculative = await _all(swarm, [{"k": 3}, "auto"])
     model, _ = load_lm(model_dir)
     reference = generate(model.stem, model.route(), model.head, prompts(), TOKENS)
@@ -75,8 +85,23 @@ async def test_greedy_speculation_through_the_swarm_equals_plain_decoding(model_
     assert 0.2 < accepted / drafted < 0.9  # rejections and acceptances, many of each
     assert sum(g.trips for g in speculative) < 0.8 * PROMPTS * TOKENS
     assert all(g.trips == TOKENS for g in plain)
+    after = [_verifies(p) for p in ports]  # every node got multi-token verify steps (and cut back the rejected)
+    assert all(a - b >= PROMPTS for a, b in zip(after, before, strict=True)), (before, after)
     assert counter(swarm, "layerswarm_gen_drafted_tokens_total") >= drafted
     assert counter(swarm, "layerswarm_gen_accepted_tokens_total") >= accepted
+
+
+def _verifies(metrics_port: int) -> float:
+    return counter(f"http://127.0.0.1:{metrics_port}", "layerswarm_node_decode_steps_total", '{kind="verify"}')
+
+
+def test_seeded_sampling_through_the_swarm_gives_the_same_text_at_any_k(swarm: str) -> None:
+    body = {"prompt_ids": [1, 17, 30], "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 5}
+    texts = [
+        httpx.post(f"{swarm}/v1/generate", json={**body, "speculation": ask}, timeout=60).json()["token_ids"]
+        for ask in (1, 4, "auto")
+    ]
+    assert texts[0] == texts[1] == texts[2] and len(texts[0]) == 24
 
 
 def test_bad_speculation_values_are_refused_with_a_reason(swarm: str) -> None:
