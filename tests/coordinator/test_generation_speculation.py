@@ -19,6 +19,7 @@ from layerswarm.coordinator.generation.options import (
     Speculation,
     parse_speculation,
 )
+from layerswarm.coordinator.generation.runner import StreamFailed
 from layerswarm.models.checkpoint import load_lm
 from layerswarm.models.lm.generate import Sampling, next_token_probs
 
@@ -151,3 +152,17 @@ async def test_a_model_of_one_block_cannot_speculate(tmp_path: Path) -> None:
         await swarm.generator.open([1, 2], GenerationOptions(speculation=FIXED))
     tokens, _ = await generate_all(swarm.generator, [1, 2], max_tokens=4)  # plain decoding still works
     assert len(tokens) <= 4
+
+
+async def test_the_draft_is_loaded_by_the_first_stream_that_asks_and_verified(tmp_path: Path) -> None:
+    """No copy of the draft's blocks until a stream asks for speculation; a block file that changed since
+    start (its sha256 no longer the manifest's) fails that stream clearly, and plain streams go on."""
+    model_dir = make_lm_dir(tmp_path / "m", eos_id=-1)
+    swarm = fake_swarm([(model_dir, b) for b in range(4)], model_dir)
+    speculator = swarm.generator.speculator
+    assert speculator is not None and speculator._drafter is None
+    (model_dir / "block_00.safetensors").write_bytes(b"not the weights")
+    with pytest.raises(StreamFailed, match="draft could not be loaded"):
+        await generate_all(swarm.generator, [1, 2, 3], max_tokens=4, speculation=FIXED)
+    tokens, _ = await generate_all(swarm.generator, [1, 2, 3], max_tokens=4)
+    assert len(tokens) == 4 and speculator._drafter is None

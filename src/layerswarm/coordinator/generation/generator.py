@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import secrets
@@ -122,8 +123,8 @@ class Generator:
         self.speculator: Speculator | None = None
         plan = draft_plan(settings, manifest)
         if plan is not None:
-            drafter = load_drafter(settings, manifest, plan, self.stem, self.head)
-            self.speculator = Speculator(drafter, self.runner, self.stem, self.head, self._run, observer, plan.prior)
+            load = functools.partial(load_drafter, settings, manifest, plan, self.stem, self.head)
+            self.speculator = Speculator(load, self.runner, self.stem, self.head, self._run, observer, plan.prior)
             log.info("speculation %s, drafts %d blocks deep (%s)", settings.speculation, plan.depth, plan.source)
         log.info("generation: routes keep at least %d of %d blocks", self.min_depth, self.config.depth)
 

@@ -38,11 +38,12 @@ from layerswarm.models.checkpoint import Manifest, load_block
 from layerswarm.models.lm.accept import Verdict, judge
 from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.lm.draft import Drafter, DraftStream, Proposal
+from layerswarm.models.manifest import ModelDirError
 
 from ..settings import CoordinatorSettings
 from .kcontrol import KController
 from .options import Speculation
-from .runner import StreamRunner
+from .runner import StreamFailed, StreamRunner
 from .session import Delta, StreamSession
 
 log = logging.getLogger(__name__)
@@ -102,22 +103,38 @@ class _Draft:
 
 
 class Speculator:
+    """Speculative streams of one model. The draft's blocks are loaded (and verified) by the first stream
+    that asks for speculation, not at start: a server whose clients never ask keeps no copy of them."""
+
     def __init__(
         self,
-        drafter: Drafter,
+        load: Callable[[], Drafter],
         runner: StreamRunner,
         stem: torch.nn.Module,
         head: torch.nn.Module,
         run: Run,
         observer: SpeculationObserver | None = None,
-        prior_acceptance: float = 0.5,
+        prior_acceptance: float = DEFAULT_PRIOR,
     ) -> None:
-        self.drafter, self.runner, self.stem, self.head = drafter, runner, stem, head
+        self._load, self.runner, self.stem, self.head = load, runner, stem, head
         self._run = run
         self.observer = observer
         self.prior_acceptance = prior_acceptance
         self.drafts: dict[str, _Draft] = {}
         self.learned: KController | None = None  # the last adaptive stream's measurements: the next one's start
+        self._drafter: Drafter | None = None
+        self._loading = asyncio.Lock()
+
+    async def drafter(self) -> Drafter:
+        async with self._loading:
+            if self._drafter is None:
+                try:
+                    self._drafter = await self.run(self._load)
+                except (ModelDirError, OSError) as exc:  # the model directory changed under us: say so, as a 503
+                    log.error("speculation: the draft's blocks could not be loaded: %s", exc)
+                    raise StreamFailed(f"speculation is unavailable: the draft could not be loaded ({exc})") from exc
+                log.info("speculation: draft loaded, %d blocks", self._drafter.depth)
+            return self._drafter
 
     async def run(self, fn: Callable[[], T]) -> T:
         result: T = await self._run(fn)
@@ -126,9 +143,10 @@ class Speculator:
     async def prefill(self, s: StreamSession, x: torch.Tensor, ask: Speculation) -> torch.Tensor:
         """x (1, P, D): the prompt's embeddings. The route's logits (1, V) for the first token; the
         draft's caches hold the prompt."""
+        drafter = await self.drafter()
         control = self.learned.fork() if self.learned is not None else KController(acceptance=self.prior_acceptance)
-        draft = self.drafts[s.id] = _Draft(self.drafter.stream(), control, ask)
-        s.speculation.ask, s.speculation.draft_depth = ask, self.drafter.depth
+        draft = self.drafts[s.id] = _Draft(drafter.stream(), control, ask)
+        s.speculation.ask, s.speculation.draft_depth = ask, drafter.depth
         out, _ = await asyncio.gather(self.runner.advance(s, x, 0), self.run(lambda: draft.stream.prefill(s.prompt)))
         s.trips += 1
         return await self.run(lambda: self.head(out[:, -1]))
