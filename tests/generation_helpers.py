@@ -40,16 +40,29 @@ TINY_LM = {"vocab_size": 300, "dim": 32, "depth": 4, "heads": 4, "kv_heads": 2, 
 
 
 def make_lm_dir(
-    path: Path, seed: int = 0, root: str | None = None, min_blocks: int | None = None, **overrides: object
+    path: Path,
+    seed: int = 0,
+    root: str | None = None,
+    min_blocks: int | None = None,
+    block_scale: float = 1.0,
+    **overrides: object,
 ) -> Path:
     """A decoder model directory with random weights; `root`: a sibling of that lineage (same family);
-    `min_blocks`: an evaluated minimum depth in its policy (skipping allowed down to it)."""
+    `min_blocks`: an evaluated minimum depth in its policy (skipping allowed down to it); `block_scale`:
+    the blocks' matrices scaled (at 1 a random block barely moves the residual stream, so a shallow draft
+    agrees with the whole model nearly always; at 3 about half the time, which exercises rejections)."""
     torch.manual_seed(seed)
     path.mkdir(parents=True, exist_ok=True)
     train_bpe(CORPUS, 300).save(str(path / TOKENIZER_FILE))
     cfg = LMConfig(**{**TINY_LM, **overrides})  # type: ignore[arg-type]
     lineage = Lineage(source="scratch") if root is None else Lineage(root=root, parent="mdl-parent", source="model")
-    save_model(DecoderLM(cfg).eval(), path, lineage)
+    model = DecoderLM(cfg).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            for weight in block.parameters():
+                if weight.dim() == 2:
+                    weight.mul_(block_scale)
+    save_model(model, path, lineage)
     if min_blocks is not None:
         policy.write_entry(path, policy.MIN_BLOCKS, {"value": min_blocks, "order": "arbitrary"})
     return path

@@ -32,4 +32,12 @@ def test_generation_suite_reports_ratios_against_its_own_baselines(tmp_path: Pat
     assert g["batch1_over_floor"] == pytest.approx(g["batch1_per_token_ms"] / g["floor_ms"], rel=1e-2)
     assert g["tokens_per_s_1_stream"] > 0 and g["tokens_per_s_16_streams"] > 0  # streams really produced tokens
     assert g["streams_16_over_1"] == pytest.approx(g["tokens_per_s_16_streams"] / g["tokens_per_s_1_stream"], rel=1e-2)
-    assert "Generation through a swarm" in md.read_text()
+    spec = g["speculation"]
+    assert spec["identical_to_plain"] is True  # greedy speculation gave plain decoding's tokens
+    modes = spec["modes"]
+    assert set(modes) == {"plain", "k=2", "k=4", "auto"}
+    assert 1.0 <= modes["plain"]["trips_per_token"] < 1.1  # one a token (and one for a stream's end token)
+    for m in modes.values():
+        assert m["over_plain"] == pytest.approx(m["tokens_per_s"] / modes["plain"]["tokens_per_s"], rel=1e-2)
+    assert modes["k=4"]["trips_per_token"] < 1.0 and 0 < modes["k=4"]["acceptance"] <= 1
+    assert "Generation through a swarm" in md.read_text() and "Self-speculative decoding" in md.read_text()

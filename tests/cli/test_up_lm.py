@@ -18,7 +18,10 @@ FAMILY = family_root("lm")
 
 @pytest.mark.skipif(not FAMILY.is_dir(), reason="no shipped language-model family")
 def test_up_lm_streams_finish_through_killed_nodes() -> None:
+    """With speculation on (the coordinator drafts, each verify is a multi-token step), as issue 41 asks:
+    the failover paths are the same for plain streams (tests/coordinator/test_generation_swarm.py)."""
     cmd = [sys.executable, "-m", "layerswarm", "up", "--family", "lm", "--json", "--streams", "8"]
+    cmd += ["--speculation", "auto"]
     cmd += ["--network", "loopback"]  # static peers: the failover, not discovery, is this test's subject
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -31,3 +34,4 @@ def test_up_lm_streams_finish_through_killed_nodes() -> None:
     assert after["rebuilt_hops"] + after["skipped_hops"] >= 1  # and the streams went around it
     assert sum(summary["coordinator_failovers"].values()) >= 1
     assert before["exact_match"] >= 0.5  # the family answers its task through the swarm (0.85 measured)
+    assert summary["speculation"] == "auto" and summary["drafted"] > 0 and summary["accepted"] > 0

@@ -138,3 +138,35 @@ def test_the_openai_package_raises_its_own_errors(client: openai.OpenAI, model_d
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model_dir.name, messages=[], max_tokens=1)
     assert info.value.param == "messages"
+
+
+def test_speculation_through_the_openai_package_gives_the_same_text(client: openai.OpenAI, model_dir: Path) -> None:
+    """The extra parameter rides `extra_body`; greedy text is plain decoding's, streamed and not; the
+    answer's `layerswarm` object counts the drafts."""
+    expected, _ = reference(model_dir, "12+34=")
+    for speculation in ("auto", {"k": 3}):
+        whole = client.completions.create(
+            model=model_dir.name,
+            prompt="12+34=",
+            max_tokens=TOKENS,
+            temperature=0,
+            extra_body={"speculation": speculation},
+        )
+        assert whole.choices[0].text == expected
+        account = whole.model_extra["layerswarm"]["speculation"]  # type: ignore[index]
+        assert account["mode"] in ("auto", "3") and account["drafted"] > 0
+    chunks = client.chat.completions.create(
+        model=model_dir.name,
+        messages=[{"role": "user", "content": "12+34="}],
+        max_tokens=TOKENS,
+        temperature=0,
+        stream=True,
+        extra_body={"speculation": 2},
+    )
+    plain = client.chat.completions.create(
+        model=model_dir.name, messages=[{"role": "user", "content": "12+34="}], max_tokens=TOKENS, temperature=0
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model_dir.name, prompt="1", extra_body={"speculation": "fast"})
+    assert refused.value.body["param"] == "speculation"  # type: ignore[index]

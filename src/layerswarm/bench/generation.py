@@ -3,7 +3,11 @@
 - per-token decode latency of one stream (batch 1) against the floor of the same route, issue 40's:
   depth x a bare gRPC echo round trip of one token's activation (grpc_echo.py's raw stream) plus the
   monolith's own per-token compute (DecoderLM with its KV caches, one thread, the same prompt);
-- 16 concurrent streams' tokens/s against one stream's, through the same swarm.
+- 16 concurrent streams' tokens/s against one stream's, through the same swarm;
+- self-speculative decoding at batch 1 against plain decoding, on a swarm of the exit-aware member
+  (speculation.py): tokens/s, trips per token and the draft's acceptance, fixed k and adaptive; and, in a
+  full run (not --quick), the same with every node on a host of its own behind a 100 Mbit/s link
+  (speculation_lan.py: network namespaces, root).
 
 The route: the shipped decoder zoo:lm/layershuffle-0 (6 blocks, 64 wide), a node process per block and a
 coordinator (fp32 wire), all on this machine. A stream's per-token latency is the median gap between its
@@ -33,6 +37,7 @@ from layerswarm.training.lm.commands import model_tokenizer
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
+from . import speculation, speculation_lan
 from .fixtures import nodes
 from .grpc_echo import GrpcEcho
 
@@ -136,4 +141,6 @@ def run(quick: bool) -> dict[str, Any]:
         f"tokens_per_s_{CONCURRENT}_streams": round(sixteen, 1),
         f"streams_{CONCURRENT}_over_1": round(sixteen / one, 3),
         "target_streams_over_1": 8.0,
+        "speculation": speculation.run(quick),
+        "speculation_lan": {"skipped": "a quick run"} if quick else speculation_lan.run(quick),
     }

@@ -389,4 +389,23 @@ def _generation(g: dict[str, Any]) -> list[str]:
             f"{g['streams_16_over_1']} (target >= {g['target_streams_over_1']})",
         ),
     ]
-    return _table(title, ["measure", "value", "ratio"], rows)
+    lines = _table(title, ["measure", "value", "ratio"], rows)
+    for key in ("speculation", "speculation_lan"):
+        if key in g and "modes" in g[key]:
+            lines += ["", *_speculation(g[key])]
+    return lines
+
+
+def _speculation(s: dict[str, Any]) -> list[str]:
+    where = f", each on a host behind a {s['link_mbit']} Mbit/s link" if "link_mbit" in s else " on loopback"
+    title = (
+        f"**Self-speculative decoding, batch 1** ({s['model']}: {s['depth']} node processes{where}, drafting with "
+        f"{s['draft_depth']} blocks at the coordinator; {s['prompts']} prompts x {s['tokens_per_stream']} tokens, "
+        f"{s['rounds']} interleaved rounds; greedy output identical to plain: {s['identical_to_plain']})"
+    )
+    rows = [
+        _row(mode, m["tokens_per_s"], m["over_plain"], m["trips_per_token"], m["acceptance"] or "-")
+        for mode, m in s["modes"].items()
+    ]
+    columns = ["decoding", "tokens/s", f"over plain (target >= {s['target_over_plain']})", "trips/token", "kept"]
+    return _table(title, columns, rows)

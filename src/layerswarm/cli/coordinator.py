@@ -55,6 +55,8 @@ def register(sub: Subparsers) -> None:
     f.group("generation", "decoder families: /v1/generate and the OpenAI-compatible endpoints")
     f.add("--max-new-tokens", "max_new_tokens", type=int)
     f.add("--default-max-tokens", "default_max_tokens", type=int)
+    f.add("--speculation", "speculation", metavar="off|auto|K")
+    f.add("--draft-depth", "draft_depth", type=int)
     f.group("HTTP", "the HTTP server and its front door (docs/http-api.md)")
     f.add("--http-host", "http_host")
     f.add("--http-port", "http_port", type=int)

@@ -61,6 +61,11 @@ def register(sub: Subparsers) -> None:
         default=up_lm.STREAMS,
         help="language models: concurrent streams before and during the kills (each)",
     )
+    p.add_argument(
+        "--speculation",
+        default="off",
+        help="language models: every stream's self-speculative decoding: off, auto, or K drafts a trip (1 to 16)",
+    )
     # Until 2026-11-27 `up` took a family folder as --family-dir, which names one more member's model
     # directory in `coordinator`: kept, hidden, with a warning, so that old command lines still run.
     p.add_argument("--family-dir", type=Path, help=argparse.SUPPRESS)
@@ -68,6 +73,8 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (args.speculation in ("off", "auto") or (args.speculation.isdigit() and int(args.speculation) <= 16)):
+        raise UsageError(f"--speculation {args.speculation}: off, auto, or a number of drafts 0 to 16")
     if args.kill is not None and args.nodes is not None and args.kill >= args.nodes:
         raise UsageError(f"--kill {args.kill} must leave a node alive (--nodes {args.nodes})")
     family_dir, flag = chosen_family(args)
@@ -80,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     opts = UpOptions(args.nodes, args.requests, args.kill, mdns, family_dir, args.seed)
     decoder = is_decoder_family(family_dir)
     try:
-        summary = up_lm.run_up_lm(opts, args.streams) if decoder else run_up(opts)
+        summary = up_lm.run_up_lm(opts, args.streams, args.speculation) if decoder else run_up(opts)
     except (ProcessError, TimeoutError) as exc:  # a swarm that did not come up: say which part, not where
         print(f"layerswarm up: error: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,8 @@ true`, greedy), each a held-out generated task prompt whose answer is checked ex
 
 A stream "finished" when its server-sent events end with `data: [DONE]`; the summary counts them, the
 streams still in flight when the kill landed, and the rebuilt and skipped hops from each stream's own
-trace (the `layerswarm` object of its last chunk).
+trace (the `layerswarm` object of its last chunk). With --speculation, every stream asks for it (the
+coordinator drafts, the route verifies: docs/speculation.md) and the summary adds its drafts and trips.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class StreamResult:
     rebuilt: int = 0
     skipped: int = 0
     elapsed_s: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    trips: int = 0
 
 
 @dataclass
@@ -61,6 +65,9 @@ class StreamPhase:
             "rebuilt_hops": sum(s.rebuilt for s in self.streams),
             "skipped_hops": sum(s.skipped for s in self.streams),
             "streams_with_failover": sum(bool(s.rebuilt or s.skipped) for s in self.streams),
+            "drafted": sum(s.drafted for s in self.streams),
+            "accepted": sum(s.accepted for s in self.streams),
+            "trips": sum(s.trips for s in self.streams),
         }
 
 
@@ -83,12 +90,15 @@ def task_prompts(member: Path, count: int, seed: int) -> list[Task]:
     return [Task(prompt_ids(tok, manifest.config, e), e.answer) for e in examples]
 
 
-async def stream_one(client: Any, model: str, task: Task, result: StreamResult, first: asyncio.Event) -> None:
+async def stream_one(
+    client: Any, model: str, task: Task, result: StreamResult, first: asyncio.Event, speculation: str = "off"
+) -> None:
     """One completion, read event by event until [DONE] (or an error event, or the connection's end)."""
     import httpx
     from httpx_sse import SSEError, aconnect_sse
 
     body = {"model": model, "prompt": task.prompt_ids, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+    body["speculation"] = int(speculation) if speculation.isdigit() else speculation
     started = time.monotonic()
     try:
         async with aconnect_sse(client, "POST", "/v1/completions", json=body) as source:
@@ -110,6 +120,9 @@ async def stream_one(client: Any, model: str, task: Task, result: StreamResult, 
                 extras = chunk.get("layerswarm")
                 if extras:
                     result.rebuilt, result.skipped = int(extras["rebuilt"]), int(extras["skipped"])
+                    spec = extras.get("speculation") or {}
+                    result.drafted, result.accepted = int(spec.get("drafted", 0)), int(spec.get("accepted", 0))
+                    result.trips = int(extras.get("trips", 0))
     except (httpx.HTTPError, SSEError, ValueError) as exc:  # this stream's outcome, reported in the summary
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -118,7 +131,12 @@ async def stream_one(client: Any, model: str, task: Task, result: StreamResult, 
 
 
 async def run_phase(
-    base: str, model: str, phase: StreamPhase, tasks: list[Task], kill: list[Any] | None = None
+    base: str,
+    model: str,
+    phase: StreamPhase,
+    tasks: list[Task],
+    kill: list[Any] | None = None,
+    speculation: str = "off",
 ) -> None:
     """Every task as one stream, all at once; with `kill`, those processes are SIGKILLed as soon as half
     of the streams have their first token."""
@@ -131,7 +149,7 @@ async def run_phase(
     limits = httpx.Limits(max_connections=len(tasks) + 4)
     async with httpx.AsyncClient(base_url=base, timeout=timeout, limits=limits) as client:
         runs = [
-            asyncio.create_task(stream_one(client, model, t, r, f))
+            asyncio.create_task(stream_one(client, model, t, r, f, speculation))
             for t, r, f in zip(tasks, phase.streams, firsts, strict=True)
         ]
         if kill:
@@ -147,7 +165,7 @@ async def run_phase(
         await asyncio.gather(*runs)
 
 
-def run_up_lm(opts: UpOptions, streams: int) -> dict[str, Any]:
+def run_up_lm(opts: UpOptions, streams: int, speculation: str = "off") -> dict[str, Any]:
     import httpx
 
     from layerswarm.harness.procs import stop_all
@@ -167,13 +185,13 @@ def run_up_lm(opts: UpOptions, streams: int) -> dict[str, Any]:
         if len(killed) < asked:
             progress(f"--kill {asked}: only {len(killed)} can go (every block index but one keeps a node)")
         before = StreamPhase("all nodes up")
-        asyncio.run(run_phase(base, model, before, tasks[:streams]))
+        asyncio.run(run_phase(base, model, before, tasks[:streams], speculation=speculation))
         after = StreamPhase(f"{len(killed)} nodes killed")
-        asyncio.run(run_phase(base, model, after, tasks[streams:], killed))
+        asyncio.run(run_phase(base, model, after, tasks[streams:], killed, speculation))
         with httpx.Client(base_url=base, timeout=30.0) as client:
             view = client.get("/v1/nodes").json()
             metrics = client.get("/metrics").text
-        return summarise([before, after], nodes, killed, view, failover_counts(metrics))
+        return {**summarise([before, after], nodes, killed, view, failover_counts(metrics)), "speculation": speculation}
     finally:
         progress("stopping the swarm...")
         stop_all([coordinator, *nodes])
@@ -228,6 +246,12 @@ def render(summary: dict[str, Any]) -> str:
         "in flight: streams mid-way when the nodes were killed; rebuilt/skipped: hops, from each stream's trace",
     ]
     lines.append(f"coordinator's failover counters: {summary['coordinator_failovers']}")
+    if summary.get("speculation", "off") != "off":
+        kept = summary["accepted"] / summary["drafted"] if summary["drafted"] else 0.0
+        lines.append(
+            f"speculation {summary['speculation']}: {summary['accepted']} of {summary['drafted']} drafts kept "
+            f"({kept:.0%}), {summary['trips']} trips for the streams' tokens and end tokens"
+        )
     lines.append(f"swarm after: {summary['swarm_after']}")
     lines += [f"error: {e}" for e in summary["errors"]]
     return "\n".join(lines)

@@ -28,6 +28,7 @@ class GenerateOptions(TypedDict, total=False):
     seed: int  # same seed, same text
     stop: str | list[str]
     order: Literal["sequential", "shuffle"]
+    speculation: Literal["off", "auto"] | int | dict[str, int | str]  # drafts per verify trip (0: off)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Generation:
     rebuilt: int
     skipped: int
     trace: tuple[dict[str, Any], ...]
+    trips: int = 0  # passes through the route (plain decoding: one per token)
+    speculation: dict[str, Any] | None = None  # mode, draft depth, drafted, accepted, trips per token
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Generation:
@@ -73,6 +76,8 @@ class Generation:
             rebuilt=stream["rebuilt"],
             skipped=stream["skipped"],
             trace=tuple(data["trace"]),
+            trips=stream.get("trips", 0),
+            speculation=stream.get("speculation"),
         )
 
 

@@ -185,6 +185,20 @@ class CoordinatorMetrics:
             ["kind"],
             registry=registry,
         )
+        self.gen_trips = Counter(
+            "layerswarm_gen_route_trips",
+            "Passes of finished streams through their route (prefill, plain steps, speculative verifies): over "
+            "layerswarm_gen_tokens_total, the trips per token (plain decoding: 1)",
+            registry=registry,
+        )
+        self.gen_drafted = Counter(
+            "layerswarm_gen_drafted_tokens",
+            "Tokens the coordinator drafted for speculative verify trips",
+            registry=registry,
+        )
+        self.gen_accepted = Counter(
+            "layerswarm_gen_accepted_tokens", "Drafted tokens the route's verify kept", registry=registry
+        )
         self.gen_step = Histogram(
             "layerswarm_gen_step_seconds",
             "One generated token's trip: stem, every hop, head",
@@ -205,6 +219,13 @@ class CoordinatorMetrics:
 
     def failover(self, kind: str) -> None:
         self.gen_failovers.labels(kind).inc()
+
+    def speculation_round(self, drafted: int, accepted: int) -> None:
+        self.gen_drafted.inc(drafted)
+        self.gen_accepted.inc(accepted)
+
+    def route_trips(self, trips: int) -> None:
+        self.gen_trips.inc(trips)
 
     def observe_route(self, path: PathResult) -> None:
         """One route's hops by outcome, and how each of its relay chains ended (star routes have none)."""

@@ -34,6 +34,8 @@ OPEN_PATHS = (
 # ... and /docs's own scripts and styles: a browser loading them from the page sends no key.
 OPEN_PREFIXES = ("/static-offline-docs/",)
 
+SPECULATION_MAX_K = 16  # drafts per verify trip (a node's verify step is k + 1 tokens)
+
 CHOICES = {
     "default_policy": ("auto", "sequential", "shuffle", "fastest", "network"),
     "verify_on": ("auto", "coordinator", "peers"),
@@ -179,6 +181,17 @@ class CoordinatorSettings(ProcessSettings):
     default_max_tokens: int = Field(
         default=64, ge=1, description="tokens generated when a request gives no max_tokens (bounded by the context)"
     )
+    speculation: str = Field(
+        default="off",
+        description="self-speculative decoding when a request does not say (docs/speculation.md): off, auto "
+        f"(k adapts to the stream's acceptance and round trips), or k drafts per verify trip, 1 to {SPECULATION_MAX_K}",
+    )
+    draft_depth: int | None = Field(
+        default=None,
+        ge=1,
+        description="blocks of the model the coordinator runs itself to draft (none: the depth `layerswarm eval` "
+        "chose, in the model's policy, else a third of the depth)",
+    )
     max_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="largest image accepted")
     access_log: bool = Field(
         default=False, description="log one line per HTTP request: method, path, status, duration, request id"
@@ -263,6 +276,13 @@ class CoordinatorSettings(ProcessSettings):
         if value not in choices:
             raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
         return value
+
+    @field_validator("speculation")
+    @classmethod
+    def _speculation(cls, value: str) -> str:
+        if value in ("off", "auto") or (value.isdigit() and 0 <= int(value) <= SPECULATION_MAX_K):
+            return "off" if value == "0" else value
+        raise ValueError(f"{value!r} is not off, auto, or a number of drafts 0 to {SPECULATION_MAX_K}")
 
     @field_validator("peers", "peer_dns")
     @classmethod

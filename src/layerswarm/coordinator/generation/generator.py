@@ -4,7 +4,9 @@
     prefill(session)       every prompt token through the route once
     tokens(session)        then one token per step: sample (models/lm/generate.py: the monolith's own
                            Sampling and pick_next, so the same seed gives the same text), show what
-                           stops.py allows, feed the token back through the route (runner.py)
+                           stops.py allows, feed the token back through the route (runner.py); or,
+                           with speculation on, a local draft and one verify trip per round
+                           (speculate.py)
     close(session)         Release on every node that may hold the stream's cache, whatever ended it
                            (finished, failed, the client went away): in a task of its own, so a
                            cancelled HTTP response still frees the nodes
@@ -16,15 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import secrets
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 import torch
@@ -42,17 +44,19 @@ from ..routing.trace import DepthError
 from ..settings import CoordinatorSettings
 from ..verification.decode_check import DecodeVerifier
 from .decode_call import DecodeCaller
-from .options import GenerationOptions, check_generation
+from .options import GenerationOptions, InvalidGeneration, check_generation, parse_speculation
 from .routes import block_order, eligible, plan_route
 from .rows import RowLog
 from .runner import RouteRules, StreamRunner
-from .session import RouteSlot, StreamSession, StreamView
+from .session import Delta, RouteSlot, StreamSession, StreamView
+from .speculate import Speculator, draft_plan, load_drafter
 from .stops import TextStream
 
 log = logging.getLogger(__name__)
 
 RECENT_STREAMS = 16  # finished streams kept for the page
 RELEASE_TIMEOUT_S = 2.0
+T = TypeVar("T")
 
 
 class StreamObserver(Protocol):
@@ -66,15 +70,9 @@ class StreamObserver(Protocol):
 
     def failover(self, kind: str) -> None: ...
 
+    def speculation_round(self, drafted: int, accepted: int) -> None: ...
 
-@dataclass(frozen=True)
-class Delta:
-    """What one sampled token lets the caller see: its text (may be empty: held back, or eos), its id
-    (None for eos), and the finish reason once the stream ends (stop | length)."""
-
-    text: str
-    token: int | None
-    finish_reason: str | None
+    def route_trips(self, trips: int) -> None: ...
 
 
 def generation_min_depth(settings: CoordinatorSettings, manifest: Manifest[LMConfig]) -> int:
@@ -121,6 +119,13 @@ class Generator:
         self.recent: deque[StreamSession] = deque(maxlen=RECENT_STREAMS)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
         self._releases: set[asyncio.Task[None]] = set()
+        self.default_speculation = parse_speculation(settings.speculation)
+        self.speculator: Speculator | None = None
+        plan = draft_plan(settings, manifest)
+        if plan is not None:
+            load = functools.partial(load_drafter, settings, manifest, plan, self.stem, self.head)
+            self.speculator = Speculator(load, self.runner, self.stem, self.head, self._run, observer, plan.prior)
+            log.info("speculation %s, drafts %d blocks deep (%s)", settings.speculation, plan.depth, plan.source)
         log.info("generation: routes keep at least %d of %d blocks", self.min_depth, self.config.depth)
 
     def depth_ready(self) -> tuple[bool, str]:
@@ -153,6 +158,10 @@ class Generator:
             prompt, options, self.config, self.settings.max_new_tokens, self.settings.default_max_tokens
         )
         await self.watch.wait_first_round(self.settings.request_timeout_s / 2)
+        ask = options.speculation if options.speculation is not None else self.default_speculation
+        if ask.on and self.speculator is None:
+            raise InvalidGeneration("speculation needs a model of 2 blocks or more", "speculation", "no_draft")
+        options = dataclasses.replace(options, speculation=ask)
         sampling = options.sampling()
         if not sampling.greedy and sampling.seed is None:  # a seed of our own, answered: the text can be had again
             options = dataclasses.replace(options, seed=random.SystemRandom().randrange(2**31))
@@ -198,11 +207,19 @@ class Generator:
         """Every prompt token through the route: the logits (1, V) the first token is drawn from.
         Raises StreamFailed."""
         x = await self._local(self.stem, torch.tensor([s.prompt]))
+        ask = s.options.speculation
+        if ask is not None and ask.on and self.speculator is not None:
+            return await self.speculator.prefill(s, x, ask)
         out = await self.runner.advance(s, x, 0)
+        s.trips += 1
         return await self._local(self.head, out[:, -1])
 
     async def tokens(self, s: StreamSession, logits: torch.Tensor) -> AsyncIterator[Delta]:
         """The stream's tokens from the prefill's logits on, until it finishes. Raises StreamFailed."""
+        if self.speculator is not None and s.id in self.speculator.drafts:
+            async for delta in self.speculator.tokens(s, logits):
+                yield delta
+            return
         while True:
             token = int(pick_next(logits, s.sampling, s.rng)[0])
             text, finish = s.accept(token)
@@ -213,6 +230,7 @@ class Generator:
             started = time.monotonic()
             x = await self._local(self.stem, torch.tensor([[token]]))
             out = await self.runner.advance(s, x, s.length - 1)
+            s.trips += 1
             logits = await self._local(self.head, out[:, -1])
             if self.observer is not None:
                 self.observer.token_step(time.monotonic() - started)
@@ -226,8 +244,11 @@ class Generator:
         self.live.pop(s.id, None)
         self.recent.appendleft(s)
         outcome = "finished" if s.finish_reason is not None else "failed" if error else "abandoned"
+        if self.speculator is not None:
+            self.speculator.forget(s)
         if self.observer is not None:
             self.observer.stream_closed(outcome, len(s.generated))
+            self.observer.route_trips(s.trips)
         for link in s.links.values():
             link.close()
         s.links.clear()
@@ -269,9 +290,14 @@ class Generator:
         return [s.view(now) for s in self.live.values()], [s.view(now) for s in self.recent]
 
     async def _local(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        def compute() -> torch.Tensor:
+        return await self._run(lambda: module(x))
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        """fn on the stem-and-head thread, under inference mode (torch's mode is per thread)."""
+
+        def compute() -> T:
             with torch.inference_mode():
-                return module(x)
+                return fn()
 
         return await asyncio.get_running_loop().run_in_executor(self._compute, compute)
 

@@ -15,6 +15,7 @@ from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.lm.generate import Sampling
 
 from ..routing.request import InvalidRequest
+from ..settings import SPECULATION_MAX_K as MAX_DRAFT
 
 ORDERS = ("sequential", "shuffle")  # the route's block order (shuffle: shuffle-robust families only)
 MAX_STOPS = 8  # the caller's (OpenAI allows 4) and a chat template's own
@@ -32,6 +33,53 @@ class InvalidGeneration(InvalidRequest):
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """Self-speculative decoding for one stream: k drafts a verify trip (0: off, plain decoding), or
+    adaptive (k chosen each round from the stream's acceptance and round-trip times: kcontrol.py)."""
+
+    k: int = 0
+    adaptive: bool = False
+
+    @property
+    def on(self) -> bool:
+        return self.adaptive or self.k > 0
+
+    def describe(self) -> str:
+        return "auto" if self.adaptive else str(self.k) if self.k else "off"
+
+
+OFF = Speculation()
+
+
+def parse_speculation(value: object) -> Speculation:
+    """The API's and the settings' spelling: "off" | "auto" | k (0..MAX_DRAFT, 0 is off) | {"k": k or "auto"}.
+    Raises InvalidGeneration naming `speculation`."""
+    if isinstance(value, dict):
+        if set(value) != {"k"}:
+            raise _bad_speculation(f"an object takes one key, k; got {sorted(value)}")
+        value = value["k"]
+    if value is None or value == "off":
+        return OFF
+    if value == "auto":
+        return Speculation(adaptive=True)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad_speculation(f"got {value!r}")
+    if not 0 <= value <= MAX_DRAFT:
+        raise _bad_speculation(f"k must be 0 to {MAX_DRAFT}, got {value}")
+    return Speculation(k=value)
+
+
+def _bad_speculation(detail: str) -> InvalidGeneration:
+    return InvalidGeneration(
+        f'speculation must be "off", "auto", a number of drafts 0 to {MAX_DRAFT}, or {{"k": ...}}: {detail}',
+        "speculation",
+        "invalid_speculation",
+    )
+
+
+@dataclass(frozen=True)
 class GenerationOptions:
     """What the caller asked for one stream. max_tokens None: the server's default (bounded by the
     context); temperature 0: greedy; same seed, same text (models/lm/generate.py's Sampling)."""
@@ -43,6 +91,7 @@ class GenerationOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     order: str = "sequential"
+    speculation: Speculation | None = None  # None: the server's default (--speculation)
 
     def sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)

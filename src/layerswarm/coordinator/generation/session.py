@@ -14,6 +14,8 @@ keep going when a node fails.
       holders, links        every node that may hold our cache (all released at the end), and the
                             DecodeStream call to each
       trace                 rebuilt / skipped / convicted / hop_failed events, in order
+      trips, speculation    trips through the route (the prefill's included), and with speculation on,
+                            the draft's counts (SpeculationStats): drafted, accepted, the k last used
 """
 
 from __future__ import annotations
@@ -28,9 +30,19 @@ from layerswarm.models.lm.generate import Sampling
 
 from ..membership.clients import DecodeLink
 from ..membership.records import NodeRecord
-from .options import GenerationOptions
+from .options import OFF, GenerationOptions, Speculation
 from .rows import RowLog
 from .stops import TextStream
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one sampled token lets the caller see: its text (may be empty: held back, or eos), its id
+    (None for eos), and the finish reason once the stream ends (stop | length)."""
+
+    text: str
+    token: int | None
+    finish_reason: str | None
 
 
 class TraceEvent(TypedDict, total=False):
@@ -58,6 +70,30 @@ class SlotView(TypedDict):
     rebuilds: int
 
 
+class SpeculationView(TypedDict):
+    mode: str  # off | auto | k
+    draft_depth: int
+    k: int | None  # drafts in the last round
+    drafted: int
+    accepted: int
+    acceptance: float | None  # accepted / drafted
+    trips_per_token: float | None  # trips through the route per generated token (plain decoding: 1)
+
+
+@dataclass
+class SpeculationStats:
+    ask: Speculation = OFF
+    draft_depth: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    k: int | None = None
+
+    def round(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.k = drafted
+
+
 class StreamView(TypedDict):
     """A stream as the page and the native API's final event show it."""
 
@@ -71,6 +107,8 @@ class StreamView(TypedDict):
     skipped: int
     finish_reason: str | None
     error: str | None
+    trips: int
+    speculation: SpeculationView
 
 
 @dataclass
@@ -134,6 +172,8 @@ class StreamSession:
     finish_reason: str | None = None  # stop | length, once finished
     error: str | None = None
     closed: bool = False
+    trips: int = 0  # passes through the route: the prefill, then one per plain step or verify
+    speculation: SpeculationStats = field(default_factory=SpeculationStats)
 
     @property
     def length(self) -> int:
@@ -189,4 +229,18 @@ class StreamSession:
             "skipped": self.count("skipped"),
             "finish_reason": self.finish_reason,
             "error": self.error,
+            "trips": self.trips,
+            "speculation": self.speculation_view(),
+        }
+
+    def speculation_view(self) -> SpeculationView:
+        spec, n = self.speculation, len(self.generated)
+        return {
+            "mode": spec.ask.describe(),
+            "draft_depth": spec.draft_depth,
+            "k": spec.k,
+            "drafted": spec.drafted,
+            "accepted": spec.accepted,
+            "acceptance": round(spec.accepted / spec.drafted, 4) if spec.drafted else None,
+            "trips_per_token": round(self.trips / n, 4) if n else None,
         }

@@ -1,9 +1,11 @@
 """POST /v1/generate: the native generation API of a decoder family (mounted only for one: app.py).
 
 JSON in: {"prompt": "..."} or {"prompt_ids": [...]}, and max_tokens, temperature, top_k, top_p, seed,
-stop, order (sequential | shuffle), stream. Not streamed: one JSON answer with the text, the token ids,
-the finish reason, usage, the seed used (send it back for the same text), the route and the stream's
-trace (rebuilt, skipped, convicted hops). Streamed ("stream": true): server-sent events (sse-starlette),
+stop, order (sequential | shuffle), speculation ("off", "auto", k, or {"k": k or "auto"}: the coordinator
+drafts k tokens and the route verifies them in one trip; docs/speculation.md), stream. Not streamed: one
+JSON answer with the text, the token ids, the finish reason, usage, the seed used (send it back for the
+same text), the route and the stream's trace (rebuilt, skipped, convicted hops). Streamed ("stream":
+true): server-sent events (sse-starlette),
 
     event: token   data: {"index": 0, "text": "...", "token_id": 17}      one per sampled token
     event: done    data: {the non-streamed answer}                        last
@@ -24,11 +26,11 @@ from typing import Any, Literal, TypedDict
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message
 
-from ..generation.options import GenerationOptions
+from ..generation.options import GenerationOptions, InvalidGeneration, Speculation, parse_speculation
 from ..generation.runner import StreamFailed
 from ..generation.session import StreamSession, StreamView, TraceEvent
 from .bodies import BodySlots, read_json_object
@@ -41,6 +43,35 @@ GENERATE_ROUTES = ("/v1/generate",)
 MAX_PROMPT_CHARS = 200_000  # far past any context: a bound on tokenizer work, not the rule
 MAX_BODY_BYTES = 1 << 20
 PING_S = 15
+
+
+class SpeculationK(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    k: StrictInt | Literal["auto", "off"]
+
+
+SpeculationParam = Literal["off", "auto"] | StrictInt | SpeculationK | None
+SPECULATION_HELP = (
+    'self-speculative decoding: "off", "auto" (k adapts), k drafts per verify trip (0 to 16), or {"k": ...}; '
+    "absent: the server's --speculation"
+)
+
+
+def speculation_of(value: SpeculationParam) -> Speculation | None:
+    """The parameter as GenerationOptions takes it (None: the server's default). Raises InvalidGeneration."""
+    if value is None:
+        return None
+    return parse_speculation(value.model_dump() if isinstance(value, SpeculationK) else value)
+
+
+def check_speculation(value: object) -> object:
+    """A pydantic validator's body, before the type's own (whose union would say less): a bad value is
+    the request's validation error, naming the field."""
+    try:
+        parse_speculation(value)
+    except InvalidGeneration as exc:
+        raise ValueError(str(exc)) from None
+    return value
 
 
 class GenerateJson(BaseModel):
@@ -56,7 +87,10 @@ class GenerateJson(BaseModel):
     seed: int | None = Field(None, ge=0, lt=2**63, description="same seed, same text (sampled)")
     stop: str | list[str] | None = Field(None, description="up to 4 sequences that end the text (not shown)")
     order: Literal["sequential", "shuffle"] = Field("sequential", description="block order (shuffle: robust families)")
+    speculation: SpeculationParam = Field(None, description=SPECULATION_HELP)
     stream: bool = Field(False, description="server-sent events: token, then done (or error)")
+
+    _speculation = field_validator("speculation", mode="before")(check_speculation)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJson:
@@ -74,6 +108,7 @@ class GenerateJson(BaseModel):
             seed=self.seed,
             stop=stop,
             order=self.order,
+            speculation=speculation_of(self.speculation),
         )
 
 

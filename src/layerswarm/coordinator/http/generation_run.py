@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import torch
 from fastapi import Request
 
-from ..generation.generator import Delta, Generator
+from ..generation.generator import Generator
 from ..generation.options import GenerationOptions
 from ..generation.runner import StreamFailed
-from ..generation.session import StreamSession
+from ..generation.session import Delta, StreamSession
 from .service import Service
 
 DISCONNECT_CHECK_EVERY = 4  # tokens between looks at the connection in a non-streamed answer

@@ -7,7 +7,8 @@ package and anything that speaks its wire format:
 
 Parameters: model, max_tokens (chat: or max_completion_tokens), temperature (0 to 2; default 1),
 top_p, top_k (an extra), seed (same seed, same text), stop (up to 4), stream with stream_options
-include_usage, n (1 only), user; `order` (sequential | shuffle) is an extra: the route's block order.
+include_usage, n (1 only), user; `order` (sequential | shuffle) is an extra: the route's block order, and
+so is `speculation` ("off", "auto", k or {"k": ...}: drafts verified k at a time; docs/speculation.md).
 What this server does not do (n > 1, logprobs, echo, best_of, suffix, penalties, logit_bias, tools,
 response formats) is a 400 naming the parameter; an unknown parameter is a 400 too. Streams are
 server-sent events (sse-starlette): `data: {chunk}` lines, then `data: [DONE]`; an error after the stream
@@ -26,14 +27,14 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import ServerSentEvent
 
 from ..generation.options import GenerationOptions
 from ..generation.session import StreamSession
 from .bodies import BodySlots, read_json_object
 from .chat import CHAT_STOPS, Message, render
-from .generate import event_stream, usage
+from .generate import SPECULATION_HELP, SpeculationParam, check_speculation, event_stream, speculation_of, usage
 from .generation_run import ClientGone, GenerationRun
 from .openai_errors import MAPPED, OpenAIError, as_openai_error, error_event, install_openai_errors
 from .service import Service
@@ -69,6 +70,9 @@ class CommonParams(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = Field(None, max_length=256)
     order: Literal["sequential", "shuffle"] = "sequential"
+    speculation: SpeculationParam = Field(None, description=SPECULATION_HELP)
+
+    _speculation = field_validator("speculation", mode="before")(check_speculation)
 
     def unsupported(self) -> list[tuple[str, bool]]:
         """(parameter, set to something this server does not do)."""
@@ -91,6 +95,7 @@ class CommonParams(BaseModel):
             seed=self.seed,
             stop=stops + extra_stops,
             order=self.order,
+            speculation=speculation_of(self.speculation),
         )
 
 
@@ -274,6 +279,8 @@ def extras(session: StreamSession) -> dict[str, Any]:
         "tokens_per_s": view["tokens_per_s"],
         "rebuilt": view["rebuilt"],
         "skipped": view["skipped"],
+        "speculation": view["speculation"],
+        "trips": view["trips"],
         "trace": session.trace,
     }
 

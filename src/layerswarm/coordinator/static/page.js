@@ -183,8 +183,18 @@ function renderStream(stream, live) {
   li.append(path);
   const rate = stream.tokens_per_s === null ? "–" : `${stream.tokens_per_s.toFixed(1)} tok/s`;
   const failovers = `rebuilt ${stream.rebuilt} · skipped ${stream.skipped}`;
-  li.append(el("span", "result", `${stream.tokens} tok · ${rate} · ${failovers}`));
+  li.append(el("span", "result", `${stream.tokens} tok · ${rate} · ${failovers}${speculation(stream)}`));
   return li;
+}
+
+function speculation(stream) {
+  // Drafted here, verified by the route: what was kept, and the trips each token cost (plain: 1).
+  const spec = stream.speculation;
+  if (!spec || spec.mode === "off") return "";
+  const kept = spec.acceptance === null ? "–" : `${Math.round(spec.acceptance * 100)}%`;
+  const trips = spec.trips_per_token === null ? "–" : spec.trips_per_token.toFixed(2);
+  return ` · spec k=${spec.mode}${spec.mode === "auto" && spec.k !== null ? ` (${spec.k})` : ""}`
+    + ` kept ${spec.accepted}/${spec.drafted} (${kept}) · ${trips} trips/tok`;
 }
 
 function renderStreams(snap) {

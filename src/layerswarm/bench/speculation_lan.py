@@ -1,0 +1,100 @@
+"""Self-speculative decoding on an emulated LAN (part of a full `bench --only generation`): speculation.py's
+comparison with every node on a host of its own, each host's link shaped to 100 Mbit/s.
+
+    python -m layerswarm.bench.speculation_lan [--quick] [--json out.json] [--markdown out.md]
+
+One network namespace per host on a bridge (harness/netlab.py), every host link shaped with tc tbf in both
+directions (harness/shaping.py), as the edge-LAN benchmark builds it; the coordinator runs in this
+process's namespace, on the bridge. tbf limits the rate, it adds no delay (this kernel has no netem), so
+a hop costs what a 100 Mbit/s link adds to a few hundred bytes plus the veth and bridge: a trip costs a
+little more than on loopback, far less than on a real LAN. Needs root; re-executes itself in a private
+network namespace (nothing here touches a real interface).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from layerswarm.harness.netlab import NetLab
+from layerswarm.harness.netns import in_private_netns
+from layerswarm.harness.procs import node_cmd, spawn_many, stop_all
+from layerswarm.harness.shaping import shape, slow_start_after_idle
+from layerswarm.models.checkpoint import read_lm_manifest
+
+from . import emit_table
+from .machine import environment
+from .speculation import compare, member_dir
+
+LINK_MBIT = 100
+
+
+def run_here(quick: bool) -> dict[str, Any]:
+    member = member_dir()
+    depth = read_lm_manifest(member).config.depth
+    with NetLab() as lab:
+        hosts = [lab.add_host(f"g{b}") for b in range(depth)]
+        slow_start_after_idle(False)
+        for host in hosts:
+            shape(host, LINK_MBIT)
+            slow_start_after_idle(False, host)
+        specs = [
+            (f"lan-lm-{b}", host.command(node_cmd(member, b, "--no-advertise", "--grace", "0.2", host=host.address)))
+            for b, host in enumerate(hosts)
+        ]
+        procs = spawn_many(specs, timeout=300)
+        try:
+            result = compare(member, procs, 2 if quick else 6, target=2.5)
+        finally:
+            stop_all(procs)
+    return {**result, "link_mbit": LINK_MBIT, "shaping": "tc tbf, both directions of every host link"}
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """The comparison, in a private network namespace (re-executed there when this one is not)."""
+    if in_private_netns():
+        return run_here(quick)
+    if os.geteuid() != 0:
+        return {"skipped": "needs root (network namespaces, veth pairs, tc)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "speculation_lan.json"
+        cmd = [
+            "unshare",
+            "-n",
+            "sh",
+            "-c",
+            'ip link set lo up; exec "$@"',
+            "sh",
+            sys.executable,
+            "-m",
+            "layerswarm.bench.speculation_lan",
+        ]
+        cmd += ["--json", str(out), *(["--quick"] if quick else [])]
+        done = subprocess.run(cmd, check=False)
+        if done.returncode != 0 or not out.is_file():
+            return {"skipped": f"the LAN run failed (exit {done.returncode})"}
+        result: dict[str, Any] = json.loads(out.read_text())
+        result.pop("environment", None)
+        return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2 rounds instead of 6")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    report = {"environment": environment(), **run(args.quick)}
+    return emit_table(report, json.dumps(report, indent=1), args.json, args.markdown)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
