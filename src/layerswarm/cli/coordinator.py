@@ -74,6 +74,7 @@ def add_discovery_flags(f: SettingsFlags) -> None:
     group = f.group("discovery", "how nodes are found (mDNS, static peers, DNS) and kept track of")
     f.add("--peer", "peers", action="append", metavar="HOST:PORT")
     f.add("--peer-dns", "peer_dns", action="append", metavar="NAME:PORT")
+    f.add("--coordinator-peer", "coordinator_peers", action="append", metavar="URL")
     f.add("--no-mdns", "mdns", "static peers only (no multicast)", action="store_false")
     f.add("--mdns-interface", "mdns_interfaces", action="append")
     f.add("--health-interval", "health_interval_s", type=float)

@@ -23,8 +23,10 @@ from .assembly import (
 from .generation.generator import Generator
 from .http.admission import Admission
 from .membership.clients import ClientPool
-from .membership.records import NodeEvent
+from .membership.records import NodeEvent, NodeState
 from .membership.registry import Registry
+from .membership.tip_sender import TipSender
+from .membership.tips import TIP_HOPS, TipError, TipInbox, tip_key
 from .membership.watch import SwarmWatch
 from .metrics import CoordinatorMetrics
 from .relay.chains import RelayRunner
@@ -60,6 +62,16 @@ class Coordinator:
         self._router: Router | None = None
         self._generator: Generator | None = None
         self._handbacks: HandbackReferee | None = None
+        token = settings.security.token
+        # Other coordinators' convictions, as tips (membership/tips.py): taken with the token, sent where
+        # --coordinator-peer says.
+        self.tips = TipInbox(tip_key(token)) if token else None
+        self.tip_sender = (
+            TipSender(settings.coordinator_peers, tip_key(token), f"http://{settings.http_host}:{settings.http_port}")
+            if token and settings.coordinator_peers
+            else None
+        )
+        self.tips_acted = 0
         if is_lm(self.manifest):
             self._build_generation(self.manifest)
         else:
@@ -150,10 +162,37 @@ class Coordinator:
         log_node_event(event)
         if event.old is not event.new:  # not a convicted node refused again (it stays where it was)
             self.metrics.node_transitions.labels(event.new.value if event.new else "forgotten").inc()
+        if event.new is NodeState.QUARANTINED and event.old is not event.new:
+            self._tell_peers(event)
         if event.new is None:  # it left: its per-node state goes too
             for verifier in (self.verifier, self.decode_verifier):
                 if verifier is not None:
                     verifier.forget(event.address)
+
+    def _tell_peers(self, event: NodeEvent) -> None:
+        record = self.registry.nodes.get(event.address)
+        if self.tip_sender is None or record is None or not record.convicted or record.identity is None:
+            return  # quarantined for a failure, not on evidence: nothing another coordinator must know
+        self.tip_sender.convicted(event.address, record.identity.boot_id, event.reason)
+
+    def take_tip(self, body: bytes, mac: str | None) -> bool:
+        """Another coordinator convicted a node: re-execute its next hops here (never convict on its word).
+        Raises TipError (no token here: 404, as if there were no such endpoint; else tips.py's reasons)."""
+        if self.tips is None:
+            raise TipError(404, "this coordinator has no swarm token: it takes no tips")
+        tip = self.tips.accept(body, mac)
+        if tip is None:
+            return False  # its node was tipped a moment ago: already being re-checked
+        if self.verifier is None:  # verification off, or a decoder family (its checks take no tips yet)
+            log.warning("coordinator %s says %s lied (%s); no verification here", tip.sender, tip.address, tip.reason)
+            return False
+        self.verifier.tip(tip.address, TIP_HOPS)
+        self.tips_acted += 1
+        log.warning(
+            "coordinator %s convicted %s (%s): its next %d hops here are re-executed",
+            tip.sender, tip.address, tip.reason, TIP_HOPS,
+        )  # fmt: skip
+        return True
 
     async def start(self) -> None:
         """Look where the nodes were (remembered, static, DNS peers), start mDNS, and finish the first
@@ -170,6 +209,8 @@ class Coordinator:
         if self._router is not None:
             await self._router.close()
         await self.pool.close()
+        if self.tip_sender is not None:
+            await self.tip_sender.close()
         if self.verifier is not None:
             self.verifier.close()
 

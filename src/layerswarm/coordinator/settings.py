@@ -62,6 +62,12 @@ class CoordinatorSettings(ProcessSettings):
         default=(),
         description="resolve NAME periodically, every address a node (a Kubernetes headless service; repeatable)",
     )
+    # Other coordinators of the same swarm: each conviction here is sent to them as a tip (membership/tips.py).
+    coordinator_peers: tuple[str, ...] = Field(
+        default=(),
+        description="another coordinator's HTTP URL, told of each node convicted here (repeatable; needs "
+        "--token-file: tips are signed with it)",
+    )
     mdns: bool = True
     mdns_interfaces: tuple[str, ...] = Field(
         default=(), description="IP of an interface for mDNS (repeatable; none: all)"
@@ -252,6 +258,15 @@ class CoordinatorSettings(ProcessSettings):
     def _relay_needs_token(self) -> CoordinatorSettings:
         if self.topology == "relay" and not self.security.token:
             raise ValueError("topology relay needs a swarm token (--token-file): nodes check chains with it")
+        return self
+
+    @model_validator(mode="after")
+    def _tips_need_token(self) -> CoordinatorSettings:
+        if self.coordinator_peers and not self.security.token:
+            raise ValueError("--coordinator-peer needs a swarm token (--token-file): tips are signed with it")
+        for url in self.coordinator_peers:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--coordinator-peer {url!r}: an HTTP URL (http://HOST:PORT)")
         return self
 
     @field_validator("model_dir", mode="before")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from layerswarm.wire.exposure import insecure_notice as exposure_notice
 
+from ..membership.tips import MAC_HEADER, TipError
 from ..settings import CoordinatorSettings
+from .errors import error_response
 from .service import Service
 
 
@@ -22,6 +24,15 @@ def insecure_notice(settings: CoordinatorSettings) -> str | None:
 def mount_ops(app: FastAPI, service: Service) -> None:
     manifest = service.manifest
     cfg = manifest.config
+
+    @app.post("/v1/swarm/tips", include_in_schema=False)
+    async def tips(request: Request) -> Response:
+        """Another coordinator of this swarm convicted a node (membership/tips.py): we re-check it."""
+        try:
+            acted = service.take_tip(await request.body(), request.headers.get(MAC_HEADER))
+        except TipError as exc:
+            return error_response(exc.status, "tip_refused", str(exc))
+        return JSONResponse({"acted": acted})
 
     @app.get("/v1/nodes")
     async def nodes() -> dict[str, Any]:

@@ -41,3 +41,5 @@ class Service(Protocol):
     def admission(self) -> Admission: ...  # the one count of requests in flight
 
     def ready(self) -> tuple[bool, str]: ...  # readiness and why (/readyz, /v2/health/ready, the page)
+
+    def take_tip(self, body: bytes, mac: str | None) -> bool: ...  # another coordinator's conviction (tips.py)

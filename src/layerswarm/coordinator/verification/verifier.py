@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 # rounding of one cast to the wire dtype (the only difference between two honest computations).
 # int8 (per-row scales) rounds to 1/254 of each row's peak: about 1% RMS on real activations.
 TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-4, torch.int8: 3e-2}
+MAX_PENDING_TIPS = 1024  # tipped addresses not seen yet, remembered (oldest go first)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class _Seen:
     hops: int = 0
     passed: int = 0
     suspicion: int = 0  # hops left under closer watch after a suspicious one (sampling.py)
+    tipped: int = 0  # hops left that are re-executed whatever the sample: another coordinator convicted it
 
 
 @dataclass
@@ -184,6 +186,7 @@ class Verifier:
         self.ranges = position_ranges([m for _, m in self.manifests.values()])
         self._blocks: dict[tuple[str, int], Block] = {}
         self._seen: dict[str, _Seen] = {}
+        self._tips: dict[str, int] = {}  # tipped addresses not seen yet: hops to re-execute once they are
         self._rng = random.Random(seed)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.counters = VerifyStats()
@@ -202,7 +205,22 @@ class Verifier:
             return True
         return seen.passed < self.settings.probation_hops or self._sampled(seen)
 
+    def tip(self, address: str, hops: int) -> None:
+        """Another coordinator convicted `address` (membership/tips.py): re-execute its next `hops` hops,
+        so that a liar is caught here at its next lie, on our own evidence. An honest node just passes
+        them; a node not seen yet gets them when it first is."""
+        seen = self._seen.get(address)
+        if seen is not None:
+            seen.tipped = max(seen.tipped, hops)
+            return
+        self._tips[address] = hops
+        while len(self._tips) > MAX_PENDING_TIPS:
+            del self._tips[next(iter(self._tips))]
+
     def _sampled(self, seen: _Seen) -> bool:
+        if seen.tipped > 0:
+            seen.tipped -= 1
+            return True
         return self._rng.random() < check_probability(self.settings.rate, seen.passed, seen.suspicion > 0)
 
     async def check(self, *args: Any, **kwargs: Any) -> None:
@@ -517,7 +535,7 @@ class Verifier:
         assert record.identity is not None
         seen = self._seen.get(record.address)
         if seen is None or seen.boot_id != record.identity.boot_id:  # a new incarnation starts on probation
-            seen = _Seen(record.identity.boot_id, time.monotonic())
+            seen = _Seen(record.identity.boot_id, time.monotonic(), tipped=self._tips.pop(record.address, 0))
             self._seen[record.address] = seen
         return seen
 
