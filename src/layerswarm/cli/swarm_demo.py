@@ -19,6 +19,7 @@ class UpOptions:
     family_dir: Path | None = None
     seed: int = 0
     timeout_s: float = 60.0
+    concurrent: int = 0  # requests the demo keeps in flight at once (the coordinator must admit them)
 
 
 def family_members(family_dir: Path) -> tuple[list[Path], int]:
@@ -61,13 +62,28 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     try:
         family = [f"--family-dir={m}" for m in members[1:]]
         degraded = ["--min-blocks", str(demo_min_blocks(depth))]
-        cmd = coordinator_cmd(members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded)
+        admit = admission_flags(opts.concurrent)
+        cmd = coordinator_cmd(
+            members[0], None if opts.mdns else nodes, "--health-interval", "0.5", *family, *degraded, *admit
+        )
         progress(f"{count} nodes serving; starting the coordinator ({'mDNS' if opts.mdns else 'static peers'})...")
         coordinator = spawn("coordinator", cmd, opts.timeout_s)
     except Exception:
         stop_all(nodes)
         raise
     return nodes, coordinator, members
+
+
+def admission_flags(concurrent: int) -> list[str]:
+    """More streams at once than a coordinator admits by default would be answered 429 (busy): the demo
+    raises the limit to its own load and says so; a client of a real deployment retries 429."""
+    from layerswarm.coordinator.settings import CoordinatorSettings
+
+    default = int(CoordinatorSettings.model_fields["max_concurrent_requests"].default)
+    if concurrent <= default:
+        return []
+    progress(f"{concurrent} streams at once: --max-concurrent-requests {concurrent} (the default admits {default})")
+    return ["--max-concurrent-requests", str(concurrent)]
 
 
 def demo_min_blocks(depth: int) -> int:

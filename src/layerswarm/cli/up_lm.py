@@ -18,6 +18,7 @@ coordinator drafts, the route verifies: docs/speculation.md) and the summary add
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import signal
@@ -172,7 +173,7 @@ def run_up_lm(opts: UpOptions, streams: int, speculation: str = "off") -> dict[s
     from layerswarm.harness.swarm import wait_for_swarm
 
     rng = random.Random(opts.seed)
-    nodes, coordinator, members = start_swarm(opts)
+    nodes, coordinator, members = start_swarm(dataclasses.replace(opts, concurrent=streams))
     try:
         tasks = task_prompts(members[0], 2 * streams, opts.seed)
         base = f"http://127.0.0.1:{coordinator.ready['port']}"
