@@ -54,7 +54,8 @@ def start_swarm(opts: UpOptions) -> tuple[list[Any], Any, list[Path]]:
     members, depth = family_members(opts.family_dir or family_root())
     count = opts.nodes or depth * min(2, len(members))
     mdns = [] if opts.mdns else ["--no-advertise"]
-    specs = [(f"node-{i}", node_cmd(d, b, *mdns)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
+    held = stream_flags(opts.concurrent)
+    specs = [(f"node-{i}", node_cmd(d, b, *mdns, *held)) for i, (d, b) in enumerate(node_layout(members, depth, count))]
     models = f"{len(members)} model{'s' if len(members) != 1 else ''}"
     progress(block_rule(members[0], demo_min_blocks(depth)))
     progress(f"starting {count} nodes ({depth} blocks from {models} of the family)...")
@@ -84,6 +85,18 @@ def admission_flags(concurrent: int) -> list[str]:
         return []
     progress(f"{concurrent} streams at once: --max-concurrent-requests {concurrent} (the default admits {default})")
     return ["--max-concurrent-requests", str(concurrent)]
+
+
+def stream_flags(concurrent: int) -> list[str]:
+    """A decoder node keeps the caches of max_streams streams and evicts the least recently used past
+    it: more streams at once than that would rebuild each other's caches over and over."""
+    from layerswarm.node.settings import NodeSettings
+
+    default = int(NodeSettings.model_fields["max_streams"].default)
+    if concurrent <= default:
+        return []
+    progress(f"{concurrent} streams at once: nodes get --max-streams {concurrent} (the default holds {default})")
+    return ["--max-streams", str(concurrent)]
 
 
 def demo_min_blocks(depth: int) -> int:
