@@ -41,59 +41,64 @@ log = logging.getLogger(__name__)
 SHAPE: dict[str, Any] = {"vocab_size": 512, "dim": 768, "depth": 12, "heads": 12, "kv_heads": 12, "max_seq_len": 1024}
 
 
-def model_dir(root: Path) -> tuple[Path, DecoderLM]:
-    """The 12 x 768 decoder, random weights, with the shipped family's tokenizer (vocabulary 512)."""
+def model_dir(root: Path, shape: dict[str, Any]) -> tuple[Path, DecoderLM]:
+    """A decoder of `shape`, random weights, with the shipped family's tokenizer (vocabulary 512)."""
     torch.manual_seed(0)
-    out = root / "decoder-12x768-random"
+    out = root / f"decoder-{shape['depth']}x{shape['dim']}-random"
     out.mkdir(parents=True)
     shutil.copy(family_root("lm") / "layershuffle-0" / TOKENIZER_FILE, out / TOKENIZER_FILE)
-    model = DecoderLM(LMConfig(**SHAPE)).eval()
+    model = DecoderLM(LMConfig(**shape)).eval()
     save_model(model, out, Lineage(source="scratch"))
     return out, model
 
 
-def monolith_s(model: DecoderLM, prompt: list[int]) -> float:
-    """Stem, every block and the head over the prompt, one thread (the caches a stream would keep are
-    built too: the blocks' own prefill)."""
+def monolith(model: DecoderLM, prompt: list[int]) -> tuple[float, torch.Tensor]:
+    """Stem, every block and the head over the prompt, one thread: seconds, and the first token's logits."""
     started = time.perf_counter()
     with torch.inference_mode():
         x = model.stem(torch.tensor([prompt]))
         for block in model.route():
             x = block(x)
-        model.head(x[:, -1])
-    return time.perf_counter() - started
+        logits = model.head(x[:, -1])
+    return time.perf_counter() - started, logits
 
 
-async def swarm_s(coord: Coordinator, prompt: list[int]) -> float:
+async def swarm(coord: Coordinator, prompt: list[int]) -> tuple[float, torch.Tensor]:
     generator = coord.generator
     started = time.perf_counter()
     stream = await generator.open(prompt, GenerationOptions(max_tokens=1))
     try:
-        await generator.prefill(stream)
-        return time.perf_counter() - started
+        logits = await generator.prefill(stream)
+        return time.perf_counter() - started, logits
     finally:
         generator.close(stream)
         await generator.releases_done()
 
 
 async def measure(path: Path, model: DecoderLM, tokens: int, reps: int) -> dict[str, Any]:
-    draws = torch.randint(3, SHAPE["vocab_size"], (tokens,), generator=torch.Generator().manual_seed(1))
+    cfg = model.cfg
+    draws = torch.randint(3, cfg.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
     prompt = [1, *(int(t) for t in draws[1:])]  # <s> first, as the coordinator's own prompts
-    nodes = spawn_many([(f"node-{b}", node_cmd(path, b, "--no-advertise")) for b in range(SHAPE["depth"])])
+    nodes = spawn_many([(f"node-{b}", node_cmd(path, b, "--no-advertise")) for b in range(cfg.depth)])
     coord = Coordinator(CoordinatorSettings(model_dir=path, peers=tuple(node_address(n) for n in nodes), mdns=False))
     await coord.start()
     try:
-        await swarm_s(coord, prompt[:8])  # connections and the nodes' first call
-        monolith_s(model, prompt)
-        mono, swarm = [], []
+        await swarm(coord, prompt[:8])  # connections and the nodes' first call
+        _, reference = monolith(model, prompt)
+        mono: list[float] = []
+        through: list[float] = []
+        diff = 0.0
         for _ in range(reps):
-            mono.append(monolith_s(model, prompt))
-            swarm.append(await swarm_s(coord, prompt))
+            mono.append(monolith(model, prompt)[0])
+            seconds, logits = await swarm(coord, prompt)
+            through.append(seconds)
+            diff = max(diff, float((logits.float() - reference.float()).abs().max()))
     finally:
         await coord.stop()
         stop_all(nodes)
-    m, s = statistics.median(mono), statistics.median(swarm)
+    m, s = statistics.median(mono), statistics.median(through)
     return {
+        "logits_max_abs_diff": diff,  # the same work: the swarm's first-token logits against the monolith's
         "prompt_tokens": tokens,
         "reps": reps,
         "monolith_ms": round(m * 1e3, 1),
@@ -101,16 +106,16 @@ async def measure(path: Path, model: DecoderLM, tokens: int, reps: int) -> dict[
         "swarm_over_monolith": round(s / m, 3),
         "target": "<= 1.3",
         "monolith_ms_all": [round(v * 1e3, 1) for v in mono],
-        "swarm_ms_all": [round(v * 1e3, 1) for v in swarm],
+        "swarm_ms_all": [round(v * 1e3, 1) for v in through],
     }
 
 
-def run(tokens: int, reps: int) -> dict[str, Any]:
+def run(tokens: int, reps: int, shape: dict[str, Any] = SHAPE) -> dict[str, Any]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        path, model = model_dir(Path(tmp))
+        path, model = model_dir(Path(tmp), shape)
         figures = asyncio.run(measure(path, model, tokens, reps))
-    return {"environment": environment(), "model": SHAPE, **figures}
+    return {"environment": environment(), "model": shape, **figures}
 
 
 def main(argv: list[str] | None = None) -> int:
