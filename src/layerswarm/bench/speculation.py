@@ -67,16 +67,16 @@ def run(quick: bool) -> dict[str, Any]:
         return compare(member, procs, 2 if quick else 6, target=2.0)
 
 
-def compare(member: Path, procs: list[Proc], rounds: int, target: float) -> dict[str, Any]:
+def compare(member: Path, procs: list[Proc], rounds: int, target: float, *extra: str) -> dict[str, Any]:
     """A coordinator (in this network namespace) over the node processes `procs`, and every mode once a
-    round, `rounds` rounds after a warm-up one."""
+    round, `rounds` rounds after a warm-up one. `extra`: more coordinator flags (the swarm token)."""
     manifest = read_lm_manifest(member)
     depth = manifest.config.depth
     totals: dict[str, dict[str, Any]] = {
         m: {"tokens": 0, "seconds": 0.0, "trips": 0, "drafted": 0, "accepted": 0} for m in MODES
     }
     identical = True
-    coordinator = spawn("bench-coordinator-spec", coordinator_cmd(member, procs, "--wire-dtype", "fp32"), 120)
+    coordinator = spawn("bench-coordinator-spec", coordinator_cmd(member, procs, "--wire-dtype", "fp32", *extra), 120)
     try:
         base = f"http://127.0.0.1:{coordinator.ready['port']}"
         with httpx.Client(base_url=base, timeout=120.0) as http:

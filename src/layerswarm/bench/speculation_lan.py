@@ -28,6 +28,7 @@ from layerswarm.harness.netns import in_private_netns
 from layerswarm.harness.procs import node_cmd, spawn_many, stop_all
 from layerswarm.harness.shaping import shape, slow_start_after_idle
 from layerswarm.models.checkpoint import read_lm_manifest
+from layerswarm.wire.auth import ensure_token_file
 
 from . import emit_table
 from .machine import environment
@@ -39,19 +40,24 @@ LINK_MBIT = 100
 def run_here(quick: bool) -> dict[str, Any]:
     member = member_dir()
     depth = read_lm_manifest(member).config.depth
-    with NetLab() as lab:
+    # Nodes on LAN addresses need the swarm's token (secure by default): one made for this run.
+    with NetLab() as lab, tempfile.TemporaryDirectory() as tmp:
+        token = Path(tmp) / "swarm.token"
+        ensure_token_file(token)
+        secured = ("--token-file", str(token))
         hosts = [lab.add_host(f"g{b}") for b in range(depth)]
         slow_start_after_idle(False)
         for host in hosts:
             shape(host, LINK_MBIT)
             slow_start_after_idle(False, host)
+        quick_stop = ("--no-advertise", "--grace", "0.2", *secured)
         specs = [
-            (f"lan-lm-{b}", host.command(node_cmd(member, b, "--no-advertise", "--grace", "0.2", host=host.address)))
+            (f"lan-lm-{b}", host.command(node_cmd(member, b, *quick_stop, host=host.address)))
             for b, host in enumerate(hosts)
         ]
         procs = spawn_many(specs, timeout=300)
         try:
-            result = compare(member, procs, 2 if quick else 6, target=2.5)
+            result = compare(member, procs, 2 if quick else 6, 2.5, *secured)
         finally:
             stop_all(procs)
     return {**result, "link_mbit": LINK_MBIT, "shaping": "tc tbf, both directions of every host link"}
