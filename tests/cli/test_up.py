@@ -76,3 +76,39 @@ def test_up_survives_killed_nodes(network: str) -> None:
     (after,) = (phase for name, phase in summary["phases"].items() if name != "all nodes up")
     assert after["substituted_hops"] + after["skipped_hops"] > 0  # the kills were routed around, not missed
     assert summary["accuracy"] > 0.5  # well above chance (0.1) even with a third of the swarm dead
+    # blocks per request and the exits, per phase: what the default exit rule did
+    for phase in summary["phases"].values():
+        blocks = phase["blocks_per_request"]
+        assert len(blocks) == 12 and all(1 <= b <= summary["depth"] for b in blocks)
+        assert phase["mean_blocks"] == round(sum(blocks) / 12, 3)
+        assert phase["exited_early"] <= sum(b < summary["depth"] for b in blocks)  # after kills, skips too
+    before = summary["phases"]["all nodes up"]  # every node up: a shorter path is an exit, nothing else
+    assert before["exited_early"] == sum(b < summary["depth"] for b in before["blocks_per_request"])
+    assert summary["exited_early"] > 0  # the shipped family exits early by default (issue 42)
+
+
+def test_the_summary_shows_blocks_per_request_and_the_exits() -> None:
+    """What `up` prints (and --json holds): per phase the blocks each answered request ran, their mean, and
+    how many the exit rule stopped early; a failed request ran none and is not counted."""
+    from layerswarm.cli.up import Phase, render, summarise
+
+    def row(blocks: int, exited: bool) -> dict[str, object]:
+        return {
+            "status": 200,
+            "correct": True,
+            "blocks": blocks,
+            "exited_early": exited,
+            "substituted": 0,
+            "skipped": 0,
+        }
+
+    before = Phase("all nodes up", [row(8, False), row(4, True), row(8, False)])
+    after = Phase("1 node killed", [row(3, True), {"status": 503, "correct": False}])
+    summary = {**summarise([before, after], [], [], {}), "depth": 8}
+    assert summary["phases"]["all nodes up"]["blocks_per_request"] == [8, 4, 8]
+    assert summary["phases"]["all nodes up"]["mean_blocks"] == round(20 / 3, 3)
+    assert summary["phases"]["1 node killed"]["exited_early"] == 1 and summary["exited_early"] == 2
+    assert summary["mean_blocks"] == 5.75  # (8 + 4 + 8 + 3) / 4 answered
+    text = render(summary)
+    assert "blocks/req" in text.splitlines()[2] and "exited" in text.splitlines()[2]
+    assert "  all nodes up: 8 blocks x 2, 4 x 1" in text and "  1 node killed: 3 blocks x 1" in text

@@ -20,6 +20,7 @@ from layerswarm.training.evaluation.calibrate import (
     calibrate_anytime,
     calibrate_exits,
     choose,
+    loss_standard_errors,
     sweep,
 )
 
@@ -110,6 +111,27 @@ def test_sweep_trades_accuracy_for_blocks_and_choose_keeps_the_margin() -> None:
     chosen = choose(points, full, 0.01)
     assert chosen is not None and chosen["accuracy"] >= full - 0.01 and chosen["mean_blocks"] < prefix.shape[1]
     assert choose(points, 2.0, 0.01) is None  # nothing can reach an impossible accuracy
+
+
+def test_the_chosen_exit_keeps_standard_errors_of_its_loss_to_spare() -> None:
+    """The cheapest of many thresholds, chosen on one half, loses more on the other than it did there: the
+    chosen one must stay inside the margin with `spare_se` standard errors of its (paired) loss to spare."""
+    prefix, y = synthetic_prefix(n=600)
+    points = sweep(prefix, y, ExitRule.CONFIDENCE, min_blocks=1)
+    full = float((prefix[:, -1].argmax(-1) == y).float().mean())
+    se = loss_standard_errors(prefix, y, ExitRule.CONFIDENCE, 1)
+    assert set(se) == {p["threshold"] for p in points} and all(v >= 0 for v in se.values())
+    assert se[1.0] == 0.0  # a threshold that never exits answers as the full path does: nothing lost
+    plain, spared = choose(points, full, 0.01), choose(points, full, 0.01, {t: 2 * v for t, v in se.items()})
+    assert plain is not None and spared is not None
+    assert spared["accuracy"] >= full - 0.01 + 2 * se[spared["threshold"]]
+    assert spared["mean_blocks"] >= plain["mean_blocks"]  # what the spare costs
+    tight = calibrate_exits(prefix, y, CalibrationPlan(margin=0.01, spare_se=3.0))
+    loose = calibrate_exits(prefix, y, CalibrationPlan(margin=0.01, spare_se=0.0))
+    assert tight["spare_se"] == 3.0
+    for rule in ("confidence", "entropy"):
+        t, lo = tight["rules"][rule]["chosen"], loose["rules"][rule]["chosen"]
+        assert lo is not None and (t is None or t["calibration"]["mean_blocks"] >= lo["calibration"]["mean_blocks"])
 
 
 def test_calibrate_exits_picks_a_default_rule() -> None:

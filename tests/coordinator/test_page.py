@@ -70,11 +70,12 @@ READ_PAGE = """
 const text = (id) => document.getElementById(id).textContent;
 return {
   seq: Number(document.getElementById("updated").dataset.seq),
-  ready: text("ready"), depth: text("depth"), accuracy: text("accuracy"),
+  ready: text("ready"), depth: text("depth"), accuracy: text("accuracy"), blocks: text("blocks-used"),
   nodes: Object.fromEntries([...document.querySelectorAll("#nodes tbody tr")].map(
     (tr) => [tr.dataset.address, {state: tr.dataset.state, why: tr.querySelector("td.why").textContent}])),
   routes: [...document.querySelectorAll("#routes li[data-seq]")].map(
     (li) => [...li.querySelectorAll(".hop")].map((hop) => [hop.textContent, hop.className])),
+  results: [...document.querySelectorAll("#routes li[data-seq] .result")].map((span) => span.textContent),
 };
 """
 
@@ -105,6 +106,9 @@ def test_page_shows_nodes_routes_and_updates_when_a_node_dies(swarm: tuple[str, 
     routes = page(driver)["routes"]
     assert [text for text, _ in routes[0]] == ["0", "1", "2"] and "ok" in routes[0][0][1]
     assert "of 3" in page(driver)["accuracy"]  # three labelled requests
+    # blocks run per request (three of three each: no early exit on this test model) and the exits
+    assert page(driver)["blocks"] == "3.00 of 3 · 0 exited early"
+    assert all(" · 3 blocks · " in text for text in page(driver)["results"])
 
     victim = nodes[3]  # the second node of block 1
     seq_before = page(driver)["seq"]

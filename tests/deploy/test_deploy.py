@@ -20,6 +20,7 @@ import yaml
 
 from layerswarm.cli import build_parser
 from layerswarm.cli.base import load_settings
+from layerswarm.models.checkpoint import read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -245,7 +246,8 @@ def test_systemd_unit_runs_the_node_push_nodes_configures(tmp_path: Path, monkey
     done = dry_run(DEPLOY / "plan.example.txt", SSH_USER="pi", TOKEN_FILE=str(tmp_path / "t"))
     assert done.returncode == 0, done.stderr
     instance, env = next((i, e) for i, e in env_files(done.stdout).items() if e["LAYERSWARM_NODE_BLOCK"] == "3")
-    assert instance == "mdl-0b24026855bdea0c-b03" and f"~/layerswarm/nodes/{instance}.env" in done.stdout
+    shipped = read_manifest(ROOT / "models/zoo/shapes/layershuffle-1").model_id  # the plan's line for block 3
+    assert instance == f"{shipped}-b03" and f"~/layerswarm/nodes/{instance}.env" in done.stdout
     home = tmp_path / "layerswarm"  # the device's ~/layerswarm, as push-nodes.sh fills it
     shutil.copytree(ROOT / "models/zoo/shapes/layershuffle-1", home / env["LAYERSWARM_NODE_MODEL_DIR"])
     (home / "swarm.token").write_text("t" * 64)

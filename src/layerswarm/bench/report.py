@@ -26,6 +26,7 @@ def render(r: dict[str, Any]) -> str:
         ("generation", lambda r: _generation(r["generation"])),
         ("load_balancer", lambda r: render_load_balancer(r["load_balancer"])),
         ("adaptive", lambda r: render_adaptive(r["adaptive"])),
+        ("exit_default", lambda r: render_exit_default(r["exit_default"])),
         ("edge_lan", lambda r: [render_edge_lan(r["edge_lan"])]),
         ("cuda", _cuda),
     ]
@@ -221,6 +222,44 @@ def render_adaptive(a: dict[str, Any]) -> list[str]:
     members = a["members"]
     tables = [_calibrated(a, members), _ensembles(a, members), _live_vs_eval(members), _anytime(members)]
     return [line for i, table in enumerate(tables) for line in ([""] if i else []) + table]
+
+
+def render_exit_default(e: dict[str, Any]) -> list[str]:
+    """Each shipped family with default options against itself at full depth, and eval on the same requests."""
+    rows, agree = [], []
+    for name, f in e["families"].items():
+        exit_ = f["policy"]["exit"]
+        rule = f"{exit_['rule']} {exit_['threshold']:g}" if exit_ else "none"
+        full, default = (
+            " / ".join(str(f[k][c]) for c in ("accuracy", "mean_blocks", "latency_mean_ms"))
+            for k in ("full", "default")
+        )
+        cells = [f"{f['blocks_reduction']}x", f["points_lost"], f["latency_mean_ratio"], f["default"]["exited_share"]]
+        rows.append(_row(f"{name} ({f['member']})", rule, full, default, *cells))
+        ev = f["eval_vs_live"]
+        for orders in ("same_orders", "eval_orders"):
+            g = ev[orders]
+            live = f"{ev['live']['accuracy']} / {ev['live']['mean_blocks']}"
+            agree.append(
+                _row(
+                    name,
+                    orders.replace("_", " "),
+                    live,
+                    f"{g['accuracy']} / {g['mean_blocks']}",
+                    g["accuracy_gap_points"],
+                    g["same_answer_share"],
+                    g["same_blocks_share"],
+                )
+            )
+    title = (
+        f"**The shipped families with default options through the swarm** ({e['requests']} held-out requests "
+        "each, batch 1, one node per block, the same order for both rows of a request, interleaved)"
+    )
+    columns = ["family (member)", "default exit", "full: acc / blocks / mean ms", "default: acc / blocks / mean ms"]
+    lines = _table(title, [*columns, "blocks reduction", "points lost", "mean latency ratio", "exited"], rows)
+    columns = ["family", "eval's orders", "live: acc / blocks", "eval: acc / blocks", "gap (points)"]
+    title = "eval's calibration code on the same requests against the live default:"
+    return [*lines, "", *_table(title, [*columns, "same answer", "same blocks"], agree)]
 
 
 def _calibrated(a: dict[str, Any], members: dict[str, Any]) -> list[str]:

@@ -22,7 +22,19 @@ from layerswarm.harness.samples import task_data
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.wire.memory import keep_large_buffers
 
-from . import activations, adaptive, decode_node, edgelan, generation, hop, loadbalancer, process_ring, shipped, vitb
+from . import (
+    activations,
+    adaptive,
+    decode_node,
+    edgelan,
+    exit_default,
+    generation,
+    hop,
+    loadbalancer,
+    process_ring,
+    shipped,
+    vitb,
+)
 from . import nodes as node_footprint
 from .fixtures import nodes, vitb_model_dir
 from .machine import environment
@@ -78,6 +90,16 @@ def adaptive_members() -> list[tuple[Path, Path | None]]:
 
 def run_adaptive(quick: bool) -> dict[str, Any]:
     return _run(adaptive.run(adaptive_members(), 60 if quick else 300))
+
+
+EXIT_FAMILIES = ("shapes", "text")  # the shipped classifier families: images and text
+
+
+def run_exit_default(quick: bool) -> dict[str, Any]:
+    """Each shipped family with default options against itself at full depth (its first LayerShuffle
+    member's nodes and policy)."""
+    families = [(name, robust_members(family_root(name))[0]) for name in EXIT_FAMILIES]
+    return _run(exit_default.run(families, 100 if quick else 500))
 
 
 def run_wire_formats(quick: bool, reps: int) -> list[dict[str, Any]]:
@@ -175,6 +197,7 @@ SUITES_ALONE: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "generation": ("generation", generation.run),
     "load-balancer": ("load_balancer", loadbalancer.run),
     "adaptive": ("adaptive", run_adaptive),
+    "exit-default": ("exit_default", run_exit_default),
     "edge-lan": ("edge_lan", edgelan.run),
     "process-ring": ("process_ring", run_process_ring),
 }
@@ -221,6 +244,7 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     report["wire_accuracy_in_process"] = run_int8_accuracy(quick)
     report["concurrency"] = _run(shipped.concurrency(members, [1, 4, 16, 64], 64 if quick else 256))
     report["adaptive"] = run_adaptive(quick)
+    report["exit_default"] = run_exit_default(quick)
     report["node_footprint"] = node_footprint.node_footprint(2 if quick else 5)
     report["decode_node"] = run_decode_node(quick)
     report["load_balancer"] = loadbalancer.run(quick)

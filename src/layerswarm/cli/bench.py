@@ -24,6 +24,7 @@ def register(sub: Subparsers) -> None:
         "--only",
         choices=[
             "adaptive",
+            "exit-default",
             "edge-lan",
             "wire",
             "hop",
@@ -34,7 +35,9 @@ def register(sub: Subparsers) -> None:
             "load-balancer",
             "generation",
         ],
-        help="run one suite alone (adaptive compute; vitb: the ViT-B/16-shaped swarm against the monolith, "
+        help="run one suite alone (adaptive compute; exit-default: each shipped family (shapes, text) with "
+        "default options through a swarm against itself at full depth, 500 requests each, and eval's "
+        "calibration on the same requests; vitb: the ViT-B/16-shaped swarm against the monolith, "
         "latency, throughput, hop, coordinator CPU and the process ring; "
         "edge-lan: star vs relay on a shaped LAN of namespaces; "
         "wire: accuracy, bytes and latency of each wire format through a swarm of the shipped family; "

@@ -168,6 +168,7 @@ class Phase:
 
     def tally(self) -> dict[str, Any]:
         ok = [r for r in self.results if r["status"] == 200]
+        blocks = [r["blocks"] for r in ok]
         return {
             "requests": len(self.results),
             "succeeded": len(ok),
@@ -175,6 +176,10 @@ class Phase:
             "accuracy": round(sum(r["correct"] for r in ok) / len(ok), 4) if ok else 0.0,
             "substituted_hops": sum(r.get("substituted", 0) for r in ok),
             "skipped_hops": sum(r.get("skipped", 0) for r in ok),
+            # blocks each answered request ran, in order; the exit rule stops a sure one early
+            "mean_blocks": round(sum(blocks) / len(blocks), 3) if blocks else None,
+            "exited_early": sum(r["exited_early"] for r in ok),
+            "blocks_per_request": blocks,
         }
 
 
@@ -196,6 +201,8 @@ def classify_many(client: Any, phase: Phase, samples: list[Any], rng: random.Ran
                 correct=body["prediction"] == label,
                 prediction=body["prediction"],
                 depth=body["depth"],
+                blocks=body["blocks"],
+                exited_early=body["exited_early"],
                 substituted=body["trace"]["substituted"],
                 skipped=body["trace"]["skipped"],
                 trace=body["trace"],
@@ -249,7 +256,8 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
             after = Phase(f"{victims} killed")
             classify_many(client, after, samples[opts.requests_per_phase :], rng)
             view = client.get("/v1/nodes").json()
-        return {**summarise([before, after], nodes, killed, view), "block_rule": coordinator.ready.get("readiness")}
+        summary = summarise([before, after], nodes, killed, view)
+        return {**summary, "depth": view.get("depth"), "block_rule": coordinator.ready.get("readiness")}
     finally:
         progress("stopping the swarm...")
         stop_all([coordinator, *nodes])
@@ -275,16 +283,17 @@ def summarise(phases: list[Phase], nodes: list[Any], killed: list[Any], view: di
 
 def render(summary: dict[str, Any]) -> str:
     lines = [f"layerswarm up: {summary['nodes_started']} nodes started, {summary['nodes_killed']} killed (SIGKILL)", ""]
-    lines.append(f"{'phase':<22}{'requests':>9}{'ok':>6}{'failed':>8}{'accuracy':>10}{'substituted':>13}{'skipped':>9}")
-    for name, t in summary["phases"].items():
+    lines.append(
+        f"{'phase':<22}{'requests':>9}{'ok':>6}{'failed':>8}{'accuracy':>10}{'substituted':>13}{'skipped':>9}"
+        f"{'blocks/req':>12}{'exited':>8}"
+    )
+    for name, t in [*summary["phases"].items(), ("total", summary)]:
         lines.append(
             f"{name:<22}{t['requests']:>9}{t['succeeded']:>6}{t['failed']:>8}{t['accuracy']:>10.3f}"
-            f"{t['substituted_hops']:>13}{t['skipped_hops']:>9}"
+            f"{t['substituted_hops']:>13}{t['skipped_hops']:>9}{_mean(t['mean_blocks']):>12}{t['exited_early']:>8}"
         )
-    lines.append(
-        f"{'total':<22}{summary['requests']:>9}{summary['succeeded']:>6}{summary['failed']:>8}"
-        f"{summary['accuracy']:>10.3f}{summary['substituted_hops']:>13}{summary['skipped_hops']:>9}"
-    )
+    lines += ["", f"blocks per request (of {summary['depth']}; the exit rule stops sure answers early):"]
+    lines += [f"  {name}: {_histogram(t['blocks_per_request'])}" for name, t in summary["phases"].items()]
     trace = summary.get("example_trace")
     if trace:
         lines += ["", "one request after the kills (position: block @ node [model] outcome):"]
@@ -292,6 +301,21 @@ def render(summary: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"swarm after: {summary['swarm_after']}")
     return "\n".join(lines)
+
+
+def _mean(blocks: float | None) -> str:
+    return "-" if blocks is None else f"{blocks:.2f}"
+
+
+def _histogram(blocks: list[int]) -> str:
+    """`8 blocks x 30, 5 x 6, ...`: how many requests ran each number of blocks, deepest first."""
+    counts = sorted(Counter(blocks).items(), reverse=True)
+    return (
+        ", ".join(
+            f"{d} block{'s' if d != 1 else ''} x {n}" if i == 0 else f"{d} x {n}" for i, (d, n) in enumerate(counts)
+        )
+        or "-"
+    )
 
 
 def to_json(summary: dict[str, Any]) -> str:

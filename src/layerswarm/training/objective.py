@@ -124,6 +124,24 @@ def random_translate(images: Tensor, gen: torch.Generator, shift: int) -> Tensor
 
 
 @torch.no_grad()
+@torch.no_grad()
+def evaluate_objective(
+    model: ViT, x: Images, y: Tensor, orders: list[list[int]], exit_loss: float, batch_size: int = 256, workers: int = 0
+) -> float:
+    """The training objective without its regularisers (no label smoothing, mixup or augmentation), mean over
+    (x, y) and `orders`: the last block's cross-entropy plus `exit_loss` times the mean of the head's after
+    every truncation depth. What an exit-aware run keeps its weights by."""
+    model.eval()
+    device = next(model.parameters()).device
+    chunks = [torch.arange(i, min(i + batch_size, len(y))) for i in range(0, len(y), batch_size)]
+    total = 0.0
+    for idx, images in zip(chunks, iterate_batches(x, chunks, workers), strict=True):
+        for order in orders:
+            loss = training_loss(model, images.to(device), y[idx].to(device), order, exit_loss)
+            total += float(loss) * len(idx)
+    return total / (len(y) * len(orders))
+
+
 def evaluate_loss(
     model: ViT,
     x: Images,

@@ -26,9 +26,9 @@ from layerswarm.models.vit import ViT
 from .data.datasets import Dataset, check_same_classes, iterate_batches
 from .data.split import validation_split
 from .hf_import import import_hf_vit
-from .objective import augment, batch_order, evaluate_loss, mixup_batch, training_loss
+from .objective import augment, batch_order, evaluate_loss, evaluate_objective, mixup_batch, training_loss
 from .recipe import TrainRecipe
-from .train_report import EpochRecord, describe_epoch, peak_memory_mb
+from .train_report import EpochRecord, describe_epoch, kept_by, peak_memory_mb
 from .train_state import load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class Trainer:
             log.info("%s", describe_epoch(record, self.recipe.epochs))
             # The kept model and patience wait for the ramp's end (see ramping()); the mark tells the
             # reports which epoch's weights these are, which need not be the lowest validation loss.
-            record["kept"] = 0.0 if self.ramping() else float(self._keep_if_best(record["val_loss"]))
+            record["kept"] = 0.0 if self.ramping() else float(self._keep_if_best(kept_by(record)))
             self.epoch = epoch + 1
             self.save_state()
             if on_epoch:
@@ -267,7 +267,18 @@ class Trainer:
         arbitrary = [
             evaluate_loss(self.model, self.val_x, self.val_y, order=o, workers=self.workers)[1] for o in self.val_orders
         ]
-        return {"val_loss": val_loss, "val_acc": val_acc, "val_acc_arbitrary": sum(arbitrary) / len(arbitrary)}
+        record: EpochRecord = {
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "val_acc_arbitrary": sum(arbitrary) / len(arbitrary),
+        }
+        if self.recipe.exit_loss > 0:
+            # Kept by the objective trained: by the last block's loss in order alone, exit-aware fine-tunes
+            # of the shipped members kept their first epoch, the one that had learnt least to exit early.
+            record["val_exit_objective"] = evaluate_objective(
+                self.model, self.val_x, self.val_y, self.val_orders, self.recipe.exit_loss, workers=self.workers
+            )
+        return record
 
     # --- resumable train state (training/train_state.py) -----------------------------------------------
 

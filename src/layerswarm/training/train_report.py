@@ -27,6 +27,7 @@ class EpochRecord(TypedDict, total=False):
     val_loss: float
     val_acc: float
     val_acc_arbitrary: float
+    val_exit_objective: float  # --exit-loss: the objective trained, on the validation split (what is kept by)
     planned_steps: int
     kept: float  # 1.0: this epoch's weights became the kept ones
 
@@ -46,9 +47,10 @@ def describe_epoch(record: EpochRecord, epochs: int) -> str:
     memory = f"peak RSS {record['peak_rss_mb']:.0f} MB"
     if "peak_cuda_mb" in record:
         memory += f", peak CUDA {record['peak_cuda_mb']:.0f} MB"
+    objective = f" (exit objective {record['val_exit_objective']:.4f})" if "val_exit_objective" in record else ""
     return (
         f"epoch {int(record['epoch'])}/{epochs}: train loss {record['train_loss']:.4f}, "
-        f"val loss {record['val_loss']:.4f}, val acc {record['val_acc']:.4f} sequential / "
+        f"val loss {record['val_loss']:.4f}{objective}, val acc {record['val_acc']:.4f} sequential / "
         f"{record['val_acc_arbitrary']:.4f} arbitrary order; {record['step_s']:.3f} s/step, {memory}"
     )
 
@@ -66,6 +68,12 @@ def render_history(history: Sequence[EpochRecord], best_epoch: int | None) -> st
             f"{r['val_acc_arbitrary']:.4f} | {r['step_s']:.3f} | {kept} |"
         )
     return "\n".join(lines)
+
+
+def kept_by(record: EpochRecord) -> float:
+    """The validation figure a run keeps its weights by: the objective trained where it differs from the
+    last block's loss in order (--exit-loss), else that loss."""
+    return record.get("val_exit_objective", record["val_loss"])
 
 
 def best_epoch(history: Sequence[EpochRecord]) -> int | None:

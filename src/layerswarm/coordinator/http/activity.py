@@ -1,4 +1,5 @@
-"""What the swarm page shows about traffic: recent requests as routes, request rate, errors, accuracy.
+"""What the swarm page shows about traffic: recent requests as routes, request rate, errors, accuracy,
+and the blocks answered requests ran (early exit: how many stopped before the last block).
 
 Bounded in memory (a ring of recent requests, a ring of one-second buckets); pure bookkeeping with an
 injectable clock, filled by the HTTP layers: each answer once, successes by inference.py, failures by each
@@ -62,6 +63,9 @@ class TotalsView(TypedDict):
     errors: int
     correct: int
     labelled: int
+    answered: int
+    blocks: int
+    exited_early: int
 
 
 class TrafficStats(TypedDict):
@@ -74,6 +78,8 @@ class TrafficStats(TypedDict):
     error_rate: float | None
     accuracy: float | None
     labelled: int
+    mean_blocks: float | None  # blocks run per answered request (the first route's), over the window
+    exited_early: int  # answered requests the exit rule stopped before the last block, over the window
     totals: TotalsView
     total_accuracy: float | None
 
@@ -85,6 +91,9 @@ class Totals:
     errors: int = 0
     correct: int = 0
     labelled: int = 0
+    answered: int = 0  # requests answered 200
+    blocks: int = 0  # blocks the answered ones ran
+    exited_early: int = 0
 
 
 @dataclass
@@ -163,6 +172,9 @@ class Activity:
             tally.errors += failed
             tally.correct += record.correct
             tally.labelled += record.labelled
+            tally.answered += not failed
+            tally.blocks += record.depth
+            tally.exited_early += record.exited_early
         return record
 
     def _bucket(self, second: int) -> _Bucket:
@@ -176,6 +188,7 @@ class Activity:
         window = [b for b in self._buckets if now - b.second < WINDOW_S]
         requests = sum(b.requests for b in window)
         labelled = sum(b.labelled for b in window)
+        answered = sum(b.answered for b in window)
         totals = self.totals
         return {
             "window_s": WINDOW_S,
@@ -185,12 +198,17 @@ class Activity:
             "error_rate": round(sum(b.errors for b in window) / requests, 4) if requests else None,
             "accuracy": round(sum(b.correct for b in window) / labelled, 4) if labelled else None,
             "labelled": labelled,
+            "mean_blocks": round(sum(b.blocks for b in window) / answered, 3) if answered else None,
+            "exited_early": sum(b.exited_early for b in window),
             "totals": {
                 "requests": totals.requests,
                 "items": totals.items,
                 "errors": totals.errors,
                 "correct": totals.correct,
                 "labelled": totals.labelled,
+                "answered": totals.answered,
+                "blocks": totals.blocks,
+                "exited_early": totals.exited_early,
             },
             "total_accuracy": round(totals.correct / totals.labelled, 4) if totals.labelled else None,
         }

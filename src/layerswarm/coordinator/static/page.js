@@ -32,6 +32,10 @@ function renderHeader(snap) {
   $("rate").textContent = st.requests_per_s.toFixed(2);
   $("errors").textContent = st.error_rate === null ? st.errors : `${st.errors} (${pct(st.error_rate)})`;
   $("accuracy").textContent = st.accuracy === null ? "–" : `${pct(st.accuracy)} of ${st.labelled}`;
+  // blocks run per answered request, of the model's depth, and how many the exit rule stopped early
+  $("blocks-used").textContent = st.mean_blocks === null
+    ? "–"
+    : `${st.mean_blocks.toFixed(2)} of ${s.depth} · ${st.exited_early} exited early`;
 }
 
 // star or relay (and under auto each one's measured time per hop); a decoder family has none.
@@ -149,7 +153,8 @@ function renderRoute(req) {
   const result = el("span", "result");
   if (req.status < 400) {
     const shown = req.predictions.slice(0, 2).join(", ") + (req.predictions.length > 2 ? ", …" : "");
-    result.append(document.createTextNode(`${shown} · ${ms(req.elapsed_ms)} `));
+    const blocks = `${req.depth} block${req.depth === 1 ? "" : "s"}${req.exited_early ? " (exit)" : ""}`;
+    result.append(document.createTextNode(`${shown} · ${blocks} · ${ms(req.elapsed_ms)} `));
     if (req.labelled) {
       const right = req.correct === req.labelled;
       result.append(el("span", right ? "right" : "wrong", `${req.correct}/${req.labelled} ${right ? "✓" : "✗"}`));
