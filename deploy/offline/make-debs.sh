@@ -22,11 +22,14 @@ root="$(mktemp -d "${TMPDIR:-/tmp}/layerswarm-debs.XXXXXX")"
 trap 'rm -rf "$root"' EXIT
 tar -C "$root" -xf "$tarball"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
-chroot "$root" apt-get update -q >"$root.log" 2>&1 \
-  && chroot "$root" apt-get install -y -q --download-only --no-install-recommends "$@" >>"$root.log" 2>&1 \
-  || { tail -20 "$root.log" >&2; rm -f "$root.log"; exit 1; }
+if ! { chroot "$root" apt-get update -q \
+       && chroot "$root" apt-get install -y -q --download-only --no-install-recommends "$@"; } >"$root.log" 2>&1; then
+  tail -20 "$root.log" >&2
+  rm -f "$root.log"
+  exit 1
+fi
 rm -f "$root.log"
 mkdir -p "$out"
 rm -f "$out"/*.deb
 cp "$root"/var/cache/apt/archives/*.deb "$out/"
-echo "make-debs: $(ls "$out"/*.deb | wc -l) packages in $out ($(du -sh "$out" | cut -f1)): $*"
+echo "make-debs: $(find "$out" -name '*.deb' | wc -l) packages in $out ($(du -sh "$out" | cut -f1)): $*"
