@@ -265,7 +265,8 @@ def test_compose_swarm_in_docker(engine: de.Engine, images: dict[str, Any]) -> N
         addresses = {c["NetworkSettings"]["Networks"][network]["IPAddress"] for c in containers.values()}
         for name in coordinators:  # found on the compose network
             assert {n["address"].rsplit(":", 1)[0] for n in found[name]} <= addresses
-        figures["memory_mib"] = {name: process_memory(c["State"]["Pid"]) for name, c in sorted(containers.items())}
+        running = sorted((n, c) for n, c in containers.items() if c["State"]["Running"])  # not swarm-token
+        figures["memory_mib"] = {name: process_memory(c["State"]["Pid"]) for name, c in running}
 
         data = load_dataset("shapes:10:20", seed=5)
         image, label = png_bytes(data.test_x[0].numpy()), data.class_names[int(data.test_y[0])]
