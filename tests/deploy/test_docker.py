@@ -95,8 +95,9 @@ def images(engine: de.Engine) -> dict[str, Any]:
 def report(section: str, figures: dict[str, Any]) -> None:
     """Write `figures` under `section` of the report, keeping the other tests' sections."""
     old = json.loads(REPORT.read_text()) if REPORT.is_file() else {}
+    kept = {name: old[name] for name in ("compose", "stack") if name in old and name != section}
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(json.dumps({**old, section: figures}, indent=2) + "\n")
+    REPORT.write_text(json.dumps({**kept, section: figures}, indent=2) + "\n")
 
 
 def build_image(engine: de.Engine) -> dict[str, Any]:
@@ -211,6 +212,11 @@ def health(container: dict[str, Any]) -> str:
     return str(container["State"].get("Health", {}).get("Status"))
 
 
+def memory_of(containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each running container's memory (the exited swarm-token has no process)."""
+    return {name: process_memory(c["State"]["Pid"]) for name, c in sorted(containers.items()) if c["State"]["Running"]}
+
+
 def crash_a_coordinator(compose: Compose, client: httpx.Client, image: bytes, dead: str) -> dict[str, Any]:
     """SIGKILL one coordinator: the balancer sends every request to the other one (no client retry)."""
     os.kill(compose.containers()[dead]["State"]["Pid"], signal.SIGKILL)
@@ -265,8 +271,7 @@ def test_compose_swarm_in_docker(engine: de.Engine, images: dict[str, Any]) -> N
         addresses = {c["NetworkSettings"]["Networks"][network]["IPAddress"] for c in containers.values()}
         for name in coordinators:  # found on the compose network
             assert {n["address"].rsplit(":", 1)[0] for n in found[name]} <= addresses
-        running = sorted((n, c) for n, c in containers.items() if c["State"]["Running"])  # not swarm-token
-        figures["memory_mib"] = {name: process_memory(c["State"]["Pid"]) for name, c in running}
+        figures["memory_mib"] = memory_of(containers)
 
         data = load_dataset("shapes:10:20", seed=5)
         image, label = png_bytes(data.test_x[0].numpy()), data.class_names[int(data.test_y[0])]
