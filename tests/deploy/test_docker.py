@@ -335,6 +335,18 @@ class Stack:
         running = [c for c in self.containers(service) if health(c) == "healthy"]
         return running if len(running) == count else None
 
+    def get(self, coordinator: dict[str, Any], path: str) -> str:
+        """GET `path` from a coordinator inside its own container (overlay addresses are not reachable
+        from the engine's host)."""
+        script = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080{path}').read().decode())"
+        return self.engine.docker("exec", coordinator["Id"], "python3", "-c", script, check=False)
+
+    def classified(self, coordinator: dict[str, Any]) -> float:
+        """How many classifications this replica answered 200 (its /metrics)."""
+        lines = self.get(coordinator, "/metrics").splitlines()
+        wanted = [line for line in lines if line.startswith("layerswarm_requests_total{") and "classify" in line]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in wanted if 'status="200"' in line)
+
     def nodes_seen_by(self, coordinator: dict[str, Any]) -> list[dict[str, Any]]:
         """A coordinator's healthy nodes, asked inside its own container (overlay addresses are not
         reachable from the engine's host)."""
@@ -427,6 +439,11 @@ def test_stack_on_one_node_swarm(engine: de.Engine, images: dict[str, Any]) -> N
         assert len(client.codes) >= 10
         after = wait_for("2 coordinators healthy after the update", lambda: stack.healthy("coordinator", 2), 120, 2)
         assert not {c["Id"] for c in after} & {c["Id"] for c in coordinators}  # both replaced
+        with httpx.Client(base_url=BALANCER, timeout=30) as balanced:
+            assert all(classify(balanced, image, seed).status_code == 200 for seed in range(20))
+        served = [stack.classified(c) for c in after]
+        figures["classified_by_each_new_replica"] = served
+        assert all(n > 0 for n in served), served  # the balancer's two slots hold two different replicas
 
         # A node container crashes: the orchestrator starts a new task, both coordinators re-admit it.
         victim = stack.containers("node-b3-m0")[0]
