@@ -251,19 +251,31 @@ async def real_info(node: Node) -> tuple[pb.NodeInfo, tuple[tuple[str, str], ...
     return info, trailing
 
 
-async def refused(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> bool:
+class Refusals(list[str]):
+    """What Forward and ForwardStream answered; true when both were UNAUTHENTICATED (the assertion's
+    message then says what else came back)."""
+
+    def __bool__(self) -> bool:
+        return all(outcome == "UNAUTHENTICATED" for outcome in self)
+
+
+async def refused(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> Refusals:
     stub = pb_grpc.BlockNodeStub(channel)
-    outcomes = []
+    outcomes = Refusals()
     for call in (
         stub.Forward(forward_request(), metadata=metadata),
         _drain(stub.ForwardStream(iter([forward_request()]), metadata=metadata)),
     ):
         try:
             await call
-            outcomes.append(False)
+            outcomes.append("answered")
         except grpc.aio.AioRpcError as exc:
-            outcomes.append(exc.code() is grpc.StatusCode.UNAUTHENTICATED)
-    return all(outcomes)
+            outcomes.append(
+                exc.code().name
+                if exc.code() is grpc.StatusCode.UNAUTHENTICATED
+                else f"{exc.code().name}: {exc.details()}"
+            )
+    return outcomes
 
 
 async def _drain(stream: Any) -> list[Any]:
@@ -292,7 +304,7 @@ async def test_token_theft_and_impostor_without_the_token(model_dir: Path) -> No
         assert TOKEN not in sent and "authorization" not in sent and "x-layerswarm-auth" not in sent
         async with grpc.aio.insecure_channel(address(real)) as channel:
             for _, metadata in impostor.received:  # replay everything it captured against the real node
-                assert await refused(channel, metadata)
+                assert (outcomes := await refused(channel, metadata)), outcomes
     finally:
         await coord.stop()
         await server.stop(0)
@@ -397,7 +409,7 @@ async def test_sniffed_credentials_cannot_be_replayed(model_dir: Path) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as again:  # the same credentials, sniffed and replayed
                 await pb_grpc.BlockNodeStub(ca).Forward(forward_request(), metadata=(header,))
             assert again.value.code() is grpc.StatusCode.UNAUTHENTICATED and "replayed" in str(again.value.details())
-            assert await refused(cb, (header,))  # ... or sent to another node
+            assert (outcomes := await refused(cb, (header,))), outcomes  # ... or sent to another node
             stream_header = signer.sign("/layerswarm.v1.BlockNode/Forward")  # signed for Forward only
             with pytest.raises(grpc.aio.AioRpcError) as other_method:
                 await _drain(
