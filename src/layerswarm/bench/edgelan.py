@@ -17,12 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import logging
-import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +29,7 @@ import torch
 from layerswarm.coordinator import CHOICES, ClassifyOptions, Coordinator, CoordinatorSettings, Policy
 from layerswarm.coordinator.routing.topology import MIN_SAMPLES
 from layerswarm.harness.netlab import Host, NetLab
-from layerswarm.harness.netns import in_private_netns
+from layerswarm.harness.netns import bench_in_private_netns, in_private_netns
 from layerswarm.harness.procs import Proc, node_address, node_cmd, spawn_many, stop_all
 from layerswarm.harness.shaping import measure_mbps, shape, slow_start_after_idle
 from layerswarm.models.checkpoint import Lineage, load_model, save_model
@@ -314,27 +310,7 @@ def run(quick: bool) -> dict[str, Any]:
     """The benchmark, in a private network namespace (re-executed there when this one is not)."""
     if in_private_netns():
         return asyncio.run(run_here(quick))
-    if os.geteuid() != 0:
-        return {"skipped": "needs root (network namespaces, veth pairs, tc)"}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "edgelan.json"
-        cmd = [
-            "unshare",
-            "-n",
-            "sh",
-            "-c",
-            'ip link set lo up; exec "$@"',
-            "sh",
-            sys.executable,
-            "-m",
-            "layerswarm.bench.edgelan",
-        ]
-        cmd += ["--json", str(out), *(["--quick"] if quick else [])]
-        done = subprocess.run(cmd, check=False)
-        if done.returncode != 0 or not out.is_file():
-            return {"skipped": f"edge LAN run failed (exit {done.returncode})"}
-        result: dict[str, Any] = json.loads(out.read_text())
-        return result
+    return bench_in_private_netns("layerswarm.bench.edgelan", quick)
 
 
 def render(r: dict[str, Any]) -> str:

@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from layerswarm.harness.netlab import NetLab
-from layerswarm.harness.netns import in_private_netns
+from layerswarm.harness.netns import bench_in_private_netns, in_private_netns
 from layerswarm.harness.procs import node_cmd, spawn_many, stop_all
 from layerswarm.harness.shaping import shape, slow_start_after_idle
 from layerswarm.models.checkpoint import read_lm_manifest
@@ -67,28 +64,9 @@ def run(quick: bool) -> dict[str, Any]:
     """The comparison, in a private network namespace (re-executed there when this one is not)."""
     if in_private_netns():
         return run_here(quick)
-    if os.geteuid() != 0:
-        return {"skipped": "needs root (network namespaces, veth pairs, tc)"}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "speculation_lan.json"
-        cmd = [
-            "unshare",
-            "-n",
-            "sh",
-            "-c",
-            'ip link set lo up; exec "$@"',
-            "sh",
-            sys.executable,
-            "-m",
-            "layerswarm.bench.speculation_lan",
-        ]
-        cmd += ["--json", str(out), *(["--quick"] if quick else [])]
-        done = subprocess.run(cmd, check=False)
-        if done.returncode != 0 or not out.is_file():
-            return {"skipped": f"the LAN run failed (exit {done.returncode})"}
-        result: dict[str, Any] = json.loads(out.read_text())
-        result.pop("environment", None)
-        return result
+    result = bench_in_private_netns("layerswarm.bench.speculation_lan", quick)
+    result.pop("environment", None)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

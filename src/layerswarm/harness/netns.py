@@ -6,11 +6,14 @@ loopback interface exists; multicast is routed to it so zeroconf works, and noth
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 LOOPBACK_MULTICAST = "ip link set lo up; ip link set lo multicast on; ip route add 224.0.0.0/4 dev lo 2>/dev/null; true"
 
@@ -53,3 +56,18 @@ def reexec_in_private_netns(argv: list[str]) -> int:
     cmd = ["unshare", *flags, "sh", "-c", script, "sh", sys.executable, "-m", "layerswarm", *argv]
     env = {**os.environ, "LAYERSWARM_NETNS": "1"}
     return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def bench_in_private_netns(module: str, quick: bool) -> dict[str, Any]:
+    """Run `python -m MODULE --json FILE [--quick]` (a bench that builds its own LAN of namespaces) in a
+    fresh network namespace, as root, and return its report; {"skipped": why} when it cannot run."""
+    if os.geteuid() != 0:
+        return {"skipped": "needs root (network namespaces, veth pairs, tc)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up; exec "$@"', "sh", sys.executable, "-m", module]
+        done = subprocess.run([*cmd, "--json", str(out), *(["--quick"] if quick else [])], check=False)
+        if done.returncode != 0 or not out.is_file():
+            return {"skipped": f"the run in a private network namespace failed (exit {done.returncode})"}
+        report: dict[str, Any] = json.loads(out.read_text())
+        return report
