@@ -90,16 +90,21 @@ async def _live_curves(coord: Coordinator, x: torch.Tensor, y: torch.Tensor) -> 
 
     async def recording(activations: torch.Tensor) -> torch.Tensor:
         logits = await head(activations)
-        recorded.append(logits)
+        if len(activations) == batch:  # the exit check's; the decisive-hop check stacks every stage
+            recorded.append(logits)
         return logits
 
     coord.router.head_logits = recording  # type: ignore[method-assign,assignment]
     prefixes, orders = [], []
+    batch = CHUNK
     try:
         for i in range(0, len(y), CHUNK):
             recorded.clear()
+            batch = len(y[i : i + CHUNK])
             opts = ClassifyOptions(policy=Policy.SHUFFLE, seed=10_000 + i, exit_rule="patience", exit_threshold=1024)
             result = await coord.router.classify(x[i : i + CHUNK], opts)
+            if len(recorded) != len(result.path.hops):
+                raise RuntimeError(f"recorded {len(recorded)} head calls for a {len(result.path.hops)}-hop path")
             prefixes.append(torch.stack(recorded, 1))  # after hops 1..L-1, then the final head
             orders.append([h.block for h in result.path.hops if h.block is not None])
     finally:
