@@ -43,7 +43,7 @@ async def run(families: list[tuple[str, Path]], requests: int) -> dict[str, Any]
     return {"requests": requests, "families": {name: await _family(member, requests) for name, member in families}}
 
 
-def _held_out(member: Path, requests: int) -> tuple[list[torch.Tensor], list[int], int]:
+def held_out(member: Path, requests: int) -> tuple[list[torch.Tensor], list[int], int]:
     """Batch-1 inputs (text: the sentence's tokens without padding, as the HTTP API sends them), their
     labels, and the index of the first one in the test split."""
     data = task_data(member)
@@ -56,7 +56,7 @@ def _held_out(member: Path, requests: int) -> tuple[list[torch.Tensor], list[int
 
 
 async def _family(member: Path, requests: int) -> dict[str, Any]:
-    inputs, labels, first = _held_out(member, requests)
+    inputs, labels, first = held_out(member, requests)
     with nodes(layout([member])) as procs:
         coord = Coordinator(CoordinatorSettings(model_dir=member, peers=addresses(procs), mdns=False))
         await coord.start()

@@ -25,6 +25,7 @@ from layerswarm.wire.memory import keep_large_buffers
 from . import (
     activations,
     adaptive,
+    anytime_default,
     decode_node,
     edgelan,
     exit_default,
@@ -100,6 +101,12 @@ def run_exit_default(quick: bool) -> dict[str, Any]:
     member's nodes and policy)."""
     families = [(name, robust_members(family_root(name))[0]) for name in EXIT_FAMILIES]
     return _run(exit_default.run(families, 100 if quick else 500))
+
+
+def run_anytime_default(quick: bool) -> dict[str, Any]:
+    """Each shipped family with default options and only a deadline set, over a sweep of deadlines."""
+    families = [(name, robust_members(family_root(name))[0]) for name in EXIT_FAMILIES]
+    return _run(anytime_default.run(families, 30 if quick else 300))
 
 
 def run_wire_formats(quick: bool, reps: int) -> list[dict[str, Any]]:
@@ -198,6 +205,7 @@ SUITES_ALONE: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "load-balancer": ("load_balancer", loadbalancer.run),
     "adaptive": ("adaptive", run_adaptive),
     "exit-default": ("exit_default", run_exit_default),
+    "anytime-default": ("anytime_default", run_anytime_default),
     "edge-lan": ("edge_lan", edgelan.run),
     "process-ring": ("process_ring", run_process_ring),
 }

@@ -25,6 +25,7 @@ def register(sub: Subparsers) -> None:
         choices=[
             "adaptive",
             "exit-default",
+            "anytime-default",
             "edge-lan",
             "wire",
             "hop",
@@ -37,7 +38,8 @@ def register(sub: Subparsers) -> None:
         ],
         help="run one suite alone (adaptive compute; exit-default: each shipped family (shapes, text) with "
         "default options through a swarm against itself at full depth, 500 requests each, and eval's "
-        "calibration on the same requests; vitb: the ViT-B/16-shaped swarm against the monolith, "
+        "calibration on the same requests; anytime-default: each shipped family with only deadline_ms set, "
+        "over deadlines from 0.25x to 1.5x the full path's p50 (the accuracy curve of anytime answers); vitb: the ViT-B/16-shaped swarm against the monolith, "
         "latency, throughput, hop, coordinator CPU and the process ring; "
         "edge-lan: star vs relay on a shaped LAN of namespaces; "
         "wire: accuracy, bytes and latency of each wire format through a swarm of the shipped family; "

@@ -1,82 +1,15 @@
-"""A stream's keys and values at one block, in numpy (lm/cache.py's KVCache, the same rules).
-
-keys, values   (kv_heads, length, head_dim) each: views into buffers grown by doubling
-append         the new tokens' keys and values (prefill: many; decode: one; verify: k + 1)
-truncate(n)    keep the first n tokens (speculative decoding rolls back rejected drafts)
-"""
+"""A stream's keys and values at one block, in numpy: models/kvcache.py's rules, float32 buffers."""
 
 from __future__ import annotations
 
 import numpy as np
 
-INITIAL_CAPACITY = 16  # tokens; the buffers double as the stream grows (as lm/cache.py)
+from ..kvcache import GrowingKVCache
 
 
-class KVCache:
-    def __init__(self, kv_heads: int, head_dim: int) -> None:
-        self.kv_heads, self.head_dim = kv_heads, head_dim
-        self.length = 0
-        self._keys: np.ndarray | None = None  # (kv_heads, capacity, head_dim), allocated on the first append
-        self._values: np.ndarray | None = None
+class KVCache(GrowingKVCache[np.ndarray]):
+    def _empty(self) -> np.ndarray:
+        return np.empty((self.kv_heads, 0, self.head_dim), dtype=np.float32)
 
-    @property
-    def keys(self) -> np.ndarray:
-        """(kv_heads, length, head_dim): a view, valid until the next append."""
-        return self._view(self._keys)
-
-    @property
-    def values(self) -> np.ndarray:
-        return self._view(self._values)
-
-    def _view(self, buffer: np.ndarray | None) -> np.ndarray:
-        if buffer is None:
-            return np.empty((self.kv_heads, 0, self.head_dim), dtype=np.float32)
-        return buffer[:, : self.length]
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self._keys is None else self._keys.shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this cache holds (its allocated buffers, keys and values)."""
-        if self._keys is None or self._values is None:
-            return 0
-        return self._keys.nbytes + self._values.nbytes
-
-    def append(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Add n tokens' keys and values, each (kv_heads, n, head_dim), after the ones held."""
-        expected = (self.kv_heads, keys.shape[1], self.head_dim)
-        if tuple(keys.shape) != expected or keys.shape != values.shape:
-            raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)}: expected {expected}")
-        n = keys.shape[1]
-        self._reserve(self.length + n)
-        assert self._keys is not None and self._values is not None
-        self._keys[:, self.length : self.length + n] = keys
-        self._values[:, self.length : self.length + n] = values
-        self.length += n
-
-    def truncate(self, n: int) -> None:
-        """Forget every token after the first n (the buffers stay allocated for the tokens that follow)."""
-        if not 0 <= n <= self.length:
-            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {n}")
-        self.length = n
-
-    def capacity_after(self, length: int) -> int:
-        """The capacity (tokens) the buffers will have once they hold `length` tokens (what a node books)."""
-        if length <= self.capacity:
-            return self.capacity
-        capacity = max(INITIAL_CAPACITY, self.capacity)
-        while capacity < length:
-            capacity *= 2
-        return capacity
-
-    def _reserve(self, needed: int) -> None:
-        if self._keys is not None and self._values is not None and needed <= self.capacity:
-            return
-        shape = (self.kv_heads, self.capacity_after(needed), self.head_dim)
-        keys, values = np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)
-        if self._keys is not None and self._values is not None:
-            keys[:, : self.length] = self._keys[:, : self.length]
-            values[:, : self.length] = self._values[:, : self.length]
-        self._keys, self._values = keys, values
+    def _allocate(self, shape: tuple[int, int, int], like: np.ndarray) -> np.ndarray:
+        return np.empty(shape, dtype=np.float32)
