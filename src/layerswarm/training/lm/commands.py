@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,7 @@ from layerswarm.models.lm.model import DecoderLM
 from layerswarm.models.lm.tokenizer import TOKENIZER_FILE, check_tokenizer, load_tokenizer
 from layerswarm.models.policy import write_entry
 
+from ..family import run_parallel
 from .data import LMData, encode, load_corpus
 from .draft_eval import EXIT_PROMPTS, calibrate_early_exit, draft_table
 from .evaluate import LMEvalPlan, Member, evaluate_members
@@ -240,21 +240,6 @@ def family_lm(req: FamilyLMRequest) -> list[Path]:
     if failed:
         raise RuntimeError(f"{failed} member(s) failed")
     return outs
-
-
-def run_parallel(commands: list[list[str]], jobs: int) -> int:
-    """Run the commands, `jobs` at a time, one thread each; how many failed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    pending, failed = list(commands), 0
-    running: list[subprocess.Popen[bytes]] = []
-    while pending or running:
-        while pending and len(running) < max(1, jobs):
-            running.append(subprocess.Popen(pending.pop(0), env=env))
-        time.sleep(0.5)
-        for proc in [p for p in running if p.poll() is not None]:
-            running.remove(proc)
-            failed += proc.returncode != 0
-    return failed
 
 
 # --- eval ------------------------------------------------------------------------------------------
