@@ -5,7 +5,8 @@ Per family, its first LayerShuffle member's nodes (one per block, loopback, stat
 coordinator with default settings, so the exit rule and the anytime floor (the fewest blocks an answer cut
 by a deadline keeps) come from the member's adaptive.json. First the full path's batch-1 latency
 (`exit_rule=none`, no deadline) on the warm-up requests; then, for each deadline as a fraction of that p50,
-the same held-out requests (the same seeds, so the same block orders) with only `deadline_ms` set: accuracy,
+the same held-out requests (the same seeds, so the same block orders) with only `deadline_ms` set, and once
+with no deadline (the reference: default options, early exits only): accuracy,
 mean blocks, the share cut by the deadline (`anytime`), the share answered within it and latency. The
 deadline rows are interleaved request by request so that load on the machine falls on all of them alike.
 """
@@ -25,7 +26,7 @@ from .exit_default import held_out
 from .fixtures import addresses, median_ms, nodes
 from .shipped import layout
 
-FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.5)  # deadline / the full path's p50 latency
+FRACTIONS: tuple[float | None, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, None)  # deadline / the full p50; None: no deadline
 CALIBRATION = 30  # batch-1 full-depth requests that set the full path's p50 (and warm the nodes up)
 
 
@@ -45,7 +46,7 @@ async def _family(member: Path, requests: int) -> dict[str, Any]:
         await coord.start()
         try:
             full_ms = await _full_p50_ms(coord, warm)
-            deadlines = [round(full_ms * f, 2) for f in FRACTIONS]
+            deadlines = [None if f is None else round(full_ms * f, 2) for f in FRACTIONS]
             rows = await _interleaved(coord, measured, labels[CALIBRATION:], deadlines)
             policy, depth_rule = coord.router.adaptive.to_json(), coord.router.depth_rule.to_json()
         finally:
@@ -70,9 +71,9 @@ async def _full_p50_ms(coord: Coordinator, inputs: list[torch.Tensor]) -> float:
 
 
 async def _interleaved(
-    coord: Coordinator, inputs: list[torch.Tensor], labels: list[int], deadlines: list[float]
-) -> dict[float, list[dict[str, float]]]:
-    rows: dict[float, list[dict[str, float]]] = {d: [] for d in deadlines}
+    coord: Coordinator, inputs: list[torch.Tensor], labels: list[int], deadlines: list[float | None]
+) -> dict[float | None, list[dict[str, float]]]:
+    rows: dict[float | None, list[dict[str, float]]] = {d: [] for d in deadlines}
     for i, (x, label) in enumerate(zip(inputs, labels, strict=True)):
         order = deadlines if i % 2 == 0 else deadlines[::-1]
         for deadline in order:
@@ -86,13 +87,13 @@ async def _interleaved(
                     "anytime": float(result.path.anytime),
                     "exited": float(result.path.exited_early),
                     "seconds": seconds,
-                    "in_time": float(seconds * 1e3 <= deadline),
+                    "in_time": float(deadline is None or seconds * 1e3 <= deadline),
                 }
             )
     return rows
 
 
-def _summary(fraction: float, deadline_ms: float, rows: list[dict[str, float]]) -> dict[str, Any]:
+def _summary(fraction: float | None, deadline_ms: float | None, rows: list[dict[str, float]]) -> dict[str, Any]:
     blocks = [int(r["blocks"]) for r in rows]
     cut = [int(r["blocks"]) for r in rows if r["anytime"]]
 

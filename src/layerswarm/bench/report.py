@@ -27,6 +27,7 @@ def render(r: dict[str, Any]) -> str:
         ("load_balancer", lambda r: render_load_balancer(r["load_balancer"])),
         ("adaptive", lambda r: render_adaptive(r["adaptive"])),
         ("exit_default", lambda r: render_exit_default(r["exit_default"])),
+        ("anytime_default", lambda r: render_anytime_default(r["anytime_default"])),
         ("edge_lan", lambda r: [render_edge_lan(r["edge_lan"])]),
         ("cuda", _cuda),
     ]
@@ -222,6 +223,26 @@ def render_adaptive(a: dict[str, Any]) -> list[str]:
     members = a["members"]
     tables = [_calibrated(a, members), _ensembles(a, members), _live_vs_eval(members), _anytime(members)]
     return [line for i, table in enumerate(tables) for line in ([""] if i else []) + table]
+
+
+def render_anytime_default(a: dict[str, Any]) -> list[str]:
+    """Accuracy against the deadline: each shipped family, default options, only deadline_ms set."""
+    rows = []
+    for name, f in a["families"].items():
+        floor = f["depth_rule"]["anytime_min_blocks"]
+        for c in f["curve"]:
+            cells = _cells(c, "accuracy", "mean_blocks", "cut_by_deadline", "exited_early", "within_deadline")
+            rows.append(_row(f"{name} (floor {floor})", _deadline(c), *cells))
+    title = (
+        f"**Anytime answers with default options** ({a['requests']} held-out requests a deadline, batch 1; "
+        "deadlines as a fraction of the full path's p50 measured in the same run)"
+    )
+    columns = ["family (anytime floor)", "deadline", "accuracy", "mean blocks", "cut", "exited early", "in time"]
+    return _table(title, columns, rows)
+
+
+def _deadline(c: dict[str, Any]) -> str:
+    return "none" if c["deadline_ms"] is None else f"{c['fraction_of_full_p50']}x = {c['deadline_ms']} ms"
 
 
 def render_exit_default(e: dict[str, Any]) -> list[str]:
