@@ -38,6 +38,20 @@ def test_victims_leave_every_block_index_but_one_a_node() -> None:
         assert len(left) >= 3 and len(victims) == len({id(v) for v in victims})
 
 
+def test_spread_victims_leave_every_block_index_a_node() -> None:
+    """--victims spread: every loss is a rebuild on another replica, never a skip."""
+    import random
+    from types import SimpleNamespace
+
+    from layerswarm.cli.swarm_demo import choose_victims
+
+    nodes = [SimpleNamespace(ready={"block": b}, name=i) for i, b in enumerate([0, 1, 2, 3, 0, 1, 2, 3, 0])]
+    for asked in (1, 3, 5, 8):
+        victims = choose_victims(nodes, asked, random.Random(asked), "spread")
+        assert len(victims) == min(asked, 9 - 4)  # all but one node of every index at most
+        assert {n.ready["block"] for n in nodes if n not in victims} == {0, 1, 2, 3}
+
+
 def test_up_states_the_block_rule_it_runs_under() -> None:
     """The coordinator's rule (assembly.depth_rule), with where each number came from: `up`'s own
     --min-blocks and what a coordinator started by hand on the same model would need instead."""

@@ -20,6 +20,13 @@ class UpOptions:
     seed: int = 0
     timeout_s: float = 60.0
     concurrent: int = 0  # requests the demo keeps in flight at once (the coordinator must admit them)
+    victims: str = "whole-index"  # which nodes die: every node of one block index too, or spread (VICTIMS)
+
+
+VICTIMS = {
+    "whole-index": "every node of one block index and random others (a skip or a cross-block substitution)",
+    "spread": "random nodes, never the last of a block index (every loss is rebuilt on another replica)",
+}
 
 
 def family_members(family_dir: Path) -> tuple[list[Path], int]:
@@ -127,15 +134,15 @@ def block_rule(model_dir: Path, min_blocks: int) -> str:
     )
 
 
-def choose_victims(nodes: list[Any], count: int, rng: random.Random) -> list[Any]:
-    """Kill every node of one block index (forcing a cross-block substitution or a skip) plus random
-    others, leaving every other index at least one node."""
+def choose_victims(nodes: list[Any], count: int, rng: random.Random, how: str = "whole-index") -> list[Any]:
+    """Up to `count` nodes to kill (VICTIMS): with whole-index, every node of one block index first; the
+    others at random, leaving every other index at least one node."""
     if count <= 0:
         return []
     by_block: dict[int, list[Any]] = {}
     for proc in nodes:
         by_block.setdefault(int(proc.ready["block"]), []).append(proc)
-    first = by_block[rng.choice(sorted(by_block))][:count]
+    first = by_block[rng.choice(sorted(by_block))][:count] if how == "whole-index" else []
     others: list[Any] = []
     for proc in rng.sample([p for p in nodes if p not in first], len(nodes) - len(first)):
         if len(others) >= count - len(first):

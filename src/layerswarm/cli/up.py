@@ -20,7 +20,7 @@ from typing import Any
 
 from . import up_lm
 from .base import Subparsers, UsageError, add_command, non_negative_int, positive_int
-from .swarm_demo import UpOptions, choose_victims, family_members, is_decoder_family, progress, start_swarm
+from .swarm_demo import VICTIMS, UpOptions, choose_victims, family_members, is_decoder_family, progress, start_swarm
 
 
 def register(sub: Subparsers) -> None:
@@ -36,6 +36,12 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--nodes", type=positive_int, help="how many nodes (none: two models per block)")
     p.add_argument("--kill", type=non_negative_int, help="how many nodes to SIGKILL mid-run (none: a third)")
+    p.add_argument(
+        "--victims",
+        choices=sorted(VICTIMS),
+        default=UpOptions.victims,
+        help="which nodes die: " + "; ".join(f"{name}: {what}" for name, what in VICTIMS.items()),
+    )
     p.add_argument(
         "--requests",
         type=positive_int,
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         return mdns  # the exit status: re-executed in a private namespace, or refused
     from layerswarm.harness.procs import ProcessError
 
-    opts = UpOptions(args.nodes, args.requests, args.kill, mdns, family_dir, args.seed)
+    opts = UpOptions(args.nodes, args.requests, args.kill, mdns, family_dir, args.seed, victims=args.victims)
     decoder = is_decoder_family(family_dir)
     try:
         summary = up_lm.run_up_lm(opts, args.streams, args.speculation) if decoder else run_up(opts)
@@ -246,7 +252,7 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
             before = Phase("all nodes up")
             classify_many(client, before, samples[: opts.requests_per_phase], rng)
             asked = opts.kill if opts.kill is not None else len(nodes) // 3
-            killed = choose_victims(nodes, asked, rng)
+            killed = choose_victims(nodes, asked, rng, opts.victims)
             if len(killed) < asked:
                 progress(f"--kill {asked}: only {len(killed)} can go (every block index but one keeps a node)")
             victims = f"{len(killed)} node{'s' if len(killed) != 1 else ''}"

@@ -175,20 +175,21 @@ def run_up_lm(opts: UpOptions, streams: int, speculation: str = "off") -> dict[s
     rng = random.Random(opts.seed)
     nodes, coordinator, members = start_swarm(dataclasses.replace(opts, concurrent=streams))
     try:
-        tasks = task_prompts(members[0], 2 * streams, opts.seed)
+        tasks = task_prompts(members[0], streams, opts.seed)
         base = f"http://127.0.0.1:{coordinator.ready['port']}"
         with httpx.Client(base_url=base, timeout=30.0) as client:
             progress(f"coordinator on {base}; waiting until all {len(nodes)} nodes are healthy...")
             wait_for_swarm(client, len(nodes), opts.timeout_s)
             model = client.get("/v1/models").json()["data"][0]["id"]
         asked = opts.kill if opts.kill is not None else len(nodes) // 3
-        killed = choose_victims(nodes, asked, rng)
+        killed = choose_victims(nodes, asked, rng, opts.victims)
         if len(killed) < asked:
             progress(f"--kill {asked}: only {len(killed)} can go (every block index but one keeps a node)")
+        # the same prompts in both phases (greedy): what the kills cost is the difference, not the prompts'
         before = StreamPhase("all nodes up")
         asyncio.run(run_phase(base, model, before, tasks[:streams], speculation=speculation))
         after = StreamPhase(f"{len(killed)} nodes killed")
-        asyncio.run(run_phase(base, model, after, tasks[streams:], killed, speculation))
+        asyncio.run(run_phase(base, model, after, tasks[:streams], killed, speculation))
         with httpx.Client(base_url=base, timeout=30.0) as client:
             view = client.get("/v1/nodes").json()
             metrics = client.get("/metrics").text
