@@ -37,6 +37,7 @@ from ..membership.records import Evidence, NodeRecord
 from ..membership.registry import Registry
 from ..verification.decode_check import DecodeVerifier
 from .decode_call import DecodeCaller, DecodeFailed, DecodeReply, Failure
+from .exits import ExitCheck, skip_rest
 from .routes import choose, may_skip
 from .rows import RowLog
 from .session import RouteSlot, StreamSession, TraceEvent
@@ -105,13 +106,14 @@ class StreamRunner:
         self.open_streams = open_streams
         self.on_failover = on_failover
 
-    async def advance(self, s: StreamSession, x: torch.Tensor, row: int) -> torch.Tensor:
+    async def advance(self, s: StreamSession, x: torch.Tensor, row: int, exit: ExitCheck | None = None) -> torch.Tensor:
         """(1, T, D) states of tokens row .. row + T - 1 through the route; the route's output for them
-        (after a rewind, for the tokens from the rewound one: the last row is always the newest token's)."""
+        (after a rewind, for the tokens from the rewound one: the last row is always the newest token's).
+        With `exit`, a single token may leave the route early (exits.py): its state where it left."""
         position, rewinds = 0, 0
         while True:
             try:
-                return await self._walk(s, position, row, x)
+                return await self._walk(s, position, row, x, exit)
             except _Rewind as rewind:
                 rewinds += 1
                 if rewinds > MAX_REWINDS:
@@ -119,8 +121,11 @@ class StreamRunner:
                 position, row = rewind.position, rewind.row
                 x = s.route[position].inputs.rows(row)
 
-    async def _walk(self, s: StreamSession, first: int, row: int, x: torch.Tensor) -> torch.Tensor:
+    async def _walk(
+        self, s: StreamSession, first: int, row: int, x: torch.Tensor, exit: ExitCheck | None
+    ) -> torch.Tensor:
         checks: list[_Check] = []
+        hops = 0
         try:
             for slot in s.route[first:]:
                 if s.closed:  # its client left while the step ran: open nothing new on any node
@@ -129,6 +134,15 @@ class StreamRunner:
                     continue
                 x = slot.inputs.put(row, x)
                 x = await self._hop(s, slot, row, x, checks)
+                hops += 1
+                if exit is None:
+                    continue
+                rest = [later.inputs for later in s.route[slot.position + 1 :] if not later.skipped]
+                if await exit.leaves(hops, len(rest), x):
+                    skip_rest(rest, row, x)  # their next Decode fills it in (see _hop)
+                    s.exits.exits += 1
+                    break
+            s.exits.block_hops += hops
             s.final.put(row, x)
             await self._confirm(s, checks)
         finally:
@@ -157,9 +171,14 @@ class StreamRunner:
                 if record is None:
                     return x  # skipped: the block's input goes on as its output
             start = min(slot.held, row)
-            sent = slot.inputs.rows(start)
+            # With early exit, the rows the node lacks before the new ones go as `fill` (keys and values
+            # only: exited tokens' states, or a rebuild's replay); else they are replayed as inputs.
+            fill_to = row if s.exits.rule is not None else start
+            fill = slot.inputs.rows(start, fill_to) if fill_to > start else None
+            sent = slot.inputs.rows(fill_to)
             try:
-                reply = await self.calls.call(record, self._link(s, record), s.id, s.request_id, start, sent)
+                link = self._link(s, record)
+                reply = await self.calls.call(record, link, s.id, s.request_id, start, sent, fill)
             except DecodeFailed as failure:
                 if failure.kind is Failure.FULL and busy < BUSY_RETRIES:  # refused before our cache was touched
                     busy += 1
@@ -172,14 +191,14 @@ class StreamRunner:
                 if not same:
                     slot.leave(str(failure))
                 continue
-            self._answered(s, slot, record, reply, takeover, sent.shape[1], row)
+            self._answered(s, slot, record, reply, takeover, fill_to - start + sent.shape[1], row)
             if self.verifier is not None and self.verifier.wants(record):
                 inputs = slot.inputs.rows()
                 task = asyncio.ensure_future(
                     self.verifier.check(record, inputs, reply.out, self.calls.wire, slot.position)
                 )
                 checks.append(_Check(slot, record, task, row))
-            return reply.out[:, row - start :]
+            return reply.out[:, row - fill_to :]
 
     def _answered(
         self,
