@@ -59,7 +59,9 @@ def _tally(answers: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     }
 
 
-def _round(http: httpx.Client, mode: dict[str, object], bodies: list[dict[str, Any]]) -> tuple[list[Any], dict]:
+def _round(
+    http: httpx.Client, mode: dict[str, object], bodies: list[dict[str, Any]]
+) -> tuple[list[Any], dict[str, Any]]:
     answers, seconds = [], 0.0
     for body in bodies:
         started = time.perf_counter()
@@ -122,7 +124,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def _same(a: list[Any], b: list[Any]) -> float:
-    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+    return float(sum(x == y for x, y in zip(a, b, strict=True)) / len(a))
 
 
 def _modes(
@@ -154,20 +156,20 @@ def _modes(
 
 
 def render(r: dict[str, Any]) -> list[str]:
-    """The headline table: each mode on the task prompts (exact match) and the text prompts (tokens/s)."""
+    """The headline table: each mode on the text prompts (tokens/s) and the task prompts (exact match)."""
     lines = [
         f"**Decoding modes through a {r['depth']}-block swarm, batch 1** ({r['model']}, early-exit threshold "
-        f"{r['threshold']}; {r['task_prompts']} task test prompts, {r['text_prompts']} text prompts)",
+        f"{r['threshold']}; {r['text_prompts']} text prompts, {r['task_prompts']} task test prompts)",
         "",
-        "| mode | tokens/s (text) | x plain | trips/token | block-hops/token (task) | fewer hops | exact match"
-        " | EM loss (points) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| mode | text: tokens/s | x plain | trips/token | block-hops/token | task: block-hops/token | fewer"
+        " block-hops | exact match | EM loss (points) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for mode, task in r["task"].items():
         text = r["text"][mode]
         lines.append(
             f"| {mode} | {text['tokens_per_s']} | {text['over_plain']} | {text['trips_per_token']} | "
-            f"{task['block_hops_per_token']} | {task['fewer_block_hops']}x | {task['exact_match']} | "
-            f"{task['em_loss_points']} |"
+            f"{text['block_hops_per_token']} | {task['block_hops_per_token']} | {task['fewer_block_hops']}x | "
+            f"{task['exact_match']} | {task['em_loss_points']} |"
         )
     return lines
