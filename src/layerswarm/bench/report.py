@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .edgelan import render as render_edge_lan
+from .generation_modes import render as render_generation_modes
 from .grpc_echo import HOP_PARTS
 from .loadbalancer import render as render_load_balancer
 
@@ -24,6 +25,7 @@ def render(r: dict[str, Any]) -> str:
         ("node_footprint", lambda r: _node_footprint(r["node_footprint"])),
         ("decode_node", lambda r: _decode_node(r["decode_node"])),
         ("generation", lambda r: _generation(r["generation"])),
+        ("generation_modes", lambda r: render_generation_modes(r["generation_modes"])),
         ("load_balancer", lambda r: render_load_balancer(r["load_balancer"])),
         ("adaptive", lambda r: render_adaptive(r["adaptive"])),
         ("exit_default", lambda r: render_exit_default(r["exit_default"])),

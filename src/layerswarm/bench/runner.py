@@ -30,6 +30,7 @@ from . import (
     edgelan,
     exit_default,
     generation,
+    generation_modes,
     hop,
     loadbalancer,
     process_ring,
@@ -202,6 +203,7 @@ def run_decode_node(quick: bool) -> dict[str, Any]:
 SUITES_ALONE: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "decode-node": ("decode_node", run_decode_node),
     "generation": ("generation", generation.run),
+    "generation-modes": ("generation_modes", generation_modes.run),
     "load-balancer": ("load_balancer", loadbalancer.run),
     "adaptive": ("adaptive", run_adaptive),
     "exit-default": ("exit_default", run_exit_default),

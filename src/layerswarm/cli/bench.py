@@ -35,6 +35,7 @@ def register(sub: Subparsers) -> None:
             "decode-node",
             "load-balancer",
             "generation",
+            "generation-modes",
         ],
         help="run one suite alone (adaptive compute; exit-default: each shipped family (shapes, text) with "
         "default options through a swarm against itself at full depth, 500 requests each, and eval's "
@@ -50,7 +51,8 @@ def register(sub: Subparsers) -> None:
         "decode-node: one decoder node, a stream's steps against 16 concurrent streams' throughput; "
         "load-balancer: a classification through HAProxy in front of two coordinators against direct; "
         "generation: the shipped decoder through a swarm, batch-1 per-token latency against the route's "
-        "floor and 16 streams' tokens/s against one's)",
+        "floor and 16 streams' tokens/s against one's; generation-modes: plain decoding, speculation (k=2, "
+        "auto) and per-token early exit through one swarm of the exit-aware decoder, same prompts)",
     )
 
 

@@ -56,6 +56,7 @@ def register(sub: Subparsers) -> None:
     f.add("--max-new-tokens", "max_new_tokens", type=int)
     f.add("--default-max-tokens", "default_max_tokens", type=int)
     f.add("--speculation", "speculation", metavar="off|auto|K")
+    f.add("--early-exit", "early_exit", metavar="off|on|THRESHOLD")
     f.add("--draft-depth", "draft_depth", type=int)
     f.group("HTTP", "the HTTP server and its front door (docs/http-api.md)")
     f.add("--http-host", "http_host")

@@ -29,6 +29,7 @@ class GenerateOptions(TypedDict, total=False):
     stop: str | list[str]
     order: Literal["sequential", "shuffle"]
     speculation: Literal["off", "auto"] | int | dict[str, int | str]  # drafts per verify trip (0: off)
+    early_exit: Literal["off", "on"] | bool | float  # per-token early exit: on, or a threshold (lossy)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Generation:
     trace: tuple[dict[str, Any], ...]
     trips: int = 0  # passes through the route (plain decoding: one per token)
     speculation: dict[str, Any] | None = None  # mode, draft depth, drafted, accepted, trips per token
+    early_exit: dict[str, Any] | None = None  # mode, exits, block-hops (per token)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Generation:
@@ -78,6 +80,7 @@ class Generation:
             trace=tuple(data["trace"]),
             trips=stream.get("trips", 0),
             speculation=stream.get("speculation"),
+            early_exit=stream.get("early_exit"),
         )
 
 

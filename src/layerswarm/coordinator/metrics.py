@@ -199,6 +199,15 @@ class CoordinatorMetrics:
         self.gen_accepted = Counter(
             "layerswarm_gen_accepted_tokens", "Drafted tokens the route's verify kept", registry=registry
         )
+        self.gen_block_hops = Counter(
+            "layerswarm_gen_block_hops",
+            "Decode calls of finished streams, every pass through their route: over layerswarm_gen_tokens_total, "
+            "the block-hops per token (plain decoding: the route's depth; early exit: less)",
+            registry=registry,
+        )
+        self.gen_exits = Counter(
+            "layerswarm_gen_early_exits", "Tokens that left their route early (per-token early exit)", registry=registry
+        )
         self.gen_step = Histogram(
             "layerswarm_gen_step_seconds",
             "One generated token's trip: stem, every hop, head",
@@ -226,6 +235,10 @@ class CoordinatorMetrics:
 
     def route_trips(self, trips: int) -> None:
         self.gen_trips.inc(trips)
+
+    def block_hops(self, hops: int, exits: int) -> None:
+        self.gen_block_hops.inc(hops)
+        self.gen_exits.inc(exits)
 
     def observe_route(self, path: PathResult) -> None:
         """One route's hops by outcome, and how each of its relay chains ended (star routes have none)."""

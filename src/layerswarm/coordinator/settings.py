@@ -192,6 +192,11 @@ class CoordinatorSettings(ProcessSettings):
         description="self-speculative decoding when a request does not say (docs/speculation.md): off, auto "
         f"(k adapts to the stream's acceptance and round trips), or k drafts per verify trip, 1 to {SPECULATION_MAX_K}",
     )
+    early_exit: str = Field(
+        default="off",
+        description="per-token early exit when a request does not say (lossy; docs/speculation.md): off, on "
+        "(the threshold `layerswarm eval` calibrated, in the model's policy), or a threshold over 0 and at most 1",
+    )
     draft_depth: int | None = Field(
         default=None,
         ge=1,
@@ -298,6 +303,23 @@ class CoordinatorSettings(ProcessSettings):
         if value in ("off", "auto") or (value.isdigit() and 0 <= int(value) <= SPECULATION_MAX_K):
             return "off" if value == "0" else value
         raise ValueError(f"{value!r} is not off, auto, or a number of drafts 0 to {SPECULATION_MAX_K}")
+
+    @field_validator("early_exit")
+    @classmethod
+    def _early_exit(cls, value: str) -> str:
+        try:
+            ok = value in ("off", "on") or 0.0 < float(value) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{value!r} is not off, on, or a threshold over 0 and at most 1")
+        return value
+
+    @model_validator(mode="after")
+    def _one_decoding_mode(self) -> CoordinatorSettings:
+        if self.speculation != "off" and self.early_exit != "off":
+            raise ValueError("--speculation and --early-exit cannot both be on by default: pick one")
+        return self
 
     @field_validator("peers", "peer_dns")
     @classmethod

@@ -79,18 +79,29 @@ class DecodeCaller:
         return self.hop_timeout_s * (1 + tokens // PREFILL_TOKENS_PER_TIMEOUT)
 
     async def call(
-        self, record: NodeRecord, link: DecodeLink, stream_id: str, request_id: str, start: int, x: torch.Tensor
+        self,
+        record: NodeRecord,
+        link: DecodeLink,
+        stream_id: str,
+        request_id: str,
+        start: int,
+        x: torch.Tensor,
+        fill: torch.Tensor | None = None,
     ) -> DecodeReply:
-        """x (1, T, D) float32, the states of tokens start .. start + T - 1 entering the block (as the
-        node will decode them). Raises DecodeFailed."""
+        """x (1, T, D) float32, the states of tokens start + F .. start + F + T - 1 entering the block (as
+        the node will decode them); fill (1, F, D): earlier tokens' states that left the route before this
+        block (early exit), cached first with no output. Raises DecodeFailed."""
         tokens = x.shape[1]
+        filled = 0 if fill is None else fill.shape[1]
         request = pb.DecodeRequest(
             stream_id=stream_id, start=start, activations=codec.encode(x, self.wire), request_id=request_id
         )
+        if fill is not None and filled:
+            request.fill.CopyFrom(codec.encode(fill, self.wire))
         record.begin_call()
         started = time.monotonic()
         try:
-            reply = await link.step(request, self.timeout(tokens))
+            reply = await link.step(request, self.timeout(filled + tokens))
         except grpc.aio.AioRpcError as exc:
             kind = _KINDS.get(exc.code(), Failure.REFUSED)
             raise DecodeFailed(kind, f"{exc.code().name}: {exc.details()}") from exc
@@ -100,8 +111,8 @@ class DecodeCaller:
             record.end_call()
         latency_ms = (time.monotonic() - started) * 1e3
         out = self._states(reply, tokens)
-        if reply.length != start + tokens:
-            message = f"the node says its cache holds {reply.length} tokens, not {start + tokens}"
+        if reply.length != start + filled + tokens:
+            message = f"the node says its cache holds {reply.length} tokens, not {start + filled + tokens}"
             raise DecodeFailed(Failure.MALFORMED, message)
         return DecodeReply(out, reply.length, latency_ms, reply.compute_ms, reply.batched)
 

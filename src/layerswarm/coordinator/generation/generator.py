@@ -44,7 +44,8 @@ from ..routing.trace import DepthError
 from ..settings import CoordinatorSettings
 from ..verification.decode_check import DecodeVerifier
 from .decode_call import DecodeCaller
-from .options import GenerationOptions, InvalidGeneration, check_generation, parse_speculation
+from .exits import ExitCheck, calibrated, resolve, top_probability
+from .options import GenerationOptions, InvalidGeneration, check_generation, parse_early_exit, parse_speculation
 from .routes import block_order, eligible, plan_route
 from .rows import RowLog
 from .runner import RouteRules, StreamRunner
@@ -71,6 +72,8 @@ class StreamObserver(Protocol):
     def failover(self, kind: str) -> None: ...
 
     def speculation_round(self, drafted: int, accepted: int) -> None: ...
+
+    def block_hops(self, hops: int, exits: int) -> None: ...
 
     def route_trips(self, trips: int) -> None: ...
 
@@ -120,6 +123,10 @@ class Generator:
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
         self._releases: set[asyncio.Task[None]] = set()
         self.default_speculation = parse_speculation(settings.speculation)
+        self.default_exit = parse_early_exit(settings.early_exit)
+        self.calibrated_exit = calibrated(manifest)
+        if self.default_exit.on and self.default_exit.threshold is None and self.calibrated_exit.threshold is None:
+            raise ValueError("--early-exit on: this model has no calibrated threshold (`layerswarm eval`); give one")
         self.speculator: Speculator | None = None
         plan = draft_plan(settings, manifest)
         if plan is not None:
@@ -158,10 +165,9 @@ class Generator:
             prompt, options, self.config, self.settings.max_new_tokens, self.settings.default_max_tokens
         )
         await self.watch.wait_first_round(self.settings.request_timeout_s / 2)
-        ask = options.speculation if options.speculation is not None else self.default_speculation
-        if ask.on and self.speculator is None:
+        options, exit_rule = resolve(options, self.default_exit, self.default_speculation, self.calibrated_exit)
+        if options.speculation is not None and options.speculation.on and self.speculator is None:
             raise InvalidGeneration("speculation needs a model of 2 blocks or more", "speculation", "no_draft")
-        options = dataclasses.replace(options, speculation=ask)
         sampling = options.sampling()
         if not sampling.greedy and sampling.seed is None:  # a seed of our own, answered: the text can be had again
             options = dataclasses.replace(options, seed=random.SystemRandom().randrange(2**31))
@@ -198,6 +204,7 @@ class Generator:
             rng=None if sampling.greedy else sampling.generator(),
             eos_id=self.config.eos_id,
         )
+        session.exits.rule = exit_rule
         self.live[session.id] = session
         if self.observer is not None:
             self.observer.stream_opened()
@@ -220,6 +227,8 @@ class Generator:
             async for delta in self.speculator.tokens(s, logits):
                 yield delta
             return
+        rule = s.exits.rule
+        exit = ExitCheck(rule, self._confidence) if rule is not None else None
         while True:
             token = int(pick_next(logits, s.sampling, s.rng)[0])
             text, finish = s.accept(token)
@@ -229,7 +238,7 @@ class Generator:
                 return
             started = time.monotonic()
             x = await self._local(self.stem, torch.tensor([[token]]))
-            out = await self.runner.advance(s, x, s.length - 1)
+            out = await self.runner.advance(s, x, s.length - 1, exit)
             s.trips += 1
             logits = await self._local(self.head, out[:, -1])
             if self.observer is not None:
@@ -249,6 +258,7 @@ class Generator:
         if self.observer is not None:
             self.observer.stream_closed(outcome, len(s.generated))
             self.observer.route_trips(s.trips)
+            self.observer.block_hops(s.exits.block_hops, s.exits.exits)
         for link in s.links.values():
             link.close()
         s.links.clear()
@@ -288,6 +298,9 @@ class Generator:
         """Live streams and the latest finished ones, for the page."""
         now = time.monotonic()
         return [s.view(now) for s in self.live.values()], [s.view(now) for s in self.recent]
+
+    async def _confidence(self, x: torch.Tensor) -> float:
+        return await self._run(lambda: top_probability(self.head, x))
 
     async def _local(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return await self._run(lambda: module(x))

@@ -71,6 +71,50 @@ def parse_speculation(value: object) -> Speculation:
     return Speculation(k=value)
 
 
+@dataclass(frozen=True)
+class EarlyExit:
+    """Per-token early exit for one stream (lossy, CALM): a token leaves the route after the first block
+    at which the head's top probability reaches `threshold` (None: the model's calibrated one), once
+    `min_blocks` ran. `on` False: every token runs the whole route."""
+
+    on: bool = False
+    threshold: float | None = None
+
+    def describe(self) -> str:
+        return "off" if not self.on else "calibrated" if self.threshold is None else str(self.threshold)
+
+
+NO_EXIT = EarlyExit()
+
+
+def parse_early_exit(value: object) -> EarlyExit:
+    """The API's and the settings' spelling: "off" | false | "on" | true (the model's calibrated threshold)
+    | a threshold in (0, 1] (a number, or its text). Raises InvalidGeneration naming `early_exit`."""
+    if value is None or value is False or value == "off":
+        return NO_EXIT
+    if value is True or value == "on":
+        return EarlyExit(on=True)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _bad_early_exit(f"got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad_early_exit(f"got {value!r}")
+    if not 0.0 < float(value) <= 1.0:  # NaN fails this too
+        raise _bad_early_exit(f"a threshold must be over 0 and at most 1, got {value}")
+    return EarlyExit(on=True, threshold=float(value))
+
+
+def _bad_early_exit(detail: str) -> InvalidGeneration:
+    return InvalidGeneration(
+        f'early_exit must be "off", "on" (the model\'s calibrated threshold) or a threshold over 0 and at most 1: '
+        f"{detail}",
+        "early_exit",
+        "invalid_early_exit",
+    )
+
+
 def _bad_speculation(detail: str) -> InvalidGeneration:
     return InvalidGeneration(
         f'speculation must be "off", "auto", a number of drafts 0 to {MAX_DRAFT}, or {{"k": ...}}: {detail}',
@@ -92,6 +136,7 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     order: str = "sequential"
     speculation: Speculation | None = None  # None: the server's default (--speculation)
+    early_exit: EarlyExit | None = None  # None: the server's default (--early-exit)
 
     def sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)

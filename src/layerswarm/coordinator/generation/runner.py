@@ -15,7 +15,7 @@ ever sent) is replayed: that is how a cache is rebuilt. When a hop fails (decode
 
 A node that left the routable set since the last step (ejected by health checks) is rebuilt away from
 before it is called. Checks (verification/decode_check.py) run beside the later hops and are awaited
-before the step's output is used: a failed one convicts the node, and the stream is rewound to the first
+before the step's output is used (lies.py): a failed one convicts the node, and the stream is rewound to the first
 token whose state the node falsified (its earlier replies are the next position's stored inputs): a new
 node replays that position, and every later one recomputes from that token (Decode's start truncates
 their caches to it). A node convicted by another stream is treated the same way when this stream
@@ -33,12 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from ..membership.clients import ClientPool, DecodeLink
-from ..membership.records import Evidence, NodeRecord
+from ..membership.records import NodeRecord
 from ..membership.registry import Registry
 from ..verification.decode_check import DecodeVerifier
 from .decode_call import DecodeCaller, DecodeFailed, DecodeReply, Failure
+from .exits import ExitCheck, skip_rest
+from .lies import Check, Lies, Rewind, drop_link
 from .routes import choose, may_skip
-from .rows import RowLog
 from .session import RouteSlot, StreamSession, TraceEvent
 
 log = logging.getLogger(__name__)
@@ -53,21 +54,6 @@ BUSY_BACKOFF_S = 0.01
 class StreamFailed(Exception):
     """The stream cannot go on: a block no node can serve and the minimum depth forbids skipping it, or
     too many rewinds. The message says which."""
-
-
-class _Rewind(Exception):
-    def __init__(self, position: int, row: int) -> None:
-        super().__init__(f"rewind to position {position}, token {row}")
-        self.position = position
-        self.row = row
-
-
-@dataclass
-class _Check:
-    slot: RouteSlot
-    record: NodeRecord
-    task: asyncio.Future[Evidence | None]
-    row: int
 
 
 @dataclass
@@ -104,23 +90,28 @@ class StreamRunner:
         self.rules = rules
         self.open_streams = open_streams
         self.on_failover = on_failover
+        self.lies = Lies(verifier, registry, calls.wire)
 
-    async def advance(self, s: StreamSession, x: torch.Tensor, row: int) -> torch.Tensor:
+    async def advance(self, s: StreamSession, x: torch.Tensor, row: int, exit: ExitCheck | None = None) -> torch.Tensor:
         """(1, T, D) states of tokens row .. row + T - 1 through the route; the route's output for them
-        (after a rewind, for the tokens from the rewound one: the last row is always the newest token's)."""
+        (after a rewind, for the tokens from the rewound one: the last row is always the newest token's).
+        With `exit`, a single token may leave the route early (exits.py): its state where it left."""
         position, rewinds = 0, 0
         while True:
             try:
-                return await self._walk(s, position, row, x)
-            except _Rewind as rewind:
+                return await self._walk(s, position, row, x, exit)
+            except Rewind as rewind:
                 rewinds += 1
                 if rewinds > MAX_REWINDS:
                     raise StreamFailed(f"{rewinds} rewinds in one step: too many nodes failed their checks") from None
                 position, row = rewind.position, rewind.row
                 x = s.route[position].inputs.rows(row)
 
-    async def _walk(self, s: StreamSession, first: int, row: int, x: torch.Tensor) -> torch.Tensor:
-        checks: list[_Check] = []
+    async def _walk(
+        self, s: StreamSession, first: int, row: int, x: torch.Tensor, exit: ExitCheck | None
+    ) -> torch.Tensor:
+        checks: list[Check] = []
+        hops = 0
         try:
             for slot in s.route[first:]:
                 if s.closed:  # its client left while the step ran: open nothing new on any node
@@ -129,8 +120,17 @@ class StreamRunner:
                     continue
                 x = slot.inputs.put(row, x)
                 x = await self._hop(s, slot, row, x, checks)
+                hops += 1
+                if exit is None:
+                    continue
+                rest = [later.inputs for later in s.route[slot.position + 1 :] if not later.skipped]
+                if await exit.leaves(hops, len(rest), x):
+                    skip_rest(rest, row, x)  # their next Decode fills it in (see _hop)
+                    s.exits.exits += 1
+                    break
+            s.exits.block_hops += hops
             s.final.put(row, x)
-            await self._confirm(s, checks)
+            await self.lies.confirm(s, checks)
         finally:
             for check in checks:
                 check.task.cancel()  # a rewind redoes what they would have confirmed
@@ -139,7 +139,7 @@ class StreamRunner:
     # --- one position ----------------------------------------------------------------------------------
 
     async def _hop(
-        self, s: StreamSession, slot: RouteSlot, row: int, x: torch.Tensor, checks: list[_Check]
+        self, s: StreamSession, slot: RouteSlot, row: int, x: torch.Tensor, checks: list[Check]
     ) -> torch.Tensor:
         """The position's output for tokens row.. (x: its input for them, logged already)."""
         takeover: _Takeover | None = None
@@ -149,7 +149,7 @@ class StreamRunner:
             record = slot.node
             if record is None or not record.routable:
                 if record is not None and record.convicted:
-                    await self._convicted_elsewhere(s, slot, record)  # raises _Rewind when it falsified ours
+                    await self.lies.convicted_elsewhere(s, slot, record)  # raises Rewind when it falsified ours
                 reason = slot.left_because if record is None else f"{record.state.value}: {record.reason}"
                 old = record.address if record is not None else slot.previous
                 takeover = takeover or _Takeover(old, reason, time.monotonic())
@@ -157,9 +157,14 @@ class StreamRunner:
                 if record is None:
                     return x  # skipped: the block's input goes on as its output
             start = min(slot.held, row)
-            sent = slot.inputs.rows(start)
+            # With early exit, the rows the node lacks before the new ones go as `fill` (keys and values
+            # only: exited tokens' states, or a rebuild's replay); else they are replayed as inputs.
+            fill_to = row if s.exits.rule is not None else start
+            fill = slot.inputs.rows(start, fill_to) if fill_to > start else None
+            sent = slot.inputs.rows(fill_to)
             try:
-                reply = await self.calls.call(record, self._link(s, record), s.id, s.request_id, start, sent)
+                link = self._link(s, record)
+                reply = await self.calls.call(record, link, s.id, s.request_id, start, sent, fill)
             except DecodeFailed as failure:
                 if failure.kind is Failure.FULL and busy < BUSY_RETRIES:  # refused before our cache was touched
                     busy += 1
@@ -172,14 +177,14 @@ class StreamRunner:
                 if not same:
                     slot.leave(str(failure))
                 continue
-            self._answered(s, slot, record, reply, takeover, sent.shape[1], row)
+            self._answered(s, slot, record, reply, takeover, fill_to - start + sent.shape[1], row)
             if self.verifier is not None and self.verifier.wants(record):
                 inputs = slot.inputs.rows()
                 task = asyncio.ensure_future(
                     self.verifier.check(record, inputs, reply.out, self.calls.wire, slot.position)
                 )
-                checks.append(_Check(slot, record, task, row))
-            return reply.out[:, row - start :]
+                checks.append(Check(slot, record, task, row))
+            return reply.out[:, row - fill_to :]
 
     def _answered(
         self,
@@ -233,7 +238,7 @@ class StreamRunner:
             self.registry.record_failure(record.address, str(failure))
         if not retry_here:
             s.failed.add(record.address)
-            self._drop_link(s, record.address)
+            drop_link(s, record.address)
 
     def _take_over(self, s: StreamSession, slot: RouteSlot, reason: str) -> NodeRecord | None:
         """Another node for the position (its cache rebuilt from the inputs on its first call), or None
@@ -262,76 +267,3 @@ class StreamRunner:
             link = s.links[record.address] = self.pool.get(record.address).decode_link()
         s.holders.add(record.address)
         return link
-
-    @staticmethod
-    def _drop_link(s: StreamSession, address: str) -> None:
-        link = s.links.pop(address, None)
-        if link is not None:
-            link.close()  # the node frees what the call opened (the final Release is sent all the same)
-
-    # --- lies ------------------------------------------------------------------------------------------
-
-    async def _confirm(self, s: StreamSession, checks: list[_Check]) -> None:
-        """Wait for the step's checks, in route order; the first failed one rewinds the stream."""
-        for check in checks:
-            evidence = await check.task
-            if evidence is None:
-                continue
-            assert self.verifier is not None
-            evidence = self.verifier.convict(check.record, evidence)
-            self.registry.quarantine(check.record.address, f"verification failed: {evidence['check']}", evidence)
-            raise await self._rewind_from(
-                s, check.slot, check.record, check.row, f"caught lying: {evidence['discrepancy']}"
-            )
-
-    async def _convicted_elsewhere(self, s: StreamSession, slot: RouteSlot, record: NodeRecord) -> None:
-        """A node another stream convicted: rewind when its replies to this stream were false too."""
-        if self.verifier is None or slot.held == 0:
-            return
-        bad = await self._first_bad_row(s, slot, record)
-        if bad is not None:
-            raise await self._rewind_from(s, slot, record, bad, "convicted by another stream's check")
-
-    async def _rewind_from(
-        self, s: StreamSession, slot: RouteSlot, record: NodeRecord, row: int, reason: str
-    ) -> _Rewind:
-        """The rewind past a liar at `slot`: from the first token it falsified (`row` when none earlier)."""
-        found = await self._first_bad_row(s, slot, record)
-        first = min(row, found) if found is not None else row
-        sampled_until = s.length - 1  # rows before it were sampled from (the newest row's token is still to come)
-        tainted = max(0, sampled_until - max(first, len(s.prompt) - 1))
-        s.note(
-            TraceEvent(
-                kind="convicted",
-                position=slot.position,
-                block=slot.block,
-                node=record.address,
-                reason=reason,
-                from_row=first,
-                tainted_tokens=tainted,
-            )
-        )
-        s.failed.add(record.address)
-        self._drop_link(s, record.address)
-        slot.leave(reason)
-        return _Rewind(slot.position, first)
-
-    async def _first_bad_row(self, s: StreamSession, slot: RouteSlot, record: NodeRecord) -> int | None:
-        """Where the node's earlier replies to this stream went (the next position's inputs, or the
-        head's), held against the reference: the first token it falsified, from when it took the
-        position over."""
-        assert self.verifier is not None and record.identity is not None
-        downstream = self._downstream(s, slot)
-        n = min(slot.inputs.length, downstream.length)
-        if n <= slot.since_row:
-            return None
-        ident = record.identity
-        return await self.verifier.first_bad_row(
-            ident.model_id, ident.block, slot.inputs.rows(0, n), downstream.rows(0, n), slot.since_row, self.calls.wire
-        )
-
-    @staticmethod
-    def _downstream(s: StreamSession, slot: RouteSlot) -> RowLog:
-        """The next position's inputs (skipped or not: its log holds what this one sent it until then)."""
-        later = s.route[slot.position + 1 :]
-        return later[0].inputs if later else s.final

@@ -16,6 +16,8 @@ keep going when a node fails.
       trace                 rebuilt / skipped / convicted / hop_failed events, in order
       trips, speculation    trips through the route (the prefill's included), and with speculation on,
                             the draft's counts (SpeculationStats): drafted, accepted, the k last used
+      exits                 block-hops (nodes called, every pass) and, with early exit on, its rule and
+                            the tokens that left the route early (exits.py)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from layerswarm.models.lm.generate import Sampling
 
 from ..membership.clients import DecodeLink
 from ..membership.records import NodeRecord
+from .exits import ExitStats, ExitView, exit_view
 from .options import OFF, GenerationOptions, Speculation
 from .rows import RowLog
 from .stops import TextStream
@@ -109,6 +112,7 @@ class StreamView(TypedDict):
     error: str | None
     trips: int
     speculation: SpeculationView
+    early_exit: ExitView
 
 
 @dataclass
@@ -174,6 +178,7 @@ class StreamSession:
     closed: bool = False
     trips: int = 0  # passes through the route: the prefill, then one per plain step or verify
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
+    exits: ExitStats = field(default_factory=ExitStats)  # block-hops, and early exits with them on
 
     @property
     def length(self) -> int:
@@ -231,6 +236,7 @@ class StreamSession:
             "error": self.error,
             "trips": self.trips,
             "speculation": self.speculation_view(),
+            "early_exit": exit_view(self.exits, len(self.generated)),
         }
 
     def speculation_view(self) -> SpeculationView:

@@ -2,7 +2,8 @@
 
 JSON in: {"prompt": "..."} or {"prompt_ids": [...]}, and max_tokens, temperature, top_k, top_p, seed,
 stop, order (sequential | shuffle), speculation ("off", "auto", k, or {"k": k or "auto"}: the coordinator
-drafts k tokens and the route verifies them in one trip; docs/speculation.md), stream. Not streamed: one
+drafts k tokens and the route verifies them in one trip; docs/speculation.md), early_exit ("off", "on" or
+a threshold: a confident token leaves the route early, lossy), stream. Not streamed: one
 JSON answer with the text, the token ids, the finish reason, usage, the seed used (send it back for the
 same text), the route and the stream's trace (rebuilt, skipped, convicted hops). Streamed ("stream":
 true): server-sent events (sse-starlette),
@@ -30,7 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message
 
-from ..generation.options import GenerationOptions, InvalidGeneration, Speculation, parse_speculation
+from ..generation.options import (
+    EarlyExit,
+    GenerationOptions,
+    InvalidGeneration,
+    Speculation,
+    parse_early_exit,
+    parse_speculation,
+)
 from ..generation.runner import StreamFailed
 from ..generation.session import StreamSession, StreamView, TraceEvent
 from .bodies import BodySlots, read_json_object
@@ -64,6 +72,27 @@ def speculation_of(value: SpeculationParam) -> Speculation | None:
     return parse_speculation(value.model_dump() if isinstance(value, SpeculationK) else value)
 
 
+EarlyExitParam = Literal["off", "on"] | bool | float | None
+EARLY_EXIT_HELP = (
+    'per-token early exit (lossy): "off", "on" (the model\'s calibrated threshold) or a threshold over 0 and '
+    "at most 1; not with speculation; absent: the server's --early-exit"
+)
+
+
+def early_exit_of(value: EarlyExitParam) -> EarlyExit | None:
+    """The parameter as GenerationOptions takes it (None: the server's default). Raises InvalidGeneration."""
+    return None if value is None else parse_early_exit(value)
+
+
+def check_early_exit(value: object) -> object:
+    """As check_speculation, for `early_exit`."""
+    try:
+        parse_early_exit(value)
+    except InvalidGeneration as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 def check_speculation(value: object) -> object:
     """A pydantic validator's body, before the type's own (whose union would say less): a bad value is
     the request's validation error, naming the field."""
@@ -88,9 +117,11 @@ class GenerateJson(BaseModel):
     stop: str | list[str] | None = Field(None, description="up to 4 sequences that end the text (not shown)")
     order: Literal["sequential", "shuffle"] = Field("sequential", description="block order (shuffle: robust families)")
     speculation: SpeculationParam = Field(None, description=SPECULATION_HELP)
+    early_exit: EarlyExitParam = Field(None, description=EARLY_EXIT_HELP)
     stream: bool = Field(False, description="server-sent events: token, then done (or error)")
 
     _speculation = field_validator("speculation", mode="before")(check_speculation)
+    _early_exit = field_validator("early_exit", mode="before")(check_early_exit)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJson:
@@ -109,6 +140,7 @@ class GenerateJson(BaseModel):
             stop=stop,
             order=self.order,
             speculation=speculation_of(self.speculation),
+            early_exit=early_exit_of(self.early_exit),
         )
 
 

@@ -8,7 +8,8 @@ package and anything that speaks its wire format:
 Parameters: model, max_tokens (chat: or max_completion_tokens), temperature (0 to 2; default 1),
 top_p, top_k (an extra), seed (same seed, same text), stop (up to 4), stream with stream_options
 include_usage, n (1 only), user; `order` (sequential | shuffle) is an extra: the route's block order, and
-so is `speculation` ("off", "auto", k or {"k": ...}: drafts verified k at a time; docs/speculation.md).
+so is `speculation` ("off", "auto", k or {"k": ...}: drafts verified k at a time; docs/speculation.md), and
+`early_exit` ("off", "on" or a threshold: confident tokens leave the route early, lossy).
 What this server does not do (n > 1, logprobs, echo, best_of, suffix, penalties, logit_bias, tools,
 response formats) is a 400 naming the parameter; an unknown parameter is a 400 too. Streams are
 server-sent events (sse-starlette): `data: {chunk}` lines, then `data: [DONE]`; an error after the stream
@@ -34,7 +35,18 @@ from ..generation.options import GenerationOptions
 from ..generation.session import StreamSession
 from .bodies import BodySlots, read_json_object
 from .chat import CHAT_STOPS, Message, render
-from .generate import SPECULATION_HELP, SpeculationParam, check_speculation, event_stream, speculation_of, usage
+from .generate import (
+    EARLY_EXIT_HELP,
+    SPECULATION_HELP,
+    EarlyExitParam,
+    SpeculationParam,
+    check_early_exit,
+    check_speculation,
+    early_exit_of,
+    event_stream,
+    speculation_of,
+    usage,
+)
 from .generation_run import ClientGone, GenerationRun
 from .openai_errors import MAPPED, OpenAIError, as_openai_error, error_event, install_openai_errors
 from .service import Service
@@ -71,8 +83,10 @@ class CommonParams(BaseModel):
     user: str | None = Field(None, max_length=256)
     order: Literal["sequential", "shuffle"] = "sequential"
     speculation: SpeculationParam = Field(None, description=SPECULATION_HELP)
+    early_exit: EarlyExitParam = Field(None, description=EARLY_EXIT_HELP)
 
     _speculation = field_validator("speculation", mode="before")(check_speculation)
+    _early_exit = field_validator("early_exit", mode="before")(check_early_exit)
 
     def unsupported(self) -> list[tuple[str, bool]]:
         """(parameter, set to something this server does not do)."""
@@ -96,6 +110,7 @@ class CommonParams(BaseModel):
             stop=stops + extra_stops,
             order=self.order,
             speculation=speculation_of(self.speculation),
+            early_exit=early_exit_of(self.early_exit),
         )
 
 
@@ -280,6 +295,7 @@ def extras(session: StreamSession) -> dict[str, Any]:
         "rebuilt": view["rebuilt"],
         "skipped": view["skipped"],
         "speculation": view["speculation"],
+        "early_exit": view["early_exit"],
         "trips": view["trips"],
         "trace": session.trace,
     }

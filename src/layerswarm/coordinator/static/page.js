@@ -188,7 +188,7 @@ function renderStream(stream, live) {
   li.append(path);
   const rate = stream.tokens_per_s === null ? "–" : `${stream.tokens_per_s.toFixed(1)} tok/s`;
   const failovers = `rebuilt ${stream.rebuilt} · skipped ${stream.skipped}`;
-  li.append(el("span", "result", `${stream.tokens} tok · ${rate} · ${failovers}${speculation(stream)}`));
+  li.append(el("span", "result", `${stream.tokens} tok · ${rate} · ${failovers}${speculation(stream)}${earlyExit(stream)}`));
   return li;
 }
 
@@ -200,6 +200,14 @@ function speculation(stream) {
   const trips = spec.trips_per_token === null ? "–" : spec.trips_per_token.toFixed(2);
   return ` · spec k=${spec.mode}${spec.mode === "auto" && spec.k !== null ? ` (${spec.k})` : ""}`
     + ` kept ${spec.accepted}/${spec.drafted} (${kept}) · ${trips} trips/tok`;
+}
+
+function earlyExit(stream) {
+  // Confident tokens left the route early: how many, and the blocks each token cost (plain: the depth).
+  const ex = stream.early_exit;
+  if (!ex || ex.mode === "off") return "";
+  const hops = ex.block_hops_per_token === null ? "–" : ex.block_hops_per_token.toFixed(2);
+  return ` · exit ≥${ex.mode}: ${ex.exits} early · ${hops} blocks/tok`;
 }
 
 function renderStreams(snap) {
