@@ -13,10 +13,10 @@ lock, a few ms), and not per request."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from layerswarm.wire.memory import give_back_free_memory, malloc_usage
+from layerswarm.wire.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -25,33 +25,22 @@ TRIM_FREE_BYTES = 4 * 1024 * 1024  # less free than this: not worth a walk of th
 
 
 class HeapKeeper:
-    """A background task: every `every_s`, malloc_trim(0) in a worker thread when glibc keeps at least
-    `min_free` bytes free. `trims` and `last_error` say what it did (a failure is logged, never fatal)."""
+    """A background loop (wire/periodic.py: a failed round is logged, the next one runs): every
+    `every_s`, malloc_trim(0) in a worker thread when glibc keeps at least `min_free` bytes free."""
 
     def __init__(self, every_s: float = TRIM_EVERY_S, min_free: int = TRIM_FREE_BYTES) -> None:
-        self.every_s = every_s
         self.min_free = min_free
         self.trims = 0
-        self.last_error: str | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.loop = Periodic("heap-keeper", every_s, self._round)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="heap-keeper")
+        self.loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self.loop.stop()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.every_s)
-            try:
-                await asyncio.to_thread(self.trim_once)
-            except Exception as exc:  # the C library refusing: logged, and the process goes on serving
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.exception("malloc_trim failed; going on")
+    async def _round(self) -> None:
+        await asyncio.to_thread(self.trim_once)
 
     def trim_once(self) -> bool:
         """Trim if enough is free (glibc only); True when it did."""
@@ -60,6 +49,5 @@ class HeapKeeper:
             return False
         give_back_free_memory()
         self.trims += 1
-        after = malloc_usage()
-        log.debug("heap trimmed: %d bytes free before, %s after", usage["free"], after and after["free"])
+        log.debug("heap trimmed with %d bytes free in the arenas", usage["free"])
         return True
