@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from layerswarm.chaos.resources import flatness, heap_metrics, proc_resources
-from layerswarm.chaos.soak import flat_checks, start_end
+from layerswarm.chaos.soak import flat_checks, start_end, stayed_flat
 from layerswarm.wire.memory import malloc_usage
 
 
@@ -62,14 +62,16 @@ def test_a_run_shorter_than_5_minutes_has_no_verdict() -> None:
 
 def test_every_coordinator_is_checked_on_its_own() -> None:
     def sample(at: float, a: int, b: int) -> dict[str, Any]:
-        both = {"a": {"pid": 1, "rss_kib": a, "fds_held": 30}, "b": {"pid": 2, "rss_kib": b, "fds_held": 30}}
+        both = {"a": {"pid": 1, "rss_kib": a, "fds": 30}, "b": {"pid": 2, "rss_kib": b, "fds": 30}}
         return {"at_s": at, "nodes": {}, "coordinators": both}
 
     samples = [sample(60.0 * i, 100, 100) for i in range(6)] + [sample(360.0, 101, 110)]
     checks = flat_checks(samples)
     assert checks["a"]["rss_kib"]["flat"] is True
     assert checks["b"]["rss_kib"]["flat"] is False  # one growing coordinator is not hidden by the other
-    assert checks["a"]["fds_held"]["flat"] is True
+    assert checks["a"]["fds"]["flat"] is True
+    assert stayed_flat({"flat": {"coordinators": checks}}) is False  # the soak's exit status: 1
+    assert stayed_flat({"flat": {"coordinators": {"a": checks["a"]}}}) is True
     ends = start_end(samples)["coordinators"]
     assert ends["b"]["start"]["rss_kib"] == 100 and ends["b"]["end"]["rss_kib"] == 110
 

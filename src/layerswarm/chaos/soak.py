@@ -206,9 +206,15 @@ def flat_checks(samples: list[dict[str, Any]], from_s: float = FLAT_FROM_S) -> d
     raw open files and the heap's parts beside them, reported without a verdict of their own."""
     out: dict[str, dict[str, Flatness]] = {}
     for name, series in coordinator_series(samples).items():
-        keys = (*FLAT_KEYS, "fds", "node_connections", "python_blocks", "malloc_in_use_kib", "malloc_free_kib")
+        keys = (*FLAT_KEYS, "fds_held", "node_connections", "python_blocks", "malloc_in_use_kib", "malloc_free_kib")
         out[name] = {key: flatness(series, key, from_s) for key in keys}
     return out
+
+
+def stayed_flat(report: dict[str, Any]) -> bool:
+    """No coordinator's RSS or open files grew past the limit (a run shorter than the warm-up: no verdict)."""
+    checks = report["flat"]["coordinators"].values()
+    return all(per[key]["flat"] is not False for per in checks for key in FLAT_KEYS)
 
 
 def start_end(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,14 +1,15 @@
-"""The coordinator process's heap, kept to its working size over days.
+"""The coordinator process's heap: few arenas, and what they keep free handed back.
 
-What grew in the 30-minute soaks after warm-up was memory glibc had been given back and kept: its
-bytes in use (mallinfo2) and Python's objects stayed flat while its free bytes and RSS rose together,
-in the main heap and in a thread's arena (issue 43; docs/chaos.md, "Memory over time"). The process
-raises glibc's trim threshold so activations reuse freed pages (wire/memory.py), so glibc itself gives
-nothing back, and each thread that allocates under contention (gRPC's, the executor's) may get an
-arena of its own whose free space other threads never reuse. So the process asks for few arenas at
-start-up (`few_arenas`, as a node does) and `HeapKeeper` hands the arenas' whole free pages back every
-`every_s` when there are enough of them: off the event loop (malloc_trim walks every arena holding its
-lock, a few ms), and not per request."""
+Where the coordinator's RSS went after warm-up in the 30-minute soak (issue 43; docs/chaos.md, "Memory
+over time"): into glibc's heap, the main one and one thread arena (/proc/PID/smaps), about two thirds
+as bytes in use and one third as freed bytes glibc kept (mallinfo2), while Python's small objects
+stayed flat. The process raises glibc's trim threshold so activations reuse freed pages
+(wire/memory.py), so glibc itself gives nothing back, and each thread allocating under contention
+(gRPC's, the executor's) may get an arena whose free space other threads never reuse. So the process
+asks for few arenas at start-up (`few_arenas`, as a node does), and `HeapKeeper` caps what they keep:
+every `every_s`, when at least `min_free` bytes are free, their whole free pages go back to the kernel,
+off the event loop (malloc_trim walks the arenas under their locks, a few ms) and never per request.
+The bytes in use it cannot touch."""
 
 from __future__ import annotations
 
