@@ -9,7 +9,8 @@ stayed flat. The process raises glibc's trim threshold so activations reuse free
 asks for few arenas at start-up (`few_arenas`, as a node does), and `HeapKeeper` caps what they keep:
 every `every_s`, when at least `min_free` bytes are free, their whole free pages go back to the kernel,
 off the event loop (malloc_trim walks the arenas under their locks, a few ms) and never per request.
-The bytes in use it cannot touch."""
+The bytes in use it cannot touch (what grew there: the verifier's reference blocks, loaded on first use
+and bounded by the family)."""
 
 from __future__ import annotations
 
