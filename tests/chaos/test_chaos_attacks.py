@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from layerswarm.chaos.attack import quick_options, run_attack
-from layerswarm.chaos.soak import SoakOptions, run_soak
+from layerswarm.chaos.soak import SoakOptions, render_soak, run_soak
 from layerswarm.harness.netlab import NetLab
 from layerswarm.harness.netns import in_private_netns
 
@@ -81,14 +81,32 @@ def test_half_the_nodes_faulted_and_every_target_in_the_report(report: dict[str,
 
 def test_short_soak_reports_resources_and_loses_nothing() -> None:
     _lab_or_skip()
-    soak = run_soak(SoakOptions(duration_s=20.0, concurrency=2, seed=3, hold_s=1.0, gap_s=0.5, sample_every_s=8.0))
+    # The 5-minute warm-up of a real soak shortened to 5 s: a verdict on real samples.
+    opts = SoakOptions(
+        duration_s=20.0, concurrency=2, seed=3, hold_s=1.0, gap_s=0.5, sample_every_s=5.0, flat_from_s=5.0
+    )
+    soak = run_soak(opts)
     assert soak["lost"] == 0, soak["lost_examples"]
     assert soak["non_200_while_min_depth_reachable"] == 0
     assert sum(soak["faults"].values()) >= 1
-    ends = soak["resources"]["start_end"]
+    ends = soak["resources"]["start_end"]["coordinators"]["coordinator"]
     for moment in ("start", "end"):
-        coordinator = ends["coordinator"][moment]
+        coordinator = ends[moment]
         assert coordinator["rss_kib"] > 10_000 and coordinator["fds"] > 3
-    assert ends["coordinator"]["start"]["pid"] == ends["coordinator"]["end"]["pid"]  # never restarted
-    assert ends["nodes_never_restarted"]
-    assert len(soak["resources"]["samples"]) >= 3  # start, at least one periodic sample, end
+        assert coordinator["fds_held"] <= coordinator["fds"] and coordinator["python_blocks"] > 10_000
+        assert coordinator["malloc_in_use_kib"] > 1_000 and coordinator["malloc_free_kib"] >= 0
+    assert ends["start"]["pid"] == ends["end"]["pid"]  # never restarted
+    assert soak["resources"]["start_end"]["nodes_never_restarted"]
+    assert len(soak["resources"]["samples"]) >= 4  # start, periodic samples, end
+    checks = soak["flat"]["coordinators"]["coordinator"]
+    for key in (
+        "rss_kib",
+        "fds_held",
+        "fds",
+        "node_connections",
+        "python_blocks",
+        "malloc_in_use_kib",
+        "malloc_free_kib",
+    ):
+        assert checks[key]["flat"] is not None and checks[key]["baseline"] > 0, checks[key]
+    assert "rss_kib" in render_soak(soak) and "fds_held" in render_soak(soak)

@@ -166,6 +166,8 @@ def test_nodes_probes_metrics_and_openapi(client: httpx.Client, swarm: tuple[htt
     assert client.get("/readyz").status_code == 200
     metrics = client.get("/metrics").text
     assert "layerswarm_requests_total" in metrics and 'layerswarm_nodes{state="healthy"} 2.0' in metrics
+    # Where its memory is (coordinator/metrics.py): what a soak reads to tell a leak from retention.
+    assert "layerswarm_python_blocks " in metrics and 'layerswarm_malloc_bytes{kind="free"}' in metrics
     spec = client.get("/openapi.json").json()
     body = spec["paths"]["/v1/classify"]["post"]["requestBody"]["content"]
     assert {"multipart/form-data", "application/json"} <= set(body)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -18,8 +17,9 @@ from typing import Any
 from .forging import ForgingDevice
 from .load import run_load
 from .report import environment, summarize
+from .resources import FLAT_FROM_S, FLAT_KEYS, FLAT_WITHIN_PCT, Flatness, coordinator_sample, flatness, proc_resources
 from .run import DEADLINE_S, MIN_BLOCKS, Poller, _do, _sleep_or_done, family_swarm, load_samples, run_swarm
-from .swarm import ChaosNode, ChaosSwarm
+from .swarm import HTTP_PORT, NODE_PORT, ChaosNode, ChaosSwarm
 
 log = logging.getLogger(__name__)
 # Node faults (run.py's), rogue redeploys, and the forging device's attacks; no coordinator restart.
@@ -35,6 +35,7 @@ class SoakOptions:
     hold_s: float = 3.0  # how long each fault lasts
     gap_s: float = 2.0  # calm between faults
     sample_every_s: float = 60.0  # resource samples
+    flat_from_s: float = FLAT_FROM_S  # the coordinators' flatness is judged from this sample on
 
 
 def run_soak(opts: SoakOptions) -> dict[str, Any]:
@@ -81,6 +82,10 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     report["options"] = vars(opts)
     report["environment"] = {"start": at_start, "end": environment()}
     report["resources"] = {"samples": resources, "start_end": start_end(resources)}
+    report["flat"] = {
+        "rule": f"max from {opts.flat_from_s:.0f} s to the end within {FLAT_WITHIN_PCT}% of the value then",
+        "coordinators": flat_checks(resources, opts.flat_from_s),
+    }
     report["coordinator_errors"] = list(swarm.coordinator.errors) if swarm.coordinator else []
     return report
 
@@ -170,36 +175,62 @@ async def _sample(swarm: ChaosSwarm, t0: float, every: float, out: list[dict[str
         out.append(await asyncio.to_thread(resource_sample, swarm, time.monotonic() - t0))
 
 
-def proc_resources(pid: int) -> dict[str, Any] | None:
-    """Resident memory (VmRSS, KiB) and open file descriptors of a live process, from /proc."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except (FileNotFoundError, ProcessLookupError, StopIteration):
-        return None  # gone (killed by the churn), or a zombie
-    return {"pid": pid, "rss_kib": rss, "fds": fds}
+def coordinators(swarm: ChaosSwarm) -> dict[str, tuple[int, str]]:
+    """Each live coordinator of the swarm: name -> (PID, URL)."""
+    proc = swarm.coordinator
+    return {"coordinator": (proc.pid, swarm.url)} if proc is not None and proc.alive else {}
 
 
 def resource_sample(swarm: ChaosSwarm, at_s: float) -> dict[str, Any]:
-    sample: dict[str, Any] = {"at_s": round(at_s, 1), "nodes": {}}
-    if swarm.coordinator is not None:
-        sample["coordinator"] = proc_resources(swarm.coordinator.pid)
+    sample: dict[str, Any] = {"at_s": round(at_s, 1), "nodes": {}, "coordinators": {}}
+    for name, (pid, url) in coordinators(swarm).items():
+        sample["coordinators"][name] = coordinator_sample(pid, url, HTTP_PORT, NODE_PORT)
     for node in swarm.nodes:
         if node.proc is not None and node.proc.alive:
             sample["nodes"][node.name] = proc_resources(node.proc.pid)
     return sample
 
 
+def coordinator_series(samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per coordinator, its samples in time order (each with at_s); a restarted one's PID changes."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    for sample in samples:
+        for name, r in sample["coordinators"].items():
+            if r is not None:
+                series.setdefault(name, []).append({"at_s": sample["at_s"], **r})
+    return series
+
+
+def flat_checks(samples: list[dict[str, Any]], from_s: float = FLAT_FROM_S) -> dict[str, dict[str, Flatness]]:
+    """Per coordinator: RSS and the descriptors it holds, flat from minute 5 to the end (resources.py);
+    raw open files and the heap's parts beside them, reported without a verdict of their own."""
+    out: dict[str, dict[str, Flatness]] = {}
+    for name, series in coordinator_series(samples).items():
+        keys = (*FLAT_KEYS, "fds_held", "node_connections", "python_blocks", "malloc_in_use_kib", "malloc_free_kib")
+        out[name] = {key: flatness(series, key, from_s) for key in keys}
+    return out
+
+
+def stayed_flat(report: dict[str, Any]) -> bool:
+    """No coordinator's RSS or open files grew past the limit (a run shorter than the warm-up: no verdict)."""
+    checks = report["flat"]["coordinators"].values()
+    return all(per[key]["flat"] is not False for per in checks for key in FLAT_KEYS)
+
+
 def start_end(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """The coordinator at start and end; nodes whose process lived through the whole run (same PID)."""
+    """Each coordinator at start and end; nodes whose process lived through the whole run (same PID)."""
     first, last = samples[0], samples[-1]
     same = {
         name: {"start": r, "end": last["nodes"][name]}
         for name, r in first["nodes"].items()
         if r and last["nodes"].get(name) and last["nodes"][name]["pid"] == r["pid"]
     }
-    out: dict[str, Any] = {"coordinator": {"start": first.get("coordinator"), "end": last.get("coordinator")}}
+    out: dict[str, Any] = {
+        "coordinators": {
+            name: {"start": first["coordinators"].get(name), "end": last["coordinators"].get(name)}
+            for name in first["coordinators"]
+        }
+    }
     out["nodes_never_restarted"] = same
     if same:
         out["node_rss_kib_total"] = {
@@ -223,16 +254,20 @@ def _fault_counts(events: list[dict[str, Any]]) -> dict[str, int]:
 
 def render_soak(report: dict[str, Any]) -> str:
     res = report["resources"]["start_end"]
-    coord = res["coordinator"]
     lines = [
         f"layerswarm chaos --soak: {report['duration_s']} s, {report['sent']} requests, {report['ok']} answered 200, "
         f"{report['clear_errors']} clear errors {report['clear_error_codes'] or ''}, {report['lost']} lost",
         f"  non-200 while the minimum depth was reachable: {report['non_200_while_min_depth_reachable']}",
         f"  faults: {report['faults']}",
         f"  forging device: {report['forging_device']}",
-        f"  coordinator RSS {_kib(coord['start'])} -> {_kib(coord['end'])} MiB, open files "
-        f"{_fds(coord['start'])} -> {_fds(coord['end'])}",
     ]
+    for name, ends in res["coordinators"].items():
+        lines.append(
+            f"  {name}: RSS {_kib(ends['start'])} -> {_kib(ends['end'])} MiB, open files "
+            f"{_fds(ends['start'])} -> {_fds(ends['end'])}"
+        )
+        for check in report["flat"]["coordinators"].get(name, {}).values():
+            lines.append(f"    {_flat_line(check)}")
     errors = report.get("coordinator_errors") or []
     lines.append(f"  coordinator error and traceback lines: {len(errors)}")
     lines += [f"    {line.rstrip()}" for line in errors[:60]]
@@ -243,6 +278,16 @@ def render_soak(report: dict[str, Any]) -> str:
             f"{rss['end'] / 1024:.1f} MiB, open files {fds['start']} -> {fds['end']}"
         )
     return "\n".join(lines)
+
+
+def _flat_line(check: Flatness) -> str:
+    if check["flat"] is None:
+        return f"{check['key']}: no sample at or after the warm-up"
+    verdict = ("flat" if check["flat"] else "NOT flat") if check["key"] in FLAT_KEYS else "(reported)"
+    return (
+        f"{check['key']}: {check['baseline']} at {check['from_s']} s, max {check['max']} "
+        f"({check['max_drift_pct']:+.2f}%), end {check['end']} ({check['end_drift_pct']:+.2f}%) {verdict}"
+    )
 
 
 def _kib(r: dict[str, Any] | None) -> str:

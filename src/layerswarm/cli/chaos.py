@@ -44,8 +44,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--soak",
         action="store_true",
-        help="continuous churn (faults, rogues, joins, forged adverts) for --duration seconds; reports "
-        "coordinator and node memory and open files at start and end",
+        help="continuous churn (faults, rogues, joins, forged adverts) for --duration seconds; samples each "
+        "coordinator's memory, heap and open files every minute and fails if RSS or open files grow more than "
+        "3%% after minute 5 (nodes: start and end)",
     )
     p.add_argument("--duration", type=float, default=1800.0, help="soak length in seconds (default: %(default)s)")
 
@@ -103,7 +104,7 @@ def _basic(args: argparse.Namespace) -> int:
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from layerswarm.chaos.soak import SoakOptions, render_soak, run_soak
+    from layerswarm.chaos.soak import SoakOptions, render_soak, run_soak, stayed_flat
 
     if args.duration <= 0:
         print("layerswarm chaos: error: --duration must be positive", file=sys.stderr)
@@ -111,4 +112,5 @@ def _soak(args: argparse.Namespace) -> int:
     report = run_soak(SoakOptions(duration_s=args.duration, seed=args.seed))
     _write(args, report)
     print(render_soak(report))
-    return 0 if report["lost"] == 0 and report["non_200_while_min_depth_reachable"] == 0 else 1
+    ok = report["lost"] == 0 and report["non_200_while_min_depth_reachable"] == 0 and stayed_flat(report)
+    return 0 if ok else 1

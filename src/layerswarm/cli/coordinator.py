@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from layerswarm.coordinator import CHOICES, CoordinatorSettings
-from layerswarm.wire.memory import keep_large_buffers
+from layerswarm.wire.memory import few_arenas, keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, add_command, ensure_can_listen, load_settings
 from .security import add_security_flags
@@ -139,4 +139,5 @@ def run(args: argparse.Namespace) -> int:
     ensure_can_listen(settings.http_host, settings.http_port, "--http-host", "--http-port")
     torch.set_num_threads(settings.threads)  # once per process, at start-up
     keep_large_buffers()  # activations reuse freed pages instead of faulting in new ones (wire/memory.py)
+    few_arenas()  # threads share a few arenas, whose free pages the heap keeper gives back (coordinator/memory.py)
     return serve(settings)

@@ -9,7 +9,8 @@ Folders by subsystem, imports going one way (tests/project/test_layers.py), from
 - relay/: hops that nodes forward to each other as chains;
 - metrics.py: the process's Prometheus metrics;
 - http/: everything reached over HTTP (native API, KServe v2, the swarm page, the front door);
-- process.py, assembly.py, server.py: the process that builds, starts and stops it all.
+- process.py, assembly.py, server.py, memory.py: the process that builds, starts and stops it all (memory.py:
+  its heap kept to its working size).
 
 What other layers use is named here (`from layerswarm.coordinator import Coordinator`). Each name
 loads its module on first use: `layerswarm coordinator --help` reads only the settings, not torch

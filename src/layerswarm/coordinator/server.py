@@ -13,6 +13,7 @@ import uvicorn
 from .http.app import create_app
 from .http.guarded_h11 import guarded_protocol
 from .http.ops import insecure_notice
+from .memory import HeapKeeper
 from .process import Coordinator
 from .settings import CoordinatorSettings
 
@@ -27,6 +28,8 @@ async def serve(settings: CoordinatorSettings) -> None:
     if (notice := insecure_notice(settings)) is not None:
         log.warning("%s", notice)
     await coordinator.start()
+    heap = HeapKeeper()  # what the arenas keep free goes back to the kernel (memory.py)
+    heap.start()
     app = create_app(coordinator)
     _ensure_file_limit(settings.max_connections + SPARE_FILES)
     counter = coordinator.metrics.connections_closed
@@ -72,6 +75,7 @@ async def serve(settings: CoordinatorSettings) -> None:
     finally:
         if app.state.decoder is not None:  # a decoder family's app decodes no images
             app.state.decoder.close()
+        await heap.stop()
         await coordinator.stop()
 
 

@@ -11,6 +11,9 @@ node calls it when many streams' caches were freed (node/decode.py), so a device
 its other programs after a burst of streams instead of staying in this process's heap; the node's guard
 calls it after a stranger's flood (node/guard.py), with few arenas (`few_arenas`) so that gRPC's threads
 do not keep freed memory in arenas of their own.
+
+`malloc_usage` tells the two kinds of growth apart from outside tracemalloc: bytes malloc has handed out
+and not got back (a leak, Python's or native) against free bytes it keeps (retention, fragmentation).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ctypes
 import ctypes.util
 import logging
 import sys
+from typing import TypedDict
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +69,46 @@ def few_arenas(arenas: int = NODE_ARENAS) -> bool:
     staying behind in partly used ones. Call at start-up, before threads allocate. True when applied."""
     mallopt = getattr(_libc(), "mallopt", None)
     return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))
+
+
+class MallocUsage(TypedDict):
+    """glibc's mallinfo2, summed over every arena: what a process's heap holds, in bytes."""
+
+    in_use: int  # handed out and not freed (uordblks + hblkhd): grows with a leak
+    free: int  # freed but kept in the arenas (fordblks): grows with retention and fragmentation
+    arenas: int  # bytes the arenas took from the kernel (arena)
+    mmapped: int  # large blocks mapped on their own (hblkhd)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def malloc_usage() -> MallocUsage | None:
+    """The heap's in-use and free bytes (glibc 2.33 and later); None elsewhere. Takes each arena's lock
+    briefly: fine once a scrape, not per request."""
+    mallinfo2 = getattr(_libc(), "mallinfo2", None)
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return {
+        "in_use": int(info.uordblks + info.hblkhd),
+        "free": int(info.fordblks),
+        "arenas": int(info.arena),
+        "mmapped": int(info.hblkhd),
+    }
