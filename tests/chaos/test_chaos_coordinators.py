@@ -1,7 +1,8 @@
 """No single point of failure (issue 43), the short CI variant of `layerswarm chaos --quick --coordinators 2`:
 two coordinators, each told of the other, on a token-protected swarm with rogue nodes and the usual node
-faults; the load through the Python client with both URLs (one attempt per coordinator per request);
-each coordinator SIGKILLed and restarted in turn. Each test fails when its part is removed: a client
+faults; the load through the Python client with both URLs (one attempt per coordinator per request),
+one worker's through HAProxy in front of both (where installed); each coordinator SIGKILLed and
+restarted in turn. Each test fails when its part is removed: a client
 that does not fail over (lost requests, 5xx), a kill cycle that skips one or kills the next before the
 last is back, a retry sent to the same coordinator, a coordinator that keeps routing through a liar the
 other convicted."""
@@ -9,6 +10,7 @@ other convicted."""
 from __future__ import annotations
 
 import itertools
+import shutil
 from typing import Any
 
 import pytest
@@ -39,6 +41,9 @@ def test_clients_fail_over_and_see_no_5xx_and_no_loss(report: dict[str, Any]) ->
     assert clients["same_coordinator_retries"] == 0  # one attempt per coordinator: failover only
     assert clients["requests_failed_over"] > 0  # the kills were seen by clients, and bridged by the other
     assert all(count > 0 for count in clients["served_by"].values())  # both served
+    balanced = clients["through_balancer"]  # one URL, one attempt: HAProxy's own checks and re-dispatch
+    if shutil.which("haproxy"):
+        assert balanced["sent"] > 0 and balanced["ok"] == balanced["sent"], balanced
 
 
 @pytest.mark.slow

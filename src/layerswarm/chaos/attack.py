@@ -35,7 +35,7 @@ from layerswarm.wire.stats import quantile
 from . import swarm as chaos_swarm
 from .checks import attack_checks, render_checks
 from .coordinators import (
-    TipTally,
+    CoordinatorRun,
     client_figures,
     coordinator_checks,
     kill_each_in_turn,
@@ -80,6 +80,7 @@ class AttackOptions:
     max_s: float = 1500.0
     coordinators: int = 1  # more: each SIGKILLed and restarted in turn, clients fail over (coordinators.py)
     kill_gap_s: float = 2.0  # between one coordinator ready again and the next killed
+    balanced_workers: int = 1  # several coordinators: workers sending through HAProxy (where installed)
 
 
 def run_attack(opts: AttackOptions) -> dict[str, Any]:
@@ -101,18 +102,17 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     records: list[Record] = []
     schedule = Schedule(swarm, members, forger, poller, opts, tools, records)
     task = asyncio.create_task(schedule.run(done, over))
-    kills: list[dict[str, Any]] = []
-    tips = TipTally(swarm)
-    several = len(swarm.urls) > 1
+    several, crun = len(swarm.urls) > 1, CoordinatorRun(swarm)
     killing = asyncio.create_task(
-        kill_each_in_turn(swarm, schedule.baseline_over, done, opts.kill_gap_s, kills, tips)
+        kill_each_in_turn(swarm, schedule.baseline_over, done, opts.kill_gap_s, crun.kills, crun.tips)
         if several
         else asyncio.sleep(0)
     )
     ending = asyncio.create_task(_both(over, killing, load_over))
     try:
-        await _load(swarm, samples, opts, load_over, records)
+        await _load(swarm, samples, opts, load_over, records, crun)
     finally:
+        crun.stop()
         done.set()
         await task
         await killing
@@ -127,7 +127,7 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     report = summarize(records, events, poller.depth_timeline, MIN_BLOCKS, DEADLINE_S)
     report["baseline"] = _baseline(records[: opts.baseline_requests])
     if several:  # before _rogue_result rewrites the rogues' times
-        report["coordinators"] = _coordinators_section(swarm, schedule, pollers, records, kills, tips)
+        report["coordinators"] = _coordinators_section(swarm, schedule, pollers, records, crun)
     report["rogues"] = [_rogue_result(r, records, poller) for r in schedule.rogues]
     report["pair_third_replicas"] = schedule.honest_added  # honest: the pair is two against one
     report["after_detection"] = _after_detection(report["rogues"], records)
@@ -158,13 +158,29 @@ def _relative(events: list[dict[str, Any]], rogues: list[dict[str, Any]], t0: fl
 
 
 async def _load(
-    swarm: ChaosSwarm, samples: list[Any], opts: AttackOptions, until: asyncio.Event, records: list[Record]
+    swarm: ChaosSwarm,
+    samples: list[Any],
+    opts: AttackOptions,
+    until: asyncio.Event,
+    records: list[Record],
+    crun: CoordinatorRun,
 ) -> None:
     """One coordinator: load.run_load's clients (connection retries bridge its restart); several: the
-    Python client, failing over between them (coordinators.py)."""
+    Python client, failing over between them, and `balanced_workers` through HAProxy (coordinators.py)."""
     if len(swarm.urls) > 1:
+        balancer = await asyncio.to_thread(crun.start_balancer) if opts.balanced_workers else None
+        crun.balanced_workers = opts.balanced_workers if balancer else 0
         await run_failover_load(
-            swarm.urls, samples, opts.requests, opts.concurrency, DEADLINE_S, until, opts.max_s, records
+            swarm.urls,
+            samples,
+            opts.requests,
+            opts.concurrency,
+            DEADLINE_S,
+            until,
+            opts.max_s,
+            records,
+            balancer,
+            crun.balanced_workers,
         )
         return
     await run_load(
@@ -192,15 +208,19 @@ def _coordinators_section(
     schedule: Schedule,
     pollers: list[Poller],
     records: list[Record],
-    kills: list[dict[str, Any]],
-    tips: TipTally,
+    crun: CoordinatorRun,
 ) -> dict[str, Any]:
     timelines = {url: p.timeline for url, p in zip(swarm.urls, pollers, strict=True)}
     return {
         "urls": swarm.urls,
-        "kills": kills,
-        "clients": client_figures(records, swarm.urls),
-        "tips_acted": tips.by_url(),
+        "kills": crun.kills,
+        "clients": client_figures(records, swarm.urls, crun.balancer.url if crun.balancer else None),
+        "tips_acted": crun.tips.by_url(),
+        "balancer": {
+            "url": crun.balancer.url if crun.balancer else None,
+            "workers": crun.balanced_workers,
+            "not_started": crun.balancer_note,
+        },
         "liars": liar_avoidance(schedule.rogues, timelines, records),
         "errors": {
             url: list(proc.errors) if proc else []

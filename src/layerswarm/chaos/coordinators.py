@@ -11,6 +11,8 @@ every coordinator SIGKILLed and restarted in turn, and a liar convicted by one a
   quarantined convicted it first; every other coordinator's answers sent after that moment whose trace
   went through the rogue are counted (target: at most 5). Tips acted on are read from each
   coordinator's log.
+- A balancer (balancer.py: HAProxy, where installed): `balanced_workers` of the workers send to its one
+  URL instead, with one attempt (no client retry at all): what curl or an OpenAI client would see.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ import logging
 import queue
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from layerswarm.client import AsyncSwarmClient, SwarmError
 
+from .balancer import Balancer
+from .balancer import start as start_balancer
+from .balancer import unavailable as balancer_unavailable
 from .load import Record
 from .swarm import ChaosSwarm
 
@@ -46,9 +52,12 @@ async def run_failover_load(
     until: asyncio.Event | None = None,
     max_s: float = 600.0,
     records: list[Record] | None = None,
+    balancer: str | None = None,
+    balanced_workers: int = 0,
 ) -> list[Record]:
     """As load.run_load, through the client with every coordinator: at least `requests`, on until
-    `until` is set, never longer than `max_s`. A request is lost when every coordinator failed it."""
+    `until` is set, never longer than `max_s`. A request is lost when every coordinator failed it.
+    With a `balancer` URL, the first `balanced_workers` workers send there only."""
     records = [] if records is None else records
     started = time.monotonic()
 
@@ -60,13 +69,14 @@ async def run_failover_load(
 
     queue = more()
 
-    async def worker() -> None:
-        async with _client(urls, deadline_s) as client:
+    async def worker(targets: Sequence[str]) -> None:
+        async with _client(targets, deadline_s) as client:
             for i in queue:
                 image, label = samples[i % len(samples)]
                 records.append(await one_request(client, i, image, label))
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    shares = [[balancer] if balancer and w < balanced_workers else urls for w in range(concurrency)]
+    await asyncio.gather(*(worker(targets) for targets in shares))
     return sorted(records, key=lambda r: r.index)
 
 
@@ -160,6 +170,30 @@ async def _sleep_or_done(done: asyncio.Event, seconds: float) -> None:
         return
 
 
+@dataclass
+class CoordinatorRun:
+    """What a run with several coordinators keeps besides the load: kills, tips, the balancer."""
+
+    swarm: ChaosSwarm
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    balancer: Balancer | None = None
+    balancer_note: str | None = None  # why there is none
+    balanced_workers: int = 0  # workers that send through it
+
+    def __post_init__(self) -> None:
+        self.tips = TipTally(self.swarm)
+
+    def start_balancer(self) -> str | None:
+        self.balancer_note = balancer_unavailable()
+        if self.balancer_note is None:
+            self.balancer = start_balancer(self.swarm.urls)
+        return None if self.balancer is None else self.balancer.url
+
+    def stop(self) -> None:
+        if self.balancer is not None:
+            self.balancer.stop()
+
+
 class TipTally:
     """Tips each coordinator acted on, every incarnation together: read from the lines its process
     printed after its ready line (drained before an incarnation is replaced, and at the end)."""
@@ -230,10 +264,18 @@ def _first_quarantined(timeline: list[tuple[float, dict[str, str]]], address: st
     return next((t for t, states in timeline if t >= after and states.get(address) == "quarantined"), None)
 
 
-def client_figures(records: list[Record], urls: Sequence[str]) -> dict[str, Any]:
-    """What the clients saw: failovers, retries to one URL (0 by construction, counted anyway), 5xx."""
+def client_figures(records: list[Record], urls: Sequence[str], balancer: str | None = None) -> dict[str, Any]:
+    """What the clients saw: failovers, retries to one URL (0 by construction, counted anyway), 5xx;
+    the balancer's share apart as well."""
     repeats = sum(len(r.tried) - len(set(r.tried)) for r in records)
+    balanced = [r for r in records if balancer is not None and r.tried == [balancer]]
     return {
+        "through_balancer": {
+            "sent": len(balanced),
+            "ok": sum(r.status == 200 for r in balanced),
+            "http_5xx": sum(r.status is not None and r.status >= 500 for r in balanced),
+            "no_answer": sum(r.status is None for r in balanced),
+        },
         "attempts_per_coordinator_per_request": 1,
         "same_coordinator_retries": repeats,
         "requests_failed_over": sum(len(r.tried) > 1 for r in records),
@@ -285,6 +327,7 @@ def render_coordinators(section: dict[str, Any]) -> list[str]:
         f"coordinators: {len(section['urls'])}; answers by coordinator {clients['served_by']}; "
         f"{clients['requests_failed_over']} requests failed over, {clients['same_coordinator_retries']} retries "
         f"to the same coordinator (1 attempt per coordinator); tips acted on {section['tips_acted']}",
+        _balancer_line(section["balancer"], clients["through_balancer"]),
         "",
         "| coordinator killed | SIGKILL at (s) | serving again after (s) | ready after (s) |",
         "| --- | --- | --- | --- |",
@@ -299,3 +342,9 @@ def render_coordinators(section: dict[str, Any]) -> list[str]:
             name = f"{liar['mode']} {liar['target']}"
             lines.append(f"| {name} | {liar['first']} | {url} | {other['requests_through_liar']} |")
     return lines
+
+
+def _balancer_line(balancer: dict[str, Any], figures: dict[str, int]) -> str:
+    if balancer["url"] is None:
+        return f"no HAProxy: {balancer['not_started']}"
+    return f"through HAProxy ({balancer['workers']} workers, one attempt each, no client retry): {figures}"
