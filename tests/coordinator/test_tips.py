@@ -3,14 +3,19 @@ convicted on another coordinator's word; tips are signed with the swarm token, f
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 
+from layerswarm.coordinator.membership import tip_sender
+from layerswarm.coordinator.membership.tip_sender import TipSender, is_self
 from layerswarm.coordinator.membership.tips import (
     MAC_HEADER,
     TIP_COOLDOWN_S,
@@ -23,6 +28,7 @@ from layerswarm.coordinator.membership.tips import (
 from layerswarm.harness.procs import Proc, coordinator_cmd, spawn, stop_all
 from layerswarm.wire.auth import derive_key
 
+from ..lm_nodes import free_port
 from ..swarm import address, start_nodes
 from .test_attacks_rogue import rogue_cmd
 from .test_kserve import png
@@ -152,3 +158,74 @@ def test_a_liar_convicted_by_one_coordinator_is_caught_by_the_other_within_5_req
             assert refused.status_code == 401 and refused.json()["error"] == "tip_refused"
     finally:
         stop_all([p for p in (a, b) if p is not None])
+
+
+REPLICAS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")  # one service name, three replicas on one port
+
+
+class Inbox(BaseHTTPRequestHandler):
+    """A replica's tip endpoint: keeps each tip whose MAC is the swarm token's."""
+
+    got: list[tuple[str, str]]  # (the replica's own address, the tipped node)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        ok = self.headers.get(MAC_HEADER) == sign(tip_key(TOKEN), body)
+        if ok:
+            self.got.append((self.server.server_address[0], json.loads(body)["address"]))
+        self.send_response(200 if ok else 401)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def replicas() -> Iterator[tuple[int, list[tuple[str, str]]]]:
+    """Three real HTTP servers on 127.0.0.1-3, all on one port, as a service's replicas are."""
+    port, got = free_port(), []
+    handler = type("ReplicaInbox", (Inbox,), {"got": got})
+    servers = [ThreadingHTTPServer((address, port), handler) for address in REPLICAS]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    yield port, got
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_a_tip_to_a_service_name_reaches_every_replica_but_the_sender(
+    replicas: tuple[int, list[tuple[str, str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port, got = replicas
+    asked: list[str] = []
+
+    async def resolver(host: str, at: int) -> list[str]:  # the service's DNS: every replica's A record
+        asked.append(host)
+        return list(REPLICAS) if host == "coordinators" else await tip_sender.resolve(host, at)
+
+    # The sender is the replica on 127.0.0.1: the name's other two addresses are told, it is not.
+    sender = TipSender((f"http://coordinators:{port}",), tip_key(TOKEN), "127.0.0.1", port, resolver=resolver)
+    try:
+        sender.convicted("10.0.0.7:50051", "boot-1", "re-execution")
+        deadline = time.monotonic() + 10
+        while sender._tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await sender.close()
+    assert sorted(got) == [("127.0.0.2", "10.0.0.7:50051"), ("127.0.0.3", "10.0.0.7:50051")]
+    assert sender.sent == 2 and sender.failed == 0
+    assert "coordinators" in asked  # resolved when the tip was sent, not once at start
+
+
+def test_only_our_own_address_and_port_are_left_out() -> None:
+    port = 8080
+    assert is_self("127.0.0.1", port, ({"127.0.0.1"}, port))
+    assert not is_self("127.0.0.2", port, ({"127.0.0.1"}, port))  # bound to one address: the others are not us
+    assert not is_self("127.0.0.1", port + 1, ({"127.0.0.1"}, port))
+    # Bound to every address: any of this host's own at our port is us, anyone else's is not (a bind
+    # probe: nothing is sent).
+    assert is_self("127.0.0.2", port, ({"0.0.0.0"}, port))
+    assert not is_self("192.0.2.10", port, ({"0.0.0.0"}, port))

@@ -13,6 +13,7 @@ from layerswarm.coordinator import CoordinatorSettings
 from layerswarm.coordinator.assembly import readiness_minimum
 from layerswarm.coordinator.membership.records import FamilySpec, NodeIdentity, NodeRecord, NodeState
 from layerswarm.coordinator.membership.registry import Registry
+from layerswarm.coordinator.membership.tips import TIP_HOPS
 from layerswarm.coordinator.verification.verifier import Lie, Verifier, VerifySettings
 from layerswarm.models import policy
 from layerswarm.models.checkpoint import load_block, load_model, read_manifest
@@ -136,3 +137,22 @@ async def test_verification_state_of_nodes_that_left_is_dropped(family_dirs: lis
         assert verifier.tracked == 0, f"{verifier.tracked} addresses still tracked after every node left"
     finally:
         verifier.close()
+
+
+@pytest.mark.parametrize("asks_first", [False, True])
+def test_a_tip_buys_exactly_the_next_tip_hops_reexecutions(family_dirs: list[Path], asks_first: bool) -> None:
+    """A tip re-executes the node's next TIP_HOPS hops, however its hops are screened: star screens
+    them directly, relay chains and the like ask `wants` first. When both spent it, a tip bought half."""
+    verifier = Verifier(family_dirs, VerifySettings(rate=0.0, probation_hops=0), seed=0)  # nothing sampled
+    record = record_for(read_manifest(family_dirs[0]).model_id)
+    x = torch.randn(1, 5, 32)
+    out = load_block(family_dirs[0], 0)(x.half().float(), 0).detach()
+    verifier.screen(record, x, out, 0, torch.float16)  # seen once, unchecked: no tip yet
+    verifier.tip(record.address, TIP_HOPS)
+    chosen, wanted = [], []
+    for _ in range(TIP_HOPS + 3):
+        if asks_first:
+            wanted.append(verifier.wants(record))
+        chosen.append(verifier.screen(record, x, out, 0, torch.float16) is not None)
+    assert chosen == [True] * TIP_HOPS + [False] * 3
+    assert wanted == ([True] * TIP_HOPS + [False] * 3 if asks_first else [])

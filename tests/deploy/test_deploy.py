@@ -239,7 +239,10 @@ def test_kubernetes_manifests_are_consistent() -> None:
             assert budget["minAvailable"] == 1 and budget["selector"]["matchLabels"].items() <= labels.items()
             service = kinds[("Service", "layerswarm")]["spec"]
             assert service["selector"].items() <= labels.items() and "clusterIP" not in service
-            assert args.coordinator_peers == (f"http://layerswarm:{service['ports'][0]['port']}",)
+            # Tips go to the headless service: its name resolves to every replica (tip_sender.py).
+            peers = kinds[("Service", "layerswarm-coordinators")]["spec"]
+            assert peers["clusterIP"] == "None" and peers["selector"].items() <= labels.items()
+            assert args.coordinator_peers == (f"http://layerswarm-coordinators:{peers['ports'][0]['port']}",)
     assert blocks == set(range(8))
     kustomization = yaml.safe_load((ROOT / "deploy" / "k8s" / "kustomization.yaml").read_text())
     assert all((ROOT / "deploy" / "k8s" / r).is_file() for r in kustomization["resources"])

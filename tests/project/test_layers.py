@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "coordinator": {"coordinator", "models", *BOTTOM},
     "harness": {"harness", "node", "training", "models", *BOTTOM},  # faults.py wraps a real node
     "client": {"client", *BOTTOM},
-    "chaos": {"chaos", "harness", "node", "coordinator", "training", "models", *BOTTOM},
+    "chaos": {"chaos", "harness", "node", "coordinator", "client", "training", "models", *BOTTOM},  # clients under load
     "bench": {"bench", "harness", "node", "coordinator", "training", "models", *BOTTOM},
     "cli": {"cli", "chaos", "bench", "harness", "node", "coordinator", "training", "models", *BOTTOM},
 }

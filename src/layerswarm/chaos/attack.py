@@ -13,7 +13,10 @@ A token-protected swarm (both members' nodes, each its own host), a no-fault bas
   the coordinator sends and replays it to the real node;
 - every fault kind of the basic run (kill, freeze, pulled cable, dropped packets, netem, slow,
   malformed, restart, a joining node, a coordinator restart), each on a node not faulted before, never
-  on a block that holds a rogue (its other node must carry it).
+  on a block that holds a rogue (its other node must carry it);
+- with `coordinators` > 1 (coordinators.py): that many coordinators, each told of the others, the load
+  through the Python client with all their URLs, and every coordinator SIGKILLed and restarted in turn
+  instead of the graceful coordinator restart.
 
 The report carries a `checks` table (target, measured, pass/fail) built by checks.py.
 """
@@ -31,6 +34,16 @@ from layerswarm.wire.stats import quantile
 
 from . import swarm as chaos_swarm
 from .checks import attack_checks, render_checks
+from .coordinators import (
+    CoordinatorRun,
+    client_figures,
+    coordinator_checks,
+    kill_each_in_turn,
+    liar_avoidance,
+    relative_times,
+    render_coordinators,
+    run_failover_load,
+)
 from .forging import ForgingDevice
 from .load import Record, run_load
 from .report import environment, render, summarize
@@ -65,10 +78,13 @@ class AttackOptions:
     rogues: int = len(ROGUE_MODES)  # the first this many of ROGUE_MODES
     basic_kinds: tuple[str, ...] = chaos_swarm.FAULT_KINDS
     max_s: float = 1500.0
+    coordinators: int = 1  # more: each SIGKILLed and restarted in turn, clients fail over (coordinators.py)
+    kill_gap_s: float = 2.0  # between one coordinator ready again and the next killed
+    balanced_workers: int = 1  # several coordinators: workers sending through HAProxy (where installed)
 
 
 def run_attack(opts: AttackOptions) -> dict[str, Any]:
-    swarm, members = family_swarm(token=True)
+    swarm, members = family_swarm(token=True, coordinators=opts.coordinators)
     forger = ForgingDevice(swarm)
     return run_swarm(swarm, lambda: _drive(swarm, members, forger, opts))
 
@@ -77,36 +93,41 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     samples = load_samples(members[0])
     at_start = environment()
     tools = chaos_swarm.fault_tools()
-    poller = Poller(swarm.url)
-    await poller.wait_healthy(len(swarm.nodes))
-    poll_task = asyncio.create_task(poller.run())
-    done, over = asyncio.Event(), asyncio.Event()
+    pollers = [Poller(url) for url in swarm.urls]  # the first coordinator's is the report's
+    poller = pollers[0]
+    for each in pollers:
+        await each.wait_healthy(len(swarm.nodes))
+    poll_tasks = [asyncio.create_task(each.run()) for each in pollers]
+    done, over, load_over = asyncio.Event(), asyncio.Event(), asyncio.Event()
     records: list[Record] = []
     schedule = Schedule(swarm, members, forger, poller, opts, tools, records)
     task = asyncio.create_task(schedule.run(done, over))
+    several, crun = len(swarm.urls) > 1, CoordinatorRun(swarm)
+    killing = asyncio.create_task(
+        kill_each_in_turn(swarm, schedule.baseline_over, done, opts.kill_gap_s, crun.kills, crun.tips)
+        if several
+        else asyncio.sleep(0)
+    )
+    ending = asyncio.create_task(_both(over, killing, load_over))
     try:
-        await run_load(
-            swarm.url,
-            samples,
-            opts.requests,
-            opts.concurrency,
-            DEADLINE_S,
-            until=over,
-            max_s=opts.max_s,
-            records=records,
-            connect_patience_s=opts.connect_patience_s,
-        )
+        await _load(swarm, samples, opts, load_over, records, crun)
     finally:
+        crun.stop()
         done.set()
         await task
-        poller.stop()
-        await poll_task
+        await killing
+        ending.cancel()
+        for each in pollers:
+            each.stop()
+        await asyncio.gather(*poll_tasks)
     records.sort(key=lambda r: r.index)
     events = schedule.events
     for event in events:
         event.update(poller.reaction_times(event))
     report = summarize(records, events, poller.depth_timeline, MIN_BLOCKS, DEADLINE_S)
     report["baseline"] = _baseline(records[: opts.baseline_requests])
+    if several:  # before _rogue_result rewrites the rogues' times
+        report["coordinators"] = _coordinators_section(swarm, schedule, pollers, records, crun)
     report["rogues"] = [_rogue_result(r, records, poller) for r in schedule.rogues]
     report["pair_third_replicas"] = schedule.honest_added  # honest: the pair is two against one
     report["after_detection"] = _after_detection(report["rogues"], records)
@@ -117,15 +138,95 @@ async def _drive(swarm: ChaosSwarm, members: list[Any], forger: ForgingDevice, o
     report["hop_deadline_ms"] = HOP_DEADLINE_S * 1e3
     report["options"] = {k: v for k, v in vars(opts).items()}
     t0 = records[0].sent if records else 0.0
+    _relative(events, report["rogues"], t0)
+    report["environment"] = {"start": at_start, "end": environment()}
+    report["checks"] = attack_checks(report, opts)
+    if several:
+        relative_times(report["coordinators"], t0)
+        report["checks"] += coordinator_checks(report["coordinators"])
+    return report
+
+
+def _relative(events: list[dict[str, Any]], rogues: list[dict[str, Any]], t0: float) -> None:
+    """Monotonic instants as seconds since the run's first request."""
     for event in events:
         event["at_s"] = round(event["at"] - t0, 3)
         event["recovered_at_s"] = None if event["recovered_at"] is None else round(event["recovered_at"] - t0, 3)
         del event["at"], event["recovered_at"]
-    for rogue in report["rogues"]:
+    for rogue in rogues:
         rogue["lying_from_s"] = round(rogue.pop("lying_from") - t0, 3)
-    report["environment"] = {"start": at_start, "end": environment()}
-    report["checks"] = attack_checks(report, opts)
-    return report
+
+
+async def _load(
+    swarm: ChaosSwarm,
+    samples: list[Any],
+    opts: AttackOptions,
+    until: asyncio.Event,
+    records: list[Record],
+    crun: CoordinatorRun,
+) -> None:
+    """One coordinator: load.run_load's clients (connection retries bridge its restart); several: the
+    Python client, failing over between them, and `balanced_workers` through HAProxy (coordinators.py)."""
+    if len(swarm.urls) > 1:
+        balancer = await asyncio.to_thread(crun.start_balancer) if opts.balanced_workers else None
+        crun.balanced_workers = opts.balanced_workers if balancer else 0
+        await run_failover_load(
+            swarm.urls,
+            samples,
+            opts.requests,
+            opts.concurrency,
+            DEADLINE_S,
+            until,
+            opts.max_s,
+            records,
+            balancer,
+            crun.balanced_workers,
+        )
+        return
+    await run_load(
+        swarm.url,
+        samples,
+        opts.requests,
+        opts.concurrency,
+        DEADLINE_S,
+        until=until,
+        max_s=opts.max_s,
+        records=records,
+        connect_patience_s=opts.connect_patience_s,
+    )
+
+
+async def _both(over: asyncio.Event, killing: asyncio.Task[None], load_over: asyncio.Event) -> None:
+    """The load ends once the schedule is over and every coordinator was killed and is back."""
+    await over.wait()
+    await asyncio.wait([killing])
+    load_over.set()
+
+
+def _coordinators_section(
+    swarm: ChaosSwarm,
+    schedule: Schedule,
+    pollers: list[Poller],
+    records: list[Record],
+    crun: CoordinatorRun,
+) -> dict[str, Any]:
+    timelines = {url: p.timeline for url, p in zip(swarm.urls, pollers, strict=True)}
+    return {
+        "urls": swarm.urls,
+        "kills": crun.kills,
+        "clients": client_figures(records, swarm.urls, crun.balancer.url if crun.balancer else None),
+        "tips_acted": crun.tips.by_url(),
+        "balancer": {
+            "url": crun.balancer.url if crun.balancer else None,
+            "workers": crun.balanced_workers,
+            "not_started": crun.balancer_note,
+        },
+        "liars": liar_avoidance(schedule.rogues, timelines, records),
+        "errors": {
+            url: list(proc.errors) if proc else []
+            for url, proc in zip(swarm.urls, [swarm.coordinator, *(c.proc for c in swarm.others)], strict=True)
+        },
+    }
 
 
 class Schedule:
@@ -147,6 +248,9 @@ class Schedule:
         self.kinds = [
             k for k in opts.basic_kinds if (k != "drop" or tools["nftables"]) and (k != "netem" or tools["netem"])
         ]
+        if len(swarm.urls) > 1:  # the coordinators are SIGKILLed in turn instead (coordinators.py)
+            self.kinds = [k for k in self.kinds if k != "coordinator"]
+        self.baseline_over = asyncio.Event()
         self.events: list[dict[str, Any]] = []
         self.rogues: list[dict[str, Any]] = []
         self.starting: list[asyncio.Task[None]] = []  # rogue redeployments under way
@@ -162,6 +266,7 @@ class Schedule:
     async def run(self, done: asyncio.Event, over: asyncio.Event) -> None:
         while len(self.records) < self.opts.baseline_requests and not done.is_set():
             await asyncio.sleep(0.1)
+        self.baseline_over.set()
         steps: list[str] = [f"rogue:{m}" for m in ROGUE_MODES[: self.opts.rogues]]
         steps += ["forge", "steal", *self.rng.sample(self.kinds, len(self.kinds))]
         # Rogues and attacks first, interleaved with the basic faults: the rest runs with rogues lying.
@@ -314,10 +419,10 @@ def _after_detection(rogues: list[dict[str, Any]], records: list[Record]) -> dic
     }
 
 
-def quick_options(seed: int = 0) -> AttackOptions:
+def quick_options(seed: int = 0, coordinators: int = 1) -> AttackOptions:
     """The CI variant: four rogues (zeros, other-block, the turncoat, the colluding pair), the forging
-    device, a kill, freezes, pulled cables and a coordinator restart: half the nodes faulted, in about a
-    minute of load."""
+    device, a kill, freezes, pulled cables and a coordinator restart (several coordinators: each
+    SIGKILLed in turn instead): half the nodes faulted, in about a minute of load."""
     return AttackOptions(
         requests=500,
         baseline_requests=150,
@@ -334,6 +439,7 @@ def quick_options(seed: int = 0) -> AttackOptions:
         # Cheap faults (no process start) so that half the nodes are faulted in CI time.
         basic_kinds=("kill", "freeze", "link", "freeze", "link", "freeze", "coordinator"),
         max_s=300.0,
+        coordinators=coordinators,
     )
 
 
@@ -346,5 +452,7 @@ def render_attack(report: dict[str, Any]) -> str:
     ]
     for r in report["rogues"]:
         lines.append(f"| {r['mode']} | {r['target']} | {r['detected_after_s']} | {r['detected_after_requests']} |")
+    if "coordinators" in report:
+        lines += ["", *render_coordinators(report["coordinators"])]
     lines += ["", render_checks(report["checks"])]
     return "\n".join(lines)

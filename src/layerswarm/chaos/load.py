@@ -28,6 +28,8 @@ class Record:
     depth: int | None = None
     hops: dict[str, int] = field(default_factory=dict)  # outcome -> count
     connect_retries: int = 0
+    nodes: list[str] = field(default_factory=list)  # the answer's hops' node addresses, in order
+    tried: list[str] = field(default_factory=list)  # coordinators sent to, in order (failover: one each)
 
 
 async def run_load(
@@ -126,4 +128,5 @@ async def one_request(
         depth=body["depth"],
         hops=hops,
         connect_retries=retries,
+        nodes=[hop["node"] for hop in body["trace"]["hops"] if hop.get("node")],
     )

@@ -37,20 +37,21 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
     return run_swarm(swarm, lambda: _drive(swarm, members, opts, tools))
 
 
-def family_swarm(token: bool = False) -> tuple[ChaosSwarm, list[Path]]:
+def family_swarm(token: bool = False, coordinators: int = 1) -> tuple[ChaosSwarm, list[Path]]:
     """The swarm every chaos run drives: the shipped family's first two members' nodes, each on its own
     host; every member is listed (strict admission), so joiners can run members[-1]."""
     members = robust_members(family_root())
     depth = read_manifest(members[0]).config.depth
     listed = tuple(f"--family-dir={m}" for m in members[2:])
-    return chaos_swarm.build(members[:2], depth, ("--min-blocks", str(MIN_BLOCKS), *listed), token=token), members
+    extra = ("--min-blocks", str(MIN_BLOCKS), *listed)
+    return chaos_swarm.build(members[:2], depth, extra, token=token, coordinators=coordinators), members
 
 
 def run_swarm(swarm: ChaosSwarm, drive: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
-    """Start the swarm's nodes and coordinator, run `drive` to its end, and stop everything, however it ends."""
+    """Start the swarm's nodes and coordinators, run `drive` to its end, and stop everything, however it ends."""
     try:
         swarm.start_nodes(swarm.nodes)
-        swarm.start_coordinator()
+        swarm.start_coordinators()
         return asyncio.run(drive())
     finally:
         swarm.stop()

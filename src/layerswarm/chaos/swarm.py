@@ -1,5 +1,6 @@
-"""A chaos swarm: the shipped family's nodes and a coordinator, each its own host (network namespace)
-on a bridge, discovering each other over mDNS; and the faults that can be done to them."""
+"""A chaos swarm: the shipped family's nodes and one coordinator or several (active-active, each told of
+the others with --coordinator-peer), each its own host (network namespace) on a bridge, discovering each
+other over mDNS; and the faults that can be done to them."""
 
 from __future__ import annotations
 
@@ -50,12 +51,27 @@ class ChaosNode:
 
 
 @dataclass
+class PeerCoordinator:
+    """A coordinator besides the first (`ChaosSwarm.coordinator`): its host, arguments and process."""
+
+    name: str
+    host: Host
+    args: list[str]
+    proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host.address}:{HTTP_PORT}"
+
+
+@dataclass
 class ChaosSwarm:
     lab: NetLab
     coordinator_host: Host
     coordinator_args: list[str]
     nodes: list[ChaosNode] = field(default_factory=list)
     coordinator: Proc | None = None
+    others: list[PeerCoordinator] = field(default_factory=list)  # coordinators 2..N (--coordinators)
     token: str | None = None
     token_file: Path | None = None
     state_dir: Path | None = None  # the run's own peer memory: never the user's default state file
@@ -65,9 +81,16 @@ class ChaosSwarm:
     def url(self) -> str:
         return f"http://{self.coordinator_host.address}:{HTTP_PORT}"
 
+    @property
+    def urls(self) -> list[str]:
+        """Every coordinator's URL, the first one's first."""
+        return [self.url, *(c.url for c in self.others)]
+
     # --- lifecycle ---------------------------------------------------------------------------------------
 
-    def start_nodes(self, nodes: list[ChaosNode], timeout: float = 120.0) -> None:
+    def start_nodes(self, nodes: list[ChaosNode], timeout: float = 240.0) -> None:
+        # 240 s: sixteen nodes import torch at once, and on a shared 2-core machine at load 20-28 the
+        # first was not ready after 120 s (twice, 2026-11-28).
         for node in nodes:
             node.proc = launch(node.name, node.command())
         for node in nodes:
@@ -78,9 +101,39 @@ class ChaosSwarm:
         argv = self.coordinator_host.command(layerswarm_cmd(*self.coordinator_args))
         self.coordinator = wait_for_ready_line(launch("coordinator", argv), timeout)
 
+    def start_coordinators(self, timeout: float = 90.0) -> None:
+        """The first coordinator and the others, started together (their imports overlap)."""
+        first = launch("coordinator", self.coordinator_host.command(layerswarm_cmd(*self.coordinator_args)))
+        for other in self.others:
+            other.proc = launch(other.name, other.host.command(layerswarm_cmd(*other.args)))
+        self.coordinator = wait_for_ready_line(first, timeout)
+        for other in self.others:
+            assert other.proc is not None
+            wait_for_ready_line(other.proc, timeout)
+
+    def coordinator_proc(self, index: int) -> Proc | None:
+        return self.coordinator if index == 0 else self.others[index - 1].proc
+
+    def kill_coordinator(self, index: int) -> None:
+        """SIGKILL coordinator `index` (0: the first): no shutdown, in-flight requests cut."""
+        proc = self.coordinator_proc(index)
+        assert proc is not None
+        proc.signal(signal.SIGKILL)
+        proc.popen.wait(5)
+
+    def start_coordinator_at(self, index: int, timeout: float = 90.0) -> Proc:
+        """Start coordinator `index` again, on its host, port and arguments; returns once it serves."""
+        if index == 0:
+            self.start_coordinator(timeout)
+            assert self.coordinator is not None
+            return self.coordinator
+        other = self.others[index - 1]
+        other.proc = wait_for_ready_line(launch(other.name, other.host.command(layerswarm_cmd(*other.args))), timeout)
+        return other.proc
+
     def stop(self) -> None:
         procs = [n.proc for n in self.nodes if n.proc is not None]
-        stop_all([p for p in [self.coordinator, *procs] if p is not None])
+        stop_all([p for p in [self.coordinator, *(c.proc for c in self.others), *procs] if p is not None])
         self.lab.stop()
         if self.token_file is not None:
             self.token_file.unlink(missing_ok=True)
@@ -154,16 +207,25 @@ def fault_tools() -> dict[str, bool]:
     return {"nftables": nft, "netem": netem}
 
 
-def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = (), token: bool = False) -> ChaosSwarm:
-    """Hosts for every block of every member and one for the coordinator (not started yet). With `token`,
-    every process gets the same fresh swarm token (a file only this process's user can read)."""
+def build(
+    members: list[Path],
+    depth: int,
+    extra_coordinator: tuple[str, ...] = (),
+    token: bool = False,
+    coordinators: int = 1,
+) -> ChaosSwarm:
+    """Hosts for every block of every member and one for each coordinator (not started yet). With `token`,
+    every process gets the same fresh swarm token (a file only this process's user can read). Several
+    `coordinators` (a token is needed: tips are signed with it) each get the others as --coordinator-peer
+    and a peer memory of their own."""
+    if coordinators > 1 and not token:
+        raise ValueError("several coordinators need a swarm token: the tips between them are signed with it")
     lab = NetLab().start()
     token_file = None
     # The run's own peer memory, token or not: the default file (by port: 8080) is the user's, and the
     # lab addresses left in it would be dialled by their next coordinator on that port, out of a real
     # interface.
     state_dir = Path(tempfile.mkdtemp(prefix="layerswarm-chaos-"))
-    extra_coordinator = (*extra_coordinator, "--state-file", str(state_dir / "peers.json"))
     try:
         if token:
             handle, name = tempfile.mkstemp(prefix="layerswarm-chaos-token-")
@@ -173,25 +235,35 @@ def build(members: list[Path], depth: int, extra_coordinator: tuple[str, ...] = 
             extra_coordinator = (*extra_coordinator, "--token-file", str(token_file))
         else:  # the lab's bridge address is not loopback: an open swarm must say so
             extra_coordinator = (*extra_coordinator, "--insecure")
-        coordinator_host = lab.add_host("coordinator")
-        args = [
-            "coordinator",
-            "--model-dir",
-            str(members[0]),
-            "--http-host",
-            coordinator_host.address,
-            "--http-port",
-            str(HTTP_PORT),
-            "--health-interval",
-            "0.25",
-            "--hop-timeout",
-            "0.5",
-            "--request-timeout",
-            "5",
-            *[f"--family-dir={m}" for m in members[1:]],
-            *extra_coordinator,
-        ]
-        swarm = ChaosSwarm(lab, coordinator_host, args, token_file=token_file, state_dir=state_dir)
+        hosts = [lab.add_host("coordinator" if i == 0 else f"coordinator-{i + 1}") for i in range(coordinators)]
+        urls = [f"http://{h.address}:{HTTP_PORT}" for h in hosts]
+
+        def args(i: int) -> list[str]:
+            peers = [f"--coordinator-peer={u}" for j, u in enumerate(urls) if j != i]
+            state = state_dir / ("peers.json" if i == 0 else f"peers-{i + 1}.json")
+            return [
+                "coordinator",
+                "--model-dir",
+                str(members[0]),
+                "--http-host",
+                hosts[i].address,
+                "--http-port",
+                str(HTTP_PORT),
+                "--health-interval",
+                "0.25",
+                "--hop-timeout",
+                "0.5",
+                "--request-timeout",
+                "5",
+                *[f"--family-dir={m}" for m in members[1:]],
+                *extra_coordinator,
+                "--state-file",
+                str(state),
+                *peers,
+            ]
+
+        swarm = ChaosSwarm(lab, hosts[0], args(0), token_file=token_file, state_dir=state_dir)
+        swarm.others = [PeerCoordinator(f"coordinator-{i + 1}", hosts[i], args(i)) for i in range(1, coordinators)]
         if token_file is not None:
             swarm.token = token_file.read_text()
         for m, model_dir in enumerate(members):

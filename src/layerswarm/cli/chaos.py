@@ -49,6 +49,16 @@ def register(sub: Subparsers) -> None:
         "3%% after minute 5 (nodes: start and end)",
     )
     p.add_argument("--duration", type=float, default=1800.0, help="soak length in seconds (default: %(default)s)")
+    p.add_argument(
+        "--coordinators",
+        type=int,
+        choices=(1, 2, 3),
+        default=1,
+        help="coordinators, each told of the others (--coordinator-peer): the load goes through the Python "
+        "client with all their URLs (one attempt per coordinator per request), and every coordinator is "
+        "SIGKILLed and restarted in turn; the report adds 0 5xx, kills and liar avoidance (the attack run "
+        "only)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if args.coordinators > 1 and (args.soak or args.basic):
+        print(
+            "layerswarm chaos: error: --coordinators above 1 runs with the attack run only (not --basic or --soak): "
+            "the coordinators' tips are signed with its swarm token",
+            file=sys.stderr,
+        )
+        return 2
     if args.soak:
         return _soak(args)
     if args.basic:
@@ -78,7 +95,11 @@ def _write(args: argparse.Namespace, report: dict[str, Any]) -> None:
 def _attack(args: argparse.Namespace) -> int:
     from layerswarm.chaos.attack import AttackOptions, quick_options, render_attack, run_attack
 
-    opts = quick_options(args.seed) if args.quick else AttackOptions(seed=args.seed, hold_s=args.hold)
+    opts = (
+        quick_options(args.seed, args.coordinators)
+        if args.quick
+        else AttackOptions(seed=args.seed, hold_s=args.hold, coordinators=args.coordinators)
+    )
     if args.requests is not None:
         opts.requests = args.requests
     opts.concurrency = args.concurrency if not args.quick else opts.concurrency

@@ -64,10 +64,10 @@ class Coordinator:
         self._handbacks: HandbackReferee | None = None
         token = settings.security.token
         # Other coordinators' convictions, as tips (membership/tips.py): taken with the token, sent where
-        # --coordinator-peer says.
+        # --coordinator-peer says (a name: to every address it resolves to but ours).
         self.tips = TipInbox(tip_key(token)) if token else None
         self.tip_sender = (
-            TipSender(settings.coordinator_peers, tip_key(token), f"http://{settings.http_host}:{settings.http_port}")
+            TipSender(settings.coordinator_peers, tip_key(token), settings.http_host, settings.http_port)
             if token and settings.coordinator_peers
             else None
         )

@@ -203,7 +203,9 @@ class Verifier:
         boot = record.identity.boot_id if record.identity else None
         if seen is None or seen.boot_id != boot:
             return True
-        return seen.passed < self.settings.probation_hops or self._sampled(seen)
+        # A tip is only looked at here, never spent: the hop is screened next, and `screen` spends it
+        # (spent in both, a tip bought half its hops wherever a caller asks before it screens).
+        return seen.passed < self.settings.probation_hops or seen.tipped > 0 or self._sampled(seen)
 
     def tip(self, address: str, hops: int) -> None:
         """Another coordinator convicted `address` (membership/tips.py): re-execute its next `hops` hops,
@@ -218,9 +220,6 @@ class Verifier:
             del self._tips[next(iter(self._tips))]
 
     def _sampled(self, seen: _Seen) -> bool:
-        if seen.tipped > 0:
-            seen.tipped -= 1
-            return True
         return self._rng.random() < check_probability(self.settings.rate, seen.passed, seen.suspicion > 0)
 
     async def check(self, *args: Any, **kwargs: Any) -> None:
@@ -256,13 +255,15 @@ class Verifier:
         seen = self._seen_for(record)
         seen.hops += 1
         self.counters.hops += 1
+        tipped = seen.tipped > 0  # one of the next TIP_HOPS hops since a tip: spent here, once per hop
+        seen.tipped = max(0, seen.tipped - 1)
         hard = hard_range_problem(out, position, wire)
         if hard is not None:
             raise self._convict(record, seen, hard)
         soft = self._suspicious(ident.block, x, out, position)
         seen.suspicion = SUSPICION_HOPS if soft is not None else max(0, seen.suspicion - 1)
         on_probation = seen.passed < self.settings.probation_hops
-        if soft is None and not on_probation and not force and not self._sampled(seen):
+        if soft is None and not on_probation and not force and not tipped and not self._sampled(seen):
             return None
         return Screened(record, seen, x, out, position, wire, soft, token_mask, sent, replicas, ask)
 
