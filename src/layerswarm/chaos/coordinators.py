@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
 import logging
 import queue
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,7 @@ from layerswarm.client import AsyncSwarmClient, SwarmError
 from .balancer import Balancer
 from .balancer import start as start_balancer
 from .balancer import unavailable as balancer_unavailable
-from .load import Record
+from .load import Record, bounded_indices
 from .swarm import ChaosSwarm
 
 log = logging.getLogger(__name__)
@@ -59,15 +58,7 @@ async def run_failover_load(
     `until` is set, never longer than `max_s`. A request is lost when every coordinator failed it.
     With a `balancer` URL, the first `balanced_workers` workers send there only."""
     records = [] if records is None else records
-    started = time.monotonic()
-
-    def more() -> Iterator[int]:
-        for i in itertools.count():
-            if time.monotonic() - started > max_s or (i >= requests and (until is None or until.is_set())):
-                return
-            yield i
-
-    queue = more()
+    queue = bounded_indices(requests, until, max_s)
 
     async def worker(targets: Sequence[str]) -> None:
         async with _client(targets, deadline_s) as client:

@@ -32,6 +32,16 @@ class Record:
     tried: list[str] = field(default_factory=list)  # coordinators sent to, in order (failover: one each)
 
 
+def bounded_indices(requests: int, until: asyncio.Event | None, max_s: float) -> Iterator[int]:
+    """Request indices for the workers to share: at least `requests`, on until `until` is set, never past
+    `max_s` seconds from the first one taken."""
+    started = time.monotonic()
+    for i in itertools.count():
+        if time.monotonic() - started > max_s or (i >= requests and (until is None or until.is_set())):
+            return
+        yield i
+
+
 async def run_load(
     url: str,
     samples: Sequence[tuple[bytes, str]],
@@ -49,15 +59,7 @@ async def run_load(
     `connect_patience_s` (default: the deadline) before the request counts as lost."""
     patience = deadline_s if connect_patience_s is None else connect_patience_s
     records = [] if records is None else records
-    started = time.monotonic()
-
-    def more() -> Iterator[int]:
-        for i in itertools.count():
-            if time.monotonic() - started > max_s or (i >= requests and (until is None or until.is_set())):
-                return
-            yield i
-
-    queue = more()
+    queue = bounded_indices(requests, until, max_s)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)  # a fresh connection each
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=deadline_s + 5) as client:
 
