@@ -1,14 +1,18 @@
 """A long prompt's prefill through the swarm against the one-thread monolith (issue 40):
 
-    python -m layerswarm.bench.prefill [--tokens 512] [--reps 7] [--json FILE]
+    python -m layerswarm.bench.prefill [--tokens 512] [--reps 7] [--lan] [--json FILE]
 
 A 12-block, 768-wide decoder with random weights (time, not accuracy) and the shipped language-model
 family's tokenizer; a node process per block on loopback (one torch thread each), the coordinator in
 this process with its default settings (stem and head on its one compute thread, the default wire). The
 swarm's figure is the coordinator's own path to the first token's logits: a stream opened, its prompt
 through the stem, every block's node (one hop each, their caches filled) and the head. The monolith's
-is the same model's stem, 12 blocks and head over the same prompt on one thread. Both interleaved,
-`reps` times, medians compared; the machine is in the report.
+is the same model's stem, 12 blocks and head over the same prompt on one thread. The swarm prefills two
+ways, each through a coordinator of its own over the same nodes: the whole prompt through each node in
+turn ("one pass"), and the default, pipelined chunks (coordinator/generation/runner.py: the nodes
+compute different chunks at once). All three interleaved, `reps` times, medians compared; the machine is
+in the report. `--lan`: every node on a host of its own with a 100 Mbit/s link (harness/netlab.py; tbf
+shapes the rate and adds no delay), the coordinator on the bridge.
 """
 
 from __future__ import annotations
@@ -27,17 +31,26 @@ import torch
 
 from layerswarm.coordinator import Coordinator, CoordinatorSettings
 from layerswarm.coordinator.generation.options import GenerationOptions
-from layerswarm.harness.procs import node_address, node_cmd, spawn_many, stop_all
+from layerswarm.harness.netlab import NetLab
+from layerswarm.harness.netns import bench_in_private_netns, in_private_netns
+from layerswarm.harness.procs import Proc, node_address, node_cmd, spawn_many, stop_all
+from layerswarm.harness.shaping import shape, slow_start_after_idle
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.lm.model import DecoderLM
 from layerswarm.models.lm.tokenizer import TOKENIZER_FILE
 from layerswarm.models.zoo import family_root
+from layerswarm.wire.auth import ensure_token_file
+from layerswarm.wire.security import SecuritySettings
 
 from . import emit_report
 from .machine import environment
 
 log = logging.getLogger(__name__)
+LINK_MBIT = 100
+# The ways a coordinator prefills, compared in one run: the whole prompt through each node in turn, and
+# the default (pipelined chunks: runner.py).
+WAYS = {"one pass": 0, "pipelined": CoordinatorSettings.model_fields["prefill_chunk_tokens"].default}
 SHAPE: dict[str, Any] = {"vocab_size": 512, "dim": 768, "depth": 12, "heads": 12, "kv_heads": 12, "max_seq_len": 1024}
 
 
@@ -75,46 +88,80 @@ async def swarm(coord: Coordinator, prompt: list[int]) -> tuple[float, torch.Ten
         await generator.releases_done()
 
 
-async def measure(path: Path, model: DecoderLM, tokens: int, reps: int) -> dict[str, Any]:
+def start_nodes(path: Path, depth: int, lab: NetLab | None, secured: tuple[str, ...]) -> list[Proc]:
+    """A node process per block: on loopback, or each on a LAN host of its own with a shaped link."""
+    if lab is None:
+        return spawn_many([(f"node-{b}", node_cmd(path, b, "--no-advertise")) for b in range(depth)])
+    hosts = [lab.add_host(f"p{b}") for b in range(depth)]
+    slow_start_after_idle(False)
+    for host in hosts:
+        shape(host, LINK_MBIT)
+        slow_start_after_idle(False, host)
+    flags = ("--no-advertise", "--grace", "0.2", *secured)
+    specs = [(f"lan-node-{b}", h.command(node_cmd(path, b, *flags, host=h.address))) for b, h in enumerate(hosts)]
+    return spawn_many(specs, timeout=300)
+
+
+async def measure(path: Path, model: DecoderLM, tokens: int, reps: int, lab: NetLab | None) -> dict[str, Any]:
     cfg = model.cfg
     draws = torch.randint(3, cfg.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
     prompt = [1, *(int(t) for t in draws[1:])]  # <s> first, as the coordinator's own prompts
-    nodes = spawn_many([(f"node-{b}", node_cmd(path, b, "--no-advertise")) for b in range(cfg.depth)])
-    coord = Coordinator(CoordinatorSettings(model_dir=path, peers=tuple(node_address(n) for n in nodes), mdns=False))
-    await coord.start()
+    token = path.parent / "swarm.token"
+    ensure_token_file(token)  # nodes on LAN addresses need the swarm's token (secure by default)
+    nodes = start_nodes(path, cfg.depth, lab, ("--token-file", str(token)))
+    peers = tuple(node_address(n) for n in nodes)
+    security = SecuritySettings.from_files(token_file=token) if lab is not None else SecuritySettings()
+    # One coordinator per way of prefilling, over the same nodes, measured interleaved in one run.
+    coords = {
+        way: Coordinator(
+            CoordinatorSettings(model_dir=path, peers=peers, mdns=False, prefill_chunk_tokens=chunk, security=security)
+        )
+        for way, chunk in WAYS.items()
+    }
+    times: dict[str, list[float]] = {"monolith": [], **{way: [] for way in coords}}
+    diff = 0.0
     try:
-        await swarm(coord, prompt[:8])  # connections and the nodes' first call
+        for coord in coords.values():
+            await coord.start()
+            await swarm(coord, prompt[:8])  # connections and the nodes' first call
         _, reference = monolith(model, prompt)
-        mono: list[float] = []
-        through: list[float] = []
-        diff = 0.0
         for _ in range(reps):
-            mono.append(monolith(model, prompt)[0])
-            seconds, logits = await swarm(coord, prompt)
-            through.append(seconds)
-            diff = max(diff, float((logits.float() - reference.float()).abs().max()))
+            times["monolith"].append(monolith(model, prompt)[0])
+            for way, coord in coords.items():
+                seconds, logits = await swarm(coord, prompt)
+                times[way].append(seconds)
+                diff = max(diff, float((logits.float() - reference.float()).abs().max()))
     finally:
-        await coord.stop()
+        for coord in coords.values():
+            await coord.stop()
         stop_all(nodes)
-    m, s = statistics.median(mono), statistics.median(through)
+    ms = {way: statistics.median(t) * 1e3 for way, t in times.items()}
+    m = ms["monolith"]
     return {
         "logits_max_abs_diff": diff,  # the same work: the swarm's first-token logits against the monolith's
         "prompt_tokens": tokens,
         "reps": reps,
-        "monolith_ms": round(m * 1e3, 1),
-        "swarm_ms": round(s * 1e3, 1),
-        "swarm_over_monolith": round(s / m, 3),
+        "network": "loopback" if lab is None else f"a host per node, {LINK_MBIT} Mbit/s links (tc tbf, no delay)",
+        "prefill_chunk": WAYS["pipelined"],
+        "monolith_ms": round(m, 1),
+        "swarm_ms": round(ms["pipelined"], 1),  # the default: pipelined chunks
+        "swarm_over_monolith": round(ms["pipelined"] / m, 3),
+        "one_pass_ms": round(ms["one pass"], 1),
+        "one_pass_over_monolith": round(ms["one pass"] / m, 3),
         "target": "<= 1.3",
-        "monolith_ms_all": [round(v * 1e3, 1) for v in mono],
-        "swarm_ms_all": [round(v * 1e3, 1) for v in through],
+        **{f"{way.replace(' ', '_')}_ms_all": [round(v * 1e3, 1) for v in t] for way, t in times.items()},
     }
 
 
-def run(tokens: int, reps: int, shape: dict[str, Any] = SHAPE) -> dict[str, Any]:
+def run(tokens: int, reps: int, shape: dict[str, Any] = SHAPE, lan: bool = False) -> dict[str, Any]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         path, model = model_dir(Path(tmp), shape)
-        figures = asyncio.run(measure(path, model, tokens, reps))
+        if not lan:
+            figures = asyncio.run(measure(path, model, tokens, reps, None))
+        else:
+            with NetLab() as lab:
+                figures = asyncio.run(measure(path, model, tokens, reps, lab))
     return {"environment": environment(), "model": shape, **figures}
 
 
@@ -123,9 +170,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=512, help="prompt length")
     p.add_argument("--reps", type=int, default=7, help="interleaved measurements of each")
     p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument(
+        "--lan",
+        action="store_true",
+        help=f"every node on a host of its own, links shaped to {LINK_MBIT} Mbit/s (needs root; runs in a "
+        "private network namespace)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return emit_report(run(args.tokens, args.reps), args.json)
+    if args.lan and not in_private_netns():
+        flags = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--lan"]
+        report = bench_in_private_netns("layerswarm.bench.prefill", False, flags)
+        return emit_report(report, args.json)
+    return emit_report(run(args.tokens, args.reps, lan=args.lan), args.json)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def register(sub: Subparsers) -> None:
     f.add("--speculation", "speculation", metavar="off|auto|K")
     f.add("--early-exit", "early_exit", metavar="off|on|THRESHOLD")
     f.add("--draft-depth", "draft_depth", type=int)
+    f.add("--prefill-chunk", "prefill_chunk_tokens", type=int)
     f.group("HTTP", "the HTTP server and its front door (docs/http-api.md)")
     f.add("--http-host", "http_host")
     f.add("--http-port", "http_port", type=int)

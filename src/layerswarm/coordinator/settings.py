@@ -197,6 +197,13 @@ class CoordinatorSettings(ProcessSettings):
         description="per-token early exit when a request does not say (lossy; docs/speculation.md): off, on "
         "(the threshold `layerswarm eval` calibrated, in the model's policy), or a threshold over 0 and at most 1",
     )
+    prefill_chunk_tokens: int = Field(
+        default=256,  # measured (bench/prefill.py, 512 tokens, 2 cores): 256 beat 128 and 64 (fewer hops)
+        ge=0,
+        description="a prompt longer than this goes through the route in chunks of this many tokens, pipelined: "
+        "the route's nodes compute different chunks at once (0: the whole prompt in one pass; on a swarm of "
+        "separate devices smaller chunks keep more of them busy)",
+    )
     draft_depth: int | None = Field(
         default=None,
         ge=1,

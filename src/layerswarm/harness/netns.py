@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +59,15 @@ def reexec_in_private_netns(argv: list[str]) -> int:
     return subprocess.run(cmd, env=env, check=False).returncode
 
 
-def bench_in_private_netns(module: str, quick: bool) -> dict[str, Any]:
-    """Run `python -m MODULE --json FILE [--quick]` (a bench that builds its own LAN of namespaces) in a
-    fresh network namespace, as root, and return its report; {"skipped": why} when it cannot run."""
+def bench_in_private_netns(module: str, quick: bool, args: Sequence[str] = ()) -> dict[str, Any]:
+    """Run `python -m MODULE --json FILE [--quick] [ARGS]` (a bench that builds its own LAN of namespaces)
+    in a fresh network namespace, as root, and return its report; {"skipped": why} when it cannot run."""
     if os.geteuid() != 0:
         return {"skipped": "needs root (network namespaces, veth pairs, tc)"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up; exec "$@"', "sh", sys.executable, "-m", module]
-        done = subprocess.run([*cmd, "--json", str(out), *(["--quick"] if quick else [])], check=False)
+        done = subprocess.run([*cmd, "--json", str(out), *(["--quick"] if quick else []), *args], check=False)
         if done.returncode != 0 or not out.is_file():
             return {"skipped": f"the run in a private network namespace failed (exit {done.returncode})"}
         report: dict[str, Any] = json.loads(out.read_text())

@@ -114,7 +114,7 @@ class Generator:
         self.stem, self.head = load_stem_head(settings.model_dir, manifest)
         self.tokenizer = load_tokenizer(verified_file(settings.model_dir, manifest, TOKENIZER))
         check_tokenizer(self.tokenizer, self.config, str(settings.model_dir))
-        rules = RouteRules(manifest.model_id, self.config.shuffle_robust, self.min_depth)
+        rules = RouteRules(manifest.model_id, self.config.shuffle_robust, self.min_depth, settings.prefill_chunk_tokens)
         calls = DecodeCaller(pool, wire, self.config.dim, settings.hop_timeout_s)
         failover = observer.failover if observer is not None else None
         self.runner = StreamRunner(calls, pool, registry, verifier, rules, self.open_streams, failover)

@@ -70,6 +70,7 @@ class RouteRules:
     own_model: str  # the coordinator's model: its nodes are preferred
     robust: bool  # shuffle-robust family: a sibling model's block may stand in
     min_depth: int  # blocks a route keeps; a family never evaluated keeps every block
+    prefill_chunk: int = 0  # a longer pass goes in pipelined chunks of this many tokens (0: one pass)
 
 
 class StreamRunner:
@@ -99,6 +100,9 @@ class StreamRunner:
         position, rewinds = 0, 0
         while True:
             try:
+                chunk = self.rules.prefill_chunk
+                if exit is None and 0 < chunk < x.shape[1]:
+                    return await self._pipelined(s, position, row, x, chunk)
                 return await self._walk(s, position, row, x, exit)
             except Rewind as rewind:
                 rewinds += 1
@@ -114,12 +118,9 @@ class StreamRunner:
         hops = 0
         try:
             for slot in s.route[first:]:
-                if s.closed:  # its client left while the step ran: open nothing new on any node
-                    raise StreamFailed("the stream was closed")
                 if slot.skipped:
                     continue
-                x = slot.inputs.put(row, x)
-                x = await self._hop(s, slot, row, x, checks)
+                x = await self._pass(s, slot, row, x, checks)
                 hops += 1
                 if exit is None:
                     continue
@@ -136,7 +137,62 @@ class StreamRunner:
                 check.task.cancel()  # a rewind redoes what they would have confirmed
         return x
 
+    async def _pipelined(self, s: StreamSession, first: int, row: int, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        """A long pass (a prompt's prefill) in chunks of `chunk` tokens, each entering a position as soon as
+        the chunk before it has left: the route's nodes compute different chunks at once, and one chunk's
+        transfer overlaps the others' compute (pipeline parallelism; a lone pass keeps one node busy at a
+        time). A node still sees its stream's tokens in order, so its cache grows as for one pass, and a
+        failed hop rebuilds from the position's logged inputs as in `_walk`. Checks are confirmed once
+        every chunk is through."""
+        route = s.route[first:]
+        rows = range(row, row + x.shape[1], chunk)
+        loop = asyncio.get_running_loop()
+        # left[c][i]: chunk c has left the i-th position of `route` (i = len(route): its output is logged)
+        left = [[loop.create_future() for _ in range(len(route) + 1)] for _ in rows]
+        checks: list[Check] = []
+
+        async def walk(c: int, r: int, xc: torch.Tensor) -> tuple[torch.Tensor, int]:
+            hops = 0
+            for i, slot in enumerate(route):
+                if c:
+                    await left[c - 1][i]
+                if not slot.skipped:
+                    xc = await self._pass(s, slot, r, xc, checks)
+                    hops += 1
+                left[c][i].set_result(None)
+            if c:
+                await left[c - 1][len(route)]
+            s.final.put(r, xc)
+            left[c][len(route)].set_result(None)
+            return xc, hops
+
+        tasks = [asyncio.ensure_future(walk(c, r, x[:, r - row : r - row + chunk])) for c, r in enumerate(rows)]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()  # type: ignore[misc]  # the earliest chunk's failure
+            outs = [t.result() for t in tasks]
+            s.exits.block_hops += outs[-1][1]  # one pass, as `_walk` counts it
+            await self.lies.confirm(s, sorted(checks, key=lambda check: (check.slot.position, check.row)))
+        finally:
+            for task in tasks:
+                task.cancel()  # a chunk failed: the others stop where they are (a rebuild resumes them)
+            await asyncio.gather(*tasks, return_exceptions=True)  # settled before a rewind walks again
+            for check in checks:
+                check.task.cancel()  # a rewind redoes what they would have confirmed
+        return torch.cat([out for out, _ in outs], dim=1)
+
     # --- one position ----------------------------------------------------------------------------------
+
+    async def _pass(
+        self, s: StreamSession, slot: RouteSlot, row: int, x: torch.Tensor, checks: list[Check]
+    ) -> torch.Tensor:
+        """Log the position's input for tokens row.., then the hop."""
+        if s.closed:  # its client left while the step ran: open nothing new on any node
+            raise StreamFailed("the stream was closed")
+        x = slot.inputs.put(row, x)
+        return await self._hop(s, slot, row, x, checks)
 
     async def _hop(
         self, s: StreamSession, slot: RouteSlot, row: int, x: torch.Tensor, checks: list[Check]
