@@ -56,14 +56,14 @@ LIARS = ("turncoat", "liar")
 
 @dataclass
 class LMChaosOptions:
-    prompts: int = 64  # distinct held-out task prompts; the no-fault phase streams each once
-    streams: int = 256  # streams with faults, at least (on until the schedule is over)
+    prompts: int = 100  # distinct held-out task prompts; the no-fault phase streams each once
+    streams: int = 400  # streams with faults, at least (on until the schedule is over)
     concurrency: int = 8  # streams at once
     seed: int = 0  # which nodes the faults hit, and which prompts
     hold_s: float = 2.0  # how long a kill, freeze or kill-third lasts
     gap_s: float = 1.0  # calm between faults
     turncoat_after: int = 12  # honest Decode replies before the turncoat lies (past a 2-hop probation)
-    after_streams: int = 64  # streams started after every liar was convicted (exact match after detection)
+    after_streams: int = 100  # streams started after every liar was convicted (exact match after detection)
     tail_s: float = 120.0  # at most this long after the last fault waiting for them
     max_s: float = 900.0  # the fault phase never lasts longer
     fault_wait_s: float = 20.0  # a fault waits this long at most for a stream to be mid-way

@@ -38,7 +38,7 @@ def register(sub: Subparsers) -> None:
         "SIGKILL, SIGSTOP, a restart, a third of the nodes SIGKILLed at once); verdicts: every stream [DONE], "
         "the liars convicted and the streams they touched rebuilt, no honest node convicted, rebuilds and "
         "skips counted, exact match within 2 points of the no-fault run. --requests: streams with faults "
-        "(default 256; --quick 48), --concurrency: streams at once, --hold: seconds a kill or freeze lasts",
+        "(default 400; --quick 48), --concurrency: streams at once, --hold: seconds a kill or freeze lasts",
     )
     p.add_argument(
         "--requests",
