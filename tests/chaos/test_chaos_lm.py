@@ -43,6 +43,8 @@ def test_every_stream_ends_normally_through_every_fault(report: dict[str, Any]) 
     assert kinds == ["turncoat", "liar", "kill", "freeze", "restart", "kill-third"]
     for fault in report["faults"]:  # each landed while streams ran, and those streams finished
         assert fault["streams_mid_way"] > 0 and fault["of_them_done"] == fault["streams_mid_way"], fault
+        if fault["kind"] not in ("turncoat", "liar"):  # an honest node, back once the fault is undone
+            assert fault["readmitted_after_s"] is not None, fault
     assert len(report["faults"][-1]["targets"]) == report["nodes"] // 3  # a third of the nodes at once
 
 

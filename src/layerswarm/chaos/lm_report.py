@@ -15,6 +15,7 @@ from .lm_load import StreamRecord
 
 EM_POINTS = 0.02  # exact match within 2 points of the no-fault run...
 EM_MIN_COMPARED = 50  # ...or, with fewer streams compared than this, within one stream
+LIAR_KINDS = ("turncoat", "liar")  # redeployed to lie until the end (lm_run.py): never re-admitted
 
 
 class Schedule(Protocol):
@@ -54,7 +55,7 @@ def lm_report(
             **tally(after),
             **against_no_faults(after, base),
         },
-        "faults": [fault_view(e, with_faults, t0) for e in schedule.events],
+        "faults": [fault_view(e, with_faults, poller.timeline, t0) for e in schedule.events],
         "liars": [liar_view(liar, with_faults, base, convictions, t0) for liar in schedule.liars],
         "honest_convicted": sorted(a for a, c in convictions.items() if c > 0 and a not in liar_addresses),
         "node_states_after": dict(Counter(n["state"] for n in view.get("nodes", []))),
@@ -103,7 +104,11 @@ def against_no_faults(records: Sequence[StreamRecord], base: dict[int, Any]) -> 
     }
 
 
-def fault_view(event: dict[str, Any], records: Sequence[StreamRecord], t0: float) -> dict[str, Any]:
+def fault_view(
+    event: dict[str, Any], records: Sequence[StreamRecord], timeline: list[tuple[float, dict[str, str]]], t0: float
+) -> dict[str, Any]:
+    """A fault's streams mid-way and how they ended; for an honest node's fault, how long after it was
+    undone every node it hit was routable again (None: not before the run ended)."""
     mid = set(event["streams_mid_way"])
     ended = [r for r in records if r.index in mid]
     return {
@@ -115,7 +120,16 @@ def fault_view(event: dict[str, Any], records: Sequence[StreamRecord], t0: float
         "streams_mid_way": len(mid),
         "of_them_done": sum(r.result.done for r in ended),
         "of_them_rebuilt_or_skipped": sum(bool(r.result.rebuilt or r.result.skipped) for r in ended),
+        "readmitted_after_s": None if event["kind"] in LIAR_KINDS else _readmitted(event, timeline),
     }
+
+
+def _readmitted(event: dict[str, Any], timeline: list[tuple[float, dict[str, str]]]) -> float | None:
+    undone = event["recovered_at"]
+    if undone is None:
+        return None
+    back = [next((t for t, s in timeline if t >= undone and s.get(a) == "healthy"), None) for a in event["addresses"]]
+    return None if None in back else round(max(t for t in back if t is not None) - undone, 3)
 
 
 def liar_view(
@@ -207,6 +221,14 @@ def lm_checks(report: dict[str, Any], opts: Any) -> list[dict[str, Any]]:
                 fault["streams_mid_way"] > 0 and fault["of_them_done"] == fault["streams_mid_way"],
             )
         )
+    honest = [f for f in report["faults"] if f["kind"] not in LIAR_KINDS]
+    rows.append(
+        _row(
+            "every honest node faulted routable again after the fault was undone",
+            ", ".join(f"{f['kind']} {f['readmitted_after_s']} s" for f in honest),
+            bool(honest) and all(f["readmitted_after_s"] is not None for f in honest),
+        )
+    )
     rows += _liar_rows(report)
     rows += _em_rows(report, faulted, after)
     return rows
@@ -285,12 +307,13 @@ def render_lm(report: dict[str, Any]) -> str:
         _phase_line("with faults", faulted, faulted["no_fault_exact_match_same_prompts"]),
         _phase_line("after detection", after, after["no_fault_exact_match_same_prompts"]),
         "",
-        "| fault | targets | at s | streams mid-way | of them [DONE] |",
-        "| --- | --- | --- | --- | --- |",
+        "| fault | targets | at s | streams mid-way | of them [DONE] | routable again after s |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for f in report["faults"]:
         lines.append(
-            f"| {f['kind']} | {', '.join(f['targets'])} | {f['at_s']} | {f['streams_mid_way']} | {f['of_them_done']} |"
+            f"| {f['kind']} | {', '.join(f['targets'])} | {f['at_s']} | {f['streams_mid_way']} | {f['of_them_done']} "
+            f"| {'-' if f['readmitted_after_s'] is None else f['readmitted_after_s']} |"
         )
     whole = report["exact_match_whole_phase"]
     lines += [

@@ -43,6 +43,7 @@ from layerswarm.models.zoo import resolve_family, robust_members
 
 from . import swarm as chaos_swarm
 from .lm_load import StreamLoad
+from .lm_report import LIAR_KINDS as LIARS
 from .lm_report import lm_report
 from .report import environment
 from .run import Poller, run_swarm
@@ -51,7 +52,6 @@ from .swarm import ChaosNode, ChaosSwarm
 log = logging.getLogger(__name__)
 LIAR_MODE = "noise"  # Gaussian noise with the real output's mean and std: well-formed, finite, wrong
 FAULT_ORDER = ("turncoat", "liar", "kill", "freeze", "restart", "kill-third")
-LIARS = ("turncoat", "liar")
 
 
 @dataclass
@@ -169,13 +169,20 @@ class LMSchedule:
             over.set()
 
     async def _tail(self) -> None:
-        """Until `after_streams` streams started after every liar's conviction, or `tail_s` passed."""
+        """Until `after_streams` streams started after every liar's conviction and every honest node
+        faulted is routable again, or `tail_s` passed."""
         deadline = time.monotonic() + self.opts.tail_s
         while not self._done.is_set() and time.monotonic() < deadline:
             caught = self.convicted_at()
-            if caught is not None and len(self.load.started_after(caught)) >= self.opts.after_streams:
+            enough = caught is not None and len(self.load.started_after(caught)) >= self.opts.after_streams
+            if enough and self._all_back():
                 return
             await self._sleep(0.2)
+
+    def _all_back(self) -> bool:
+        states = self.poller.latest_states()
+        back = [states.get(a) == "healthy" for e in self.events if e["kind"] not in LIARS for a in e["addresses"]]
+        return all(back)
 
     async def _one(self, kind: str, n: int) -> None:
         live = await self._wait_mid_stream()
@@ -183,6 +190,7 @@ class LMSchedule:
         event = {
             "kind": kind,
             "targets": [node.name for node in nodes],
+            "addresses": [node.address for node in nodes],
             "blocks": [node.block for node in nodes],
             "at": time.monotonic(),
             "recovered_at": None,
