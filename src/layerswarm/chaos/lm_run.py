@@ -17,7 +17,8 @@ block index, so a lost cache can be rebuilt on the other), every node its own ho
    freeze      SIGSTOP, held, SIGCONT
    restart     a graceful restart
    kill-third  a third of the nodes SIGKILLed at once (every index without a liar), held, restarted
-   The liars lie until the end. After the last fault the load goes on until `after_streams` streams
+   Before each liar, an honest spare of the own model joins its block index (so, once the liar is
+   convicted, the index keeps two honest nodes). The liars lie until the end. After the last fault the load goes on until `after_streams` streams
    started once every liar was convicted (or `tail_s` passed): the exact match after detection.
 
 The report (lm_report.py) has a verdict table: every stream ended normally, the liars convicted and the
@@ -52,6 +53,7 @@ from .swarm import ChaosNode, ChaosSwarm
 log = logging.getLogger(__name__)
 LIAR_MODE = "noise"  # Gaussian noise with the real output's mean and std: well-formed, finite, wrong
 FAULT_ORDER = ("turncoat", "liar", "kill", "freeze", "restart", "kill-third")
+HOP_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -83,7 +85,15 @@ def lm_swarm() -> tuple[ChaosSwarm, list[Path]]:
     blocks depth - 1) should both nodes of an index be gone at once; the schedule never does that."""
     members = robust_members(resolve_family("lm"))
     depth = read_lm_manifest(members[0]).config.depth
-    extra = ("--min-blocks", str(depth - 1), *(f"--family-dir={m}" for m in members[2:]))
+    # The coordinator's default hop timeout, not the classification run's 0.5 s: on a starved 2-core
+    # machine 0.5 s ejected both nodes of an index at once (a stream then failed below the minimum).
+    extra = (
+        "--min-blocks",
+        str(depth - 1),
+        "--hop-timeout",
+        str(HOP_TIMEOUT_S),
+        *(f"--family-dir={m}" for m in members[2:]),
+    )
     return chaos_swarm.build(members[:2], depth, extra, token=True), members
 
 
@@ -112,7 +122,8 @@ async def _drive(swarm: ChaosSwarm, members: list[Path], opts: LMChaosOptions) -
         await polling
     report = lm_report(no_faults, with_faults, tasks, schedule, poller, view, metrics, opts)
     report["environment"] = {"start": at_start, "end": environment()}
-    report["nodes"] = len(swarm.nodes)
+    report["nodes"] = len([n for n in swarm.nodes if n.name not in schedule.spares])
+    report["spares_joined"] = schedule.spares
     report["members"] = [m.name for m in members[:2]]
     report["coordinator_errors"] = list(swarm.coordinator.errors) if swarm.coordinator else []
     return report
@@ -136,6 +147,7 @@ class LMSchedule:
         self.rng = random.Random(opts.seed)
         self.events: list[dict[str, Any]] = []
         self.liars: list[dict[str, Any]] = []
+        self.spares: list[str] = []  # honest nodes that joined a liar's block index
         self._done = asyncio.Event()
         blocks = sorted({n.block for n in swarm.nodes})
         order = self.rng.sample(blocks, len(blocks))
@@ -217,9 +229,17 @@ class LMSchedule:
         return [self._carrier(self.fault_blocks[n % len(self.fault_blocks)])]
 
     def _carrier(self, block: int) -> ChaosNode:
-        return next(node for node in self.swarm.nodes if node.block == block and node.model_dir == self.own)
+        own = [node for node in self.swarm.nodes if node.block == block and node.model_dir == self.own]
+        return own[0]  # the first of the swarm: never a spare
 
     def _redeploy_liar(self, kind: str, node: ChaosNode) -> None:
+        """An honest spare of the same model and block joins first (as the attack run's pair gets an honest
+        third replica): once the liar is convicted its index keeps two honest nodes, so a slow health
+        check on one never leaves the index empty; then the node is redeployed as the liar."""
+        spare = ChaosNode(f"spare-b{node.block}", self.swarm.lab.add_host(f"spare-b{node.block}"), self.own, node.block)
+        self.swarm.add_node(spare)
+        self.swarm.start_nodes([spare])
+        self.spares.append(spare.name)
         after = self.opts.turncoat_after if kind == "turncoat" else 0
         started = time.monotonic()
         self.swarm.restart(node, ("--fault-mode", LIAR_MODE, "--fault-after", str(after)))
