@@ -18,8 +18,9 @@ block index, so a lost cache can be rebuilt on the other), every node its own ho
    restart     a graceful restart
    kill-third  a third of the nodes SIGKILLed at once (every index without a liar), held, restarted
    Before each liar, an honest spare of the own model joins its block index (so, once the liar is
-   convicted, the index keeps two honest nodes). The liars lie until the end. After the last fault the load goes on until `after_streams` streams
-   started once every liar was convicted (or `tail_s` passed): the exact match after detection.
+   convicted, the index keeps two honest nodes). The liars lie until the end. After the last fault the
+   load goes on until `after_streams` streams started once every liar was convicted (the exact match
+   after detection) and every honest node hit is routable again, or `tail_s` passed.
 
 The report (lm_report.py) has a verdict table: every stream ended normally, the liars convicted and the
 streams they touched rebuilt, no honest node convicted, exact match against the no-fault run.
