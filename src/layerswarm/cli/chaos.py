@@ -25,8 +25,20 @@ def register(sub: Subparsers) -> None:
         "load generator; faults on a seeded schedule (kill, freeze, pulled cable, dropped packets, netem delay "
         "where the kernel has it, slow and malformed nodes, restarts, joins, coordinator restart), with rogue "
         "nodes and a forging device (forged mDNS goodbyes and adverts, token theft) on a token-protected swarm; "
-        "a report with pass/fail per target. --soak: continuous churn for --duration. Needs root; runs in a "
-        "private namespace.",
+        "a report with pass/fail per target. --soak: continuous churn for --duration. --family lm: the same "
+        "for streamed generation (docs/chaos.md). Needs root; runs in a private namespace.",
+    )
+    p.add_argument(
+        "--family",
+        choices=("shapes", "lm"),
+        default="shapes",
+        help="shapes: classification load (the runs above); lm: the shipped language-model family, streamed "
+        "greedy completions (POST /v1/completions, stream: true) of held-out task prompts, first without faults, "
+        "then again while faults land mid-stream (a turncoat and a liar redeployed as lying decoder nodes, "
+        "SIGKILL, SIGSTOP, a restart, a third of the nodes SIGKILLed at once); verdicts: every stream [DONE], "
+        "the liars convicted and the streams they touched rebuilt, no honest node convicted, rebuilds and "
+        "skips counted, exact match within 2 points of the no-fault run. --requests: streams with faults "
+        "(default 400; --quick 48), --concurrency: streams at once, --hold: seconds a kill or freeze lasts",
     )
     p.add_argument(
         "--requests",
@@ -73,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if args.family == "lm":
+        return _lm(args)
     if args.coordinators > 1 and (args.soak or args.basic):
         print(
             "layerswarm chaos: error: --coordinators above 1 runs with the attack run only (not --basic or --soak): "
@@ -122,6 +136,29 @@ def _basic(args: argparse.Namespace) -> int:
     _write(args, report)
     print(render(report))
     return 0 if report["lost"] == 0 and report["non_200_while_min_depth_reachable"] == 0 else 1
+
+
+def _lm(args: argparse.Namespace) -> int:
+    from layerswarm.chaos.lm_report import render_lm
+    from layerswarm.chaos.lm_run import QUICK, LMChaosOptions, run_lm_chaos
+
+    if args.soak or args.basic or args.coordinators > 1:
+        print(
+            "layerswarm chaos: error: --family lm runs its own schedule (liars and faults mid-stream): not with "
+            "--soak, --basic or --coordinators",
+            file=sys.stderr,
+        )
+        return 2
+    opts = dataclasses.replace(QUICK) if args.quick else LMChaosOptions(hold_s=args.hold)
+    opts.seed = args.seed
+    if args.requests is not None:
+        opts.streams = args.requests
+    if not args.quick:
+        opts.concurrency = args.concurrency
+    report = run_lm_chaos(opts)
+    _write(args, report)
+    print(render_lm(report))
+    return 0 if all(row["pass"] for row in report["checks"]) else 1
 
 
 def _soak(args: argparse.Namespace) -> int:

@@ -19,34 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import random
 import signal
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from layerswarm.harness.streams import StreamResult, Task, failover_counts, stream_one, task_prompts
 
 from .swarm_demo import UpOptions, choose_victims, progress, start_swarm
 
 STREAMS = 12  # concurrent streams per phase
-MAX_TOKENS = 16  # a task answer is a few tokens and </s>: room to spare, so a wrong answer is seen whole
-
-
-@dataclass
-class StreamResult:
-    done: bool = False  # its events ended with [DONE]
-    error: str | None = None
-    text: str = ""
-    correct: bool = False
-    chunks: int = 0
-    in_flight_at_kill: bool = False
-    rebuilt: int = 0
-    skipped: int = 0
-    elapsed_s: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-    trips: int = 0
 
 
 @dataclass
@@ -70,65 +52,6 @@ class StreamPhase:
             "accepted": sum(s.accepted for s in self.streams),
             "trips": sum(s.trips for s in self.streams),
         }
-
-
-@dataclass
-class Task:
-    prompt_ids: list[int]
-    answer: str
-
-
-def task_prompts(member: Path, count: int, seed: int) -> list[Task]:
-    """Held-out generated task prompts (drawn with a seed apart from the training data's) and their answers."""
-    from layerswarm.models.checkpoint import read_lm_manifest
-    from layerswarm.training.lm.commands import model_tokenizer
-    from layerswarm.training.lm.data import prompt_ids
-    from layerswarm.training.lm.tasks import make_examples
-
-    manifest = read_lm_manifest(member)
-    tok = model_tokenizer(member, manifest)
-    _, examples = make_examples(0, count, seed=12345 + seed)
-    return [Task(prompt_ids(tok, manifest.config, e), e.answer) for e in examples]
-
-
-async def stream_one(
-    client: Any, model: str, task: Task, result: StreamResult, first: asyncio.Event, speculation: str = "off"
-) -> None:
-    """One completion, read event by event until [DONE] (or an error event, or the connection's end)."""
-    import httpx
-    from httpx_sse import SSEError, aconnect_sse
-
-    body = {"model": model, "prompt": task.prompt_ids, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
-    body["speculation"] = int(speculation) if speculation.isdigit() else speculation
-    started = time.monotonic()
-    try:
-        async with aconnect_sse(client, "POST", "/v1/completions", json=body) as source:
-            if source.response.status_code != 200:
-                result.error = f"HTTP {source.response.status_code}: {(await source.response.aread())[:200]!r}"
-                return
-            async for event in source.aiter_sse():
-                if event.data == "[DONE]":
-                    result.done = True
-                    break
-                chunk = json.loads(event.data)
-                if "error" in chunk:
-                    result.error = str(chunk["error"].get("message"))
-                    break
-                result.chunks += 1
-                first.set()
-                for choice in chunk.get("choices", []):
-                    result.text += choice.get("text") or ""
-                extras = chunk.get("layerswarm")
-                if extras:
-                    result.rebuilt, result.skipped = int(extras["rebuilt"]), int(extras["skipped"])
-                    spec = extras.get("speculation") or {}
-                    result.drafted, result.accepted = int(spec.get("drafted", 0)), int(spec.get("accepted", 0))
-                    result.trips = int(extras.get("trips", 0))
-    except (httpx.HTTPError, SSEError, ValueError) as exc:  # this stream's outcome, reported in the summary
-        result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        result.elapsed_s = round(time.monotonic() - started, 3)
-        result.correct = result.done and result.text.strip() == task.answer
 
 
 async def run_phase(
@@ -197,19 +120,6 @@ def run_up_lm(opts: UpOptions, streams: int, speculation: str = "off") -> dict[s
     finally:
         progress("stopping the swarm...")
         stop_all([coordinator, *nodes])
-
-
-def failover_counts(metrics: str) -> dict[str, float]:
-    """The coordinator's own failover counters (layerswarm_gen_failovers_total{kind=...})."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics):
-        if family.name == "layerswarm_gen_failovers":
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    counts[sample.labels.get("kind", "")] = sample.value
-    return counts
 
 
 def summarise(
