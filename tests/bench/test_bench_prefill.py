@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from layerswarm.bench.prefill import SHAPE, run
+import pytest
+
+from layerswarm.bench.prefill import SHAPE, main, run
 
 
 def test_the_swarm_and_the_monolith_prefill_the_same_prompt_to_the_same_logits() -> None:
@@ -11,3 +13,11 @@ def test_the_swarm_and_the_monolith_prefill_the_same_prompt_to_the_same_logits()
     assert report["prompt_tokens"] == 48 and len(report["swarm_ms_all"]) == 2
     assert report["logits_max_abs_diff"] < 5e-2  # the wire's rounding, not another model's output
     assert report["swarm_ms"] > 0 and report["monolith_ms"] > 0 and report["swarm_over_monolith"] > 0
+
+
+def test_a_prompt_longer_than_the_context_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    bad = ((["--tokens", "5000"], "--tokens"), (["--tokens", "1"], "--tokens"), (["--reps", "0"], "--reps"))
+    for argv, flag in bad:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and flag in capsys.readouterr().err

@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         "private network namespace)",
     )
     args = p.parse_args(argv)
+    if not 2 <= args.tokens <= SHAPE["max_seq_len"]:
+        p.error(f"--tokens: 2 to the model's context of {SHAPE['max_seq_len']}, not {args.tokens}")
+    if args.reps < 1:
+        p.error(f"--reps: at least 1, not {args.reps}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.lan and not in_private_netns():
         flags = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--lan"]
