@@ -212,6 +212,44 @@ async def test_concurrent_streams_batch_into_one_call_and_equal_each_stream_alon
         assert metric(node, "layerswarm_node_decode_steps_total", kind="verify") == len(lengths)
 
 
+async def test_a_lone_streams_quick_steps_run_inline_and_equal_the_block_and_two_streams_use_the_thread(
+    lm: tuple[DecoderLM, Path], block: DecoderBlock
+) -> None:
+    torch.manual_seed(4)
+    async with serving(lm[1]) as (node, stub):
+        service = node.decode
+        assert service is not None
+        ref = LocalStream(block)
+        prompt = x_(5)
+        await stub.Decode(decode_request("a", 0, prompt))
+        ref.step(prompt)
+        worst = 0.0
+        for start in range(5, 13):
+            x = x_()
+            reply = await stub.Decode(decode_request("a", start, x))
+            worst = max(worst, (out_of(reply) - ref.step(x)).abs().max().item())
+        assert worst < TOL, worst
+        assert service.inline_steps >= 6, service.inline_steps  # the first one-token step measures on the thread
+        inline = service.inline_steps
+        await stub.Decode(decode_request("b", 0, x_(3)))  # a second stream: steps may batch, so no inline step
+        for round_ in range(3):
+            await asyncio.gather(
+                stub.Decode(decode_request("a", 13 + round_, x_())), stub.Decode(decode_request("b", 3 + round_, x_()))
+            )
+        assert service.inline_steps == inline
+
+
+async def test_a_block_slower_than_the_inline_limit_computes_on_its_thread(
+    lm: tuple[DecoderLM, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("layerswarm.node.decode.INLINE_MAX_MS", 0.0)
+    async with serving(lm[1]) as (node, stub):
+        await stub.Decode(decode_request("a", 0, x_(2)))
+        for start in range(2, 8):
+            await stub.Decode(decode_request("a", start, x_()))
+        assert node.decode is not None and node.decode.inline_steps == 0
+
+
 # -- refusals: each status, and nothing changes -----------------------------------------------------------
 
 

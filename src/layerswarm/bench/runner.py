@@ -35,6 +35,7 @@ from . import (
     loadbalancer,
     process_ring,
     shipped,
+    token_time,
     vitb,
 )
 from . import nodes as node_footprint
@@ -204,6 +205,7 @@ SUITES_ALONE: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "decode-node": ("decode_node", run_decode_node),
     "generation": ("generation", generation.run),
     "generation-modes": ("generation_modes", generation_modes.run),
+    "token-time": ("token_time", token_time.run),
     "load-balancer": ("load_balancer", loadbalancer.run),
     "adaptive": ("adaptive", run_adaptive),
     "exit-default": ("exit_default", run_exit_default),

@@ -36,6 +36,7 @@ def register(sub: Subparsers) -> None:
             "load-balancer",
             "generation",
             "generation-modes",
+            "token-time",
         ],
         help="run one suite alone (adaptive compute; exit-default: each shipped family (shapes, text) with "
         "default options through a swarm against itself at full depth, 500 requests each, and eval's "
@@ -52,7 +53,9 @@ def register(sub: Subparsers) -> None:
         "load-balancer: a classification through HAProxy in front of two coordinators against direct; "
         "generation: the shipped decoder through a swarm, batch-1 per-token latency against the route's "
         "floor and 16 streams' tokens/s against one's; generation-modes: plain decoding, speculation (k=2, "
-        "auto) and per-token early exit through one swarm of the exit-aware decoder, same prompts)",
+        "auto) and per-token early exit through one swarm of the exit-aware decoder, same prompts; token-time: "
+        "where a batch-1 token's time goes through that swarm, rung by rung: gRPC echo, one node's hop, the "
+        "chain of nodes, the coordinator in-process, HTTP)",
     )
 
 

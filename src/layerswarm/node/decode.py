@@ -28,6 +28,7 @@ from layerswarm.models.lm.config import LMConfig
 from layerswarm.wire import arrays
 from layerswarm.wire.memory import give_back_free_memory
 from layerswarm.wire.periodic import Periodic
+from layerswarm.wire.stats import ewma
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from .checks import RequestError, check_input_range, decoded, output_problem, reply_dtype_of
@@ -47,6 +48,11 @@ SWEEPS_PER_TIMEOUT = 4  # the idle sweep runs this often per idle timeout (a str
 # running): the allocator keeps freed memory for reuse (wire/memory.py), so without this a node's RSS stays
 # at its busiest moment's after a burst of streams.
 TRIM_AFTER_BYTES = 16 * 1024 * 1024
+# A lone stream's one-token step that computes in at most this long runs on the event loop (no hand-off
+# to the compute thread and back: two thread wake-ups a step, docs/generation.md "where a token's time
+# goes"). Longer steps, and any step while another stream is open (it could batch), use the thread.
+INLINE_MAX_MS = 2.0
+INLINE_EWMA_ALPHA = 0.2
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class DecodeService:
         interval = min(max(settings.idle_timeout_s / SWEEPS_PER_TIMEOUT, 0.05), 5.0)
         self.sweeper = Periodic("idle-stream-sweep", interval, self._sweep)
         self.freed_bytes = 0  # cache bytes freed since the heap was last trimmed
+        self.one_token_ms: float | None = None  # recent one-token steps' compute (an EWMA): may they run inline?
+        self.inline_steps = 0  # steps computed on the event loop (_inline)
         self.trims = 0
         full = self.table.bytes_per_token * engine.new_cache().capacity_after(cfg.max_seq_len)
         if full > self.limits.max_cache_bytes:
@@ -167,15 +175,30 @@ class DecodeService:
     async def _computed(self, step: DecodeStep) -> StepResult:
         """The step through the batcher. A caller that goes away (cancelled) still waits for its step's
         compute to end before the stream's lock is let go: the compute thread writes that cache."""
-        task = asyncio.ensure_future(self.batcher.step(step))
+        one_token = step.x.shape[1] == 1 and step.fill is None
         try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await asyncio.wait([task])
-            raise
+            if one_token and self._inline():
+                result = self.batcher.step_inline(step)
+                self.inline_steps += 1
+            else:
+                task = asyncio.ensure_future(self.batcher.step(step))
+                try:
+                    result = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    await asyncio.wait([task])
+                    raise
         except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the caller must see why
             log.exception("decode step failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
+        if one_token and result.batched == 1:
+            self.one_token_ms = ewma(self.one_token_ms, result.compute_ms, INLINE_EWMA_ALPHA)
+        return result
+
+    def _inline(self) -> bool:
+        """Whether a one-token step may compute on the event loop: it is known to be short, this stream is
+        the only one here (no other could batch with it) and nothing else is computing or queued."""
+        quick = self.one_token_ms is not None and self.one_token_ms <= INLINE_MAX_MS
+        return quick and len(self.table) <= 1 and self.runtime.in_flight <= 1 and self.batcher.idle()
 
     async def serve_stream(
         self, requests: AsyncIterator[pb.DecodeRequest], caller: Caller

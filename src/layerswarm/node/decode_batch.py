@@ -78,6 +78,20 @@ class DecodeBatcher:
         self._busy = False
         self._worker: asyncio.Task[None] | None = None
 
+    def idle(self) -> bool:
+        """Nothing computing or queued: a step may run at once."""
+        return not self._busy and not self._queue
+
+    def step_inline(self, step: DecodeStep) -> StepResult:
+        """An idle block's step, computed here, on the caller's (the event loop's) thread: no hand-off to
+        the compute thread and back. Only for a step too small to hold the loop up, and only when no other
+        stream could have batched with it (decode.py decides)."""
+        assert self.idle()
+        (out,), ms = self.compute([step])
+        self.calls += 1
+        self.on_call(1)
+        return StepResult(out, ms, 1)
+
     async def step(self, step: DecodeStep) -> StepResult:
         if self._busy or self._queue:
             queued = _Queued(step, asyncio.get_running_loop().create_future())

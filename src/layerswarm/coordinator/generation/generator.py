@@ -36,6 +36,7 @@ from layerswarm.models.checkpoint import TOKENIZER, Manifest, load_stem_head, ve
 from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.lm.generate import pick_next
 from layerswarm.models.lm.tokenizer import check_tokenizer, decode, load_tokenizer
+from layerswarm.wire.stats import ewma
 
 from ..membership.clients import ClientPool
 from ..membership.registry import Registry
@@ -57,6 +58,9 @@ log = logging.getLogger(__name__)
 
 RECENT_STREAMS = 16  # finished streams kept for the page
 RELEASE_TIMEOUT_S = 2.0
+# A one-token stem or head call that takes at most this long runs on the event loop (_step_local): it holds
+# the loop up less than the thread hand-off costs (about 0.13 ms a call, docs/generation-coordinator.md).
+LOCAL_INLINE_MAX_MS = 0.5
 T = TypeVar("T")
 
 
@@ -76,6 +80,14 @@ class StreamObserver(Protocol):
     def block_hops(self, hops: int, exits: int) -> None: ...
 
     def route_trips(self, trips: int) -> None: ...
+
+
+def _timed(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """module(x) under inference mode (torch's mode is per thread), and how long it took in ms."""
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = module(x)
+    return out, (time.perf_counter() - started) * 1e3
 
 
 def generation_min_depth(settings: CoordinatorSettings, manifest: Manifest[LMConfig]) -> int:
@@ -121,6 +133,7 @@ class Generator:
         self.live: dict[str, StreamSession] = {}
         self.recent: deque[StreamSession] = deque(maxlen=RECENT_STREAMS)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
+        self._step_ms: dict[int, float] = {}  # the stem's and the head's one-token calls, by module (EWMA)
         self._releases: set[asyncio.Task[None]] = set()
         self.default_speculation = parse_speculation(settings.speculation)
         self.default_exit = parse_early_exit(settings.early_exit)
@@ -237,10 +250,10 @@ class Generator:
                 s.finish_reason = finish
                 return
             started = time.monotonic()
-            x = await self._local(self.stem, torch.tensor([[token]]))
+            x = await self._step_local(self.stem, torch.tensor([[token]]))
             out = await self.runner.advance(s, x, s.length - 1, exit)
             s.trips += 1
-            logits = await self._local(self.head, out[:, -1])
+            logits = await self._step_local(self.head, out[:, -1])
             if self.observer is not None:
                 self.observer.token_step(time.monotonic() - started)
 
@@ -304,6 +317,16 @@ class Generator:
 
     async def _local(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return await self._run(lambda: module(x))
+
+    async def _step_local(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The stem or the head for one token: on the event loop when its recent calls took at most
+        LOCAL_INLINE_MAX_MS (the hand-off to the stem-and-head thread and back costs more than a small
+        model's call), else on that thread."""
+        key = id(module)
+        quick = self._step_ms.get(key, LOCAL_INLINE_MAX_MS + 1) <= LOCAL_INLINE_MAX_MS
+        out, ms = _timed(module, x) if quick else await self._run(lambda: _timed(module, x))
+        self._step_ms[key] = ewma(self._step_ms.get(key), ms)
+        return out
 
     async def _run(self, fn: Callable[[], T]) -> T:
         """fn on the stem-and-head thread, under inference mode (torch's mode is per thread)."""

@@ -1,0 +1,205 @@
+"""Where one batch-1 token's time goes (`bench --only token-time`), part by part, in one run.
+
+The swarm of bench/generation.py (zoo:lm/layershuffle-0, a node process per block, fp32 wire), measured
+from the bottom up, each rung adding one layer, so a difference between rungs is that layer's cost:
+
+    echo        a bare gRPC stream round trip of one token's activation (grpc_echo.py's `raw`)
+    hop         one Decode step of a lone stream on one node over its DecodeStream: the round trip, the
+                node's compute (its reply's compute_ms), and the node's CPU per step (/proc)
+    chain       the same steps through every node in turn, from a bare client: no coordinator logic
+    stem_head   the coordinator's stem and head for one token, called directly
+    coordinator a Coordinator in this process streaming tokens (Generator.tokens, no HTTP): the gap
+                between tokens, and the CPU per token of this process and of the nodes
+    http        a coordinator process streaming over HTTP (`POST /v1/generate`, server-sent events)
+
+Rounds interleave the rungs, so a busy machine slows all of them alike. Nothing is asserted: the parts
+are for docs/generation-coordinator.md ("Where a token's time goes").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from layerswarm.coordinator.generation.options import GenerationOptions
+from layerswarm.coordinator.membership.clients import NodeClient
+from layerswarm.coordinator.process import Coordinator
+from layerswarm.coordinator.settings import CoordinatorSettings
+from layerswarm.harness.procs import Proc, coordinator_cmd, node_address, spawn, stop_all
+from layerswarm.harness.swarm import wait_for_swarm
+from layerswarm.models.checkpoint import load_stem_head, read_lm_manifest
+from layerswarm.models.zoo import family_root
+from layerswarm.wire import codec
+from layerswarm.wire.v1 import block_pb2 as pb
+
+from .fixtures import cpu_seconds, nodes
+from .generation import MEMBER, PROMPT, TOKENS, echo_round_trip_s, stream_gaps_s
+
+STEPS = 100  # per hop round (a stream's context is 128 tokens: one stream a round)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 3)
+
+
+def _cpu(procs: list[Proc]) -> float:
+    return sum(cpu_seconds(p.popen.pid) for p in procs)
+
+
+async def chain_steps(addresses: list[str], procs: list[Proc], dim: int) -> dict[str, float]:
+    """STEPS one-token steps of a fresh stream through these nodes in turn (no coordinator logic): the
+    median time a token took, the nodes' median compute_ms and their CPU per step."""
+    clients = [NodeClient(a, 64 << 20) for a in addresses]
+    links = [c.decode_link() for c in clients]
+    stream, x = secrets.token_hex(16), torch.randn(1, 1, dim) * 0.1
+    per_token, compute = [], []
+    before = _cpu(procs)
+    try:
+        for start in range(STEPS):
+            started = time.perf_counter()
+            for link in links:
+                request = pb.DecodeRequest(stream_id=stream, start=start, activations=codec.encode(x, torch.float32))
+                compute.append((await link.step(request, 5.0)).compute_ms)
+            per_token.append(time.perf_counter() - started)
+    finally:
+        for link in links:
+            link.close()
+        for client in clients:
+            await client.close()
+    return {
+        "per_token_ms": _ms(statistics.median(per_token)),
+        "compute_ms": round(statistics.median(compute), 3),
+        "node_cpu_ms_per_step": round((_cpu(procs) - before) / (STEPS * len(links)) * 1e3, 3),
+    }
+
+
+def stem_head_ms(member: Path, reps: int) -> float:
+    """The coordinator's stem and head for one token, called directly (one thread)."""
+    manifest = read_lm_manifest(member)
+    stem, head = load_stem_head(member, manifest)
+    x, token = torch.randn(1, manifest.config.dim), torch.tensor([[5]])
+    samples = []
+    with torch.inference_mode():
+        for _ in range(reps):
+            started = time.perf_counter()
+            stem(token)
+            head(x)
+            samples.append(time.perf_counter() - started)
+    return _ms(statistics.median(samples))
+
+
+async def coordinator_tokens(coord: Coordinator, procs: list[Proc], streams: int) -> dict[str, float]:
+    """`streams` greedy streams one after another through an in-process coordinator (no HTTP)."""
+    g = coord.generator
+    prompt = g.encode(PROMPT)
+    gaps: list[float] = []
+    nodes_cpu = own_cpu = 0.0
+    tokens = 0
+    for _ in range(streams):
+        s = await g.open(prompt, GenerationOptions(max_tokens=TOKENS, temperature=0))
+        try:
+            logits = await g.prefill(s)
+            stamps = []
+            before, own = _cpu(procs), time.process_time()
+            async for _delta in g.tokens(s, logits):
+                stamps.append(time.perf_counter())
+            nodes_cpu += _cpu(procs) - before
+            own_cpu += time.process_time() - own
+            tokens += len(stamps)
+            gaps += [b - a for a, b in itertools.pairwise(stamps)]
+        finally:
+            g.close(s)
+    await g.releases_done()
+    return {
+        "per_token_ms": _ms(statistics.median(gaps)),
+        "coordinator_cpu_ms_per_token": round(own_cpu / tokens * 1e3, 3),
+        "nodes_cpu_ms_per_token": round(nodes_cpu / tokens * 1e3, 3),
+    }
+
+
+async def _rounds(member: Path, procs: list[Proc], http_base: str, rounds: int, dim: int) -> dict[str, Any]:
+    addresses = [node_address(p) for p in procs]
+    settings = CoordinatorSettings(model_dir=member, peers=tuple(addresses), mdns=False, wire_dtype="fp32")
+    coord = Coordinator(settings)
+    await coord.start()
+    hop, chain, inproc, http = [], [], [], []
+    try:
+        while not coord.generator.depth_ready()[0]:
+            await asyncio.sleep(0.05)
+        with httpx.Client(base_url=http_base, timeout=60.0) as client:
+            for _ in range(rounds):
+                hop.append(await chain_steps(addresses[:1], procs[:1], dim))
+                chain.append(await chain_steps(addresses, procs, dim))
+                inproc.append(await coordinator_tokens(coord, procs, 1))
+                http += await asyncio.to_thread(stream_gaps_s, client)
+    finally:
+        await coord.stop()
+    return {
+        "hop": _medians(hop),
+        "chain": _medians(chain),
+        "coordinator": _medians(inproc),
+        "http_per_token_ms": _ms(statistics.median(http)),
+    }
+
+
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {key: round(statistics.median(r[key] for r in rows), 3) for key in rows[0]}
+
+
+def run(quick: bool) -> dict[str, Any]:
+    member = family_root("lm") / MEMBER
+    config = read_lm_manifest(member).config
+    depth, dim = config.depth, config.dim
+    rounds = 3 if quick else 10
+    before = os.getloadavg()
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a coordinator process runs (--threads 1)
+    try:
+        with nodes([(member, b) for b in range(depth)]) as procs:
+            coordinator = spawn("bench-coordinator", coordinator_cmd(member, procs, "--wire-dtype", "fp32"), 120)
+            try:
+                base = f"http://127.0.0.1:{coordinator.ready['port']}"
+                with httpx.Client(base_url=base, timeout=60.0) as client:
+                    wait_for_swarm(client, depth, 120)
+                parts = asyncio.run(_rounds(member, procs, base, rounds, dim))
+            finally:
+                stop_all([coordinator])
+        echo = _ms(asyncio.run(echo_round_trip_s(dim, 200 if quick else 1000)))
+        stem_head = stem_head_ms(member, 200)
+    finally:
+        torch.set_num_threads(torch_threads)
+    return {
+        "model": f"zoo:lm/{MEMBER}",
+        "depth": depth,
+        "dim": dim,
+        "rounds": rounds,
+        "echo_ms": echo,
+        "stem_head_ms": stem_head,
+        **parts,
+        "split": split(depth, echo, stem_head, parts),
+        "load_average": [round(before[0], 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def split(depth: int, echo: float, stem_head: float, parts: dict[str, Any]) -> dict[str, float]:
+    """One token's time by part (ms): the differences between rungs."""
+    hop, chain, coord = parts["hop"], parts["chain"], parts["coordinator"]
+    node_overhead = hop["per_token_ms"] - hop["compute_ms"] - echo
+    return {
+        "grpc_round_trips": round(depth * echo, 3),
+        "block_compute": round(depth * hop["compute_ms"], 3),
+        "node_overhead": round(depth * node_overhead, 3),
+        "chain_rest": round(chain["per_token_ms"] - depth * hop["per_token_ms"], 3),
+        "coordinator_and_stem_head": round(coord["per_token_ms"] - chain["per_token_ms"], 3),
+        "http_sse": round(parts["http_per_token_ms"] - coord["per_token_ms"], 3),
+        "stem_head_alone": stem_head,
+    }

@@ -1,0 +1,33 @@
+"""`layerswarm bench --only token-time --quick`: a token's time split by rung on the shipped decoder's swarm;
+the split is the differences of its own figures, and every rung really ran (speed is not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from layerswarm.models.zoo import family_root
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(not (family_root("lm") / "layershuffle-0").is_dir(), reason="no shipped decoder")
+def test_token_time_splits_a_token_by_the_differences_between_rungs(tmp_path: Path) -> None:
+    out = tmp_path / "tt.json"
+    cmd = [sys.executable, "-m", "layerswarm", "bench", "--only", "token-time", "--quick", "--json", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    t = json.loads(out.read_text())["token_time"]
+    depth, echo, hop, chain, coord = t["depth"], t["echo_ms"], t["hop"], t["chain"], t["coordinator"]
+    assert echo > 0 and 0 < hop["compute_ms"] < hop["per_token_ms"]  # a hop includes its compute
+    assert hop["node_cpu_ms_per_step"] > 0 and coord["nodes_cpu_ms_per_token"] > 0  # the nodes really worked
+    assert chain["per_token_ms"] > hop["per_token_ms"]  # six hops take longer than one
+    split = t["split"]
+    assert split["grpc_round_trips"] == pytest.approx(depth * echo, abs=1e-3)
+    assert split["block_compute"] == pytest.approx(depth * hop["compute_ms"], abs=1e-3)
+    total = sum(v for k, v in split.items() if k != "stem_head_alone")
+    assert total == pytest.approx(t["http_per_token_ms"], abs=0.01)  # the parts add up to the HTTP figure
