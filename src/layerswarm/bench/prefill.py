@@ -48,9 +48,9 @@ from .machine import environment
 
 log = logging.getLogger(__name__)
 LINK_MBIT = 100
-# The ways a coordinator prefills, compared in one run: the whole prompt through each node in turn, and
-# the default (pipelined chunks: runner.py).
-WAYS = {"one pass": 0, "pipelined": CoordinatorSettings.model_fields["prefill_chunk_tokens"].default}
+# The ways a coordinator prefills, compared in one run: the whole prompt through each node in turn ("one
+# pass", chunk 0), and pipelined chunks (runner.py; the coordinator's default chunk unless told).
+DEFAULT_CHUNK: int = CoordinatorSettings.model_fields["prefill_chunk_tokens"].default
 SHAPE: dict[str, Any] = {"vocab_size": 512, "dim": 768, "depth": 12, "heads": 12, "kv_heads": 12, "max_seq_len": 1024}
 
 
@@ -102,7 +102,9 @@ def start_nodes(path: Path, depth: int, lab: NetLab | None, secured: tuple[str, 
     return spawn_many(specs, timeout=300)
 
 
-async def measure(path: Path, model: DecoderLM, tokens: int, reps: int, lab: NetLab | None) -> dict[str, Any]:
+async def measure(
+    path: Path, model: DecoderLM, tokens: int, reps: int, lab: NetLab | None, chunk: int
+) -> dict[str, Any]:
     cfg = model.cfg
     draws = torch.randint(3, cfg.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
     prompt = [1, *(int(t) for t in draws[1:])]  # <s> first, as the coordinator's own prompts
@@ -114,9 +116,9 @@ async def measure(path: Path, model: DecoderLM, tokens: int, reps: int, lab: Net
     # One coordinator per way of prefilling, over the same nodes, measured interleaved in one run.
     coords = {
         way: Coordinator(
-            CoordinatorSettings(model_dir=path, peers=peers, mdns=False, prefill_chunk_tokens=chunk, security=security)
+            CoordinatorSettings(model_dir=path, peers=peers, mdns=False, prefill_chunk_tokens=size, security=security)
         )
-        for way, chunk in WAYS.items()
+        for way, size in {"one pass": 0, "pipelined": chunk}.items()
     }
     times: dict[str, list[float]] = {"monolith": [], **{way: [] for way in coords}}
     diff = 0.0
@@ -142,7 +144,7 @@ async def measure(path: Path, model: DecoderLM, tokens: int, reps: int, lab: Net
         "prompt_tokens": tokens,
         "reps": reps,
         "network": "loopback" if lab is None else f"a host per node, {LINK_MBIT} Mbit/s links (tc tbf, no delay)",
-        "prefill_chunk": WAYS["pipelined"],
+        "prefill_chunk": chunk,
         "monolith_ms": round(m, 1),
         "swarm_ms": round(ms["pipelined"], 1),  # the default: pipelined chunks
         "swarm_over_monolith": round(ms["pipelined"] / m, 3),
@@ -153,15 +155,17 @@ async def measure(path: Path, model: DecoderLM, tokens: int, reps: int, lab: Net
     }
 
 
-def run(tokens: int, reps: int, shape: dict[str, Any] = SHAPE, lan: bool = False) -> dict[str, Any]:
+def run(
+    tokens: int, reps: int, shape: dict[str, Any] = SHAPE, lan: bool = False, chunk: int = DEFAULT_CHUNK
+) -> dict[str, Any]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         path, model = model_dir(Path(tmp), shape)
         if not lan:
-            figures = asyncio.run(measure(path, model, tokens, reps, None))
+            figures = asyncio.run(measure(path, model, tokens, reps, None, chunk))
         else:
             with NetLab() as lab:
-                figures = asyncio.run(measure(path, model, tokens, reps, lab))
+                figures = asyncio.run(measure(path, model, tokens, reps, lab, chunk))
     return {"environment": environment(), "model": shape, **figures}
 
 
