@@ -1,6 +1,6 @@
 """A long prompt's prefill through the swarm against the one-thread monolith (issue 40):
 
-    python -m layerswarm.bench.prefill [--tokens 512] [--reps 7] [--lan] [--json FILE]
+    python -m layerswarm.bench.prefill [--tokens 512] [--reps 7] [--lan] [--chunk 256 128 ...] [--json FILE]
 
 A 12-block, 768-wide decoder with random weights (time, not accuracy) and the shipped language-model
 family's tokenizer; a node process per block on loopback (one torch thread each), the coordinator in
@@ -103,7 +103,7 @@ def start_nodes(path: Path, depth: int, lab: NetLab | None, secured: tuple[str, 
 
 
 async def measure(
-    path: Path, model: DecoderLM, tokens: int, reps: int, lab: NetLab | None, chunk: int
+    path: Path, model: DecoderLM, tokens: int, reps: int, lab: NetLab | None, chunks: tuple[int, ...]
 ) -> dict[str, Any]:
     cfg = model.cfg
     draws = torch.randint(3, cfg.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
@@ -118,7 +118,7 @@ async def measure(
         way: Coordinator(
             CoordinatorSettings(model_dir=path, peers=peers, mdns=False, prefill_chunk_tokens=size, security=security)
         )
-        for way, size in {"one pass": 0, "pipelined": chunk}.items()
+        for way, size in {"one pass": 0, **{f"chunk {c}": c for c in chunks}}.items()
     }
     times: dict[str, list[float]] = {"monolith": [], **{way: [] for way in coords}}
     diff = 0.0
@@ -138,34 +138,37 @@ async def measure(
             await coord.stop()
         stop_all(nodes)
     ms = {way: statistics.median(t) * 1e3 for way, t in times.items()}
-    m = ms["monolith"]
+    m, first = ms["monolith"], f"chunk {chunks[0]}"
     return {
         "logits_max_abs_diff": diff,  # the same work: the swarm's first-token logits against the monolith's
         "prompt_tokens": tokens,
         "reps": reps,
         "network": "loopback" if lab is None else f"a host per node, {LINK_MBIT} Mbit/s links (tc tbf, no delay)",
-        "prefill_chunk": chunk,
+        "prefill_chunk": chunks[0],
         "monolith_ms": round(m, 1),
-        "swarm_ms": round(ms["pipelined"], 1),  # the default: pipelined chunks
-        "swarm_over_monolith": round(ms["pipelined"] / m, 3),
+        "swarm_ms": round(ms[first], 1),  # pipelined in chunks of the first size (the default unless told)
+        "swarm_over_monolith": round(ms[first] / m, 3),
         "one_pass_ms": round(ms["one pass"], 1),
         "one_pass_over_monolith": round(ms["one pass"] / m, 3),
+        "by_chunk": {
+            c: {"ms": round(ms[f"chunk {c}"], 1), "over_monolith": round(ms[f"chunk {c}"] / m, 3)} for c in chunks
+        },
         "target": "<= 1.3",
         **{f"{way.replace(' ', '_')}_ms_all": [round(v * 1e3, 1) for v in t] for way, t in times.items()},
     }
 
 
 def run(
-    tokens: int, reps: int, shape: dict[str, Any] = SHAPE, lan: bool = False, chunk: int = DEFAULT_CHUNK
+    tokens: int, reps: int, shape: dict[str, Any] = SHAPE, lan: bool = False, chunks: tuple[int, ...] = (DEFAULT_CHUNK,)
 ) -> dict[str, Any]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         path, model = model_dir(Path(tmp), shape)
         if not lan:
-            figures = asyncio.run(measure(path, model, tokens, reps, None, chunk))
+            figures = asyncio.run(measure(path, model, tokens, reps, None, chunks))
         else:
             with NetLab() as lab:
-                figures = asyncio.run(measure(path, model, tokens, reps, lab, chunk))
+                figures = asyncio.run(measure(path, model, tokens, reps, lab, chunks))
     return {"environment": environment(), "model": shape, **figures}
 
 
@@ -180,17 +183,28 @@ def main(argv: list[str] | None = None) -> int:
         help=f"every node on a host of its own, links shaped to {LINK_MBIT} Mbit/s (needs root; runs in a "
         "private network namespace)",
     )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_CHUNK],
+        metavar="TOKENS",
+        help=f"pipelined chunk sizes to compare in the same run, beside one pass (default: the coordinator's "
+        f"{DEFAULT_CHUNK}); the first is the headline",
+    )
     args = p.parse_args(argv)
+    if any(c < 1 for c in args.chunk):
+        p.error(f"--chunk: sizes of 1 token or more, not {args.chunk}")
     if not 2 <= args.tokens <= SHAPE["max_seq_len"]:
         p.error(f"--tokens: 2 to the model's context of {SHAPE['max_seq_len']}, not {args.tokens}")
     if args.reps < 1:
         p.error(f"--reps: at least 1, not {args.reps}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.lan and not in_private_netns():
-        flags = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--lan"]
+        flags = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--lan", "--chunk", *map(str, args.chunk)]
         report = bench_in_private_netns("layerswarm.bench.prefill", False, flags)
         return emit_report(report, args.json)
-    return emit_report(run(args.tokens, args.reps, lan=args.lan), args.json)
+    return emit_report(run(args.tokens, args.reps, lan=args.lan, chunks=tuple(args.chunk)), args.json)
 
 
 if __name__ == "__main__":
