@@ -198,7 +198,9 @@ class CoordinatorSettings(ProcessSettings):
         "(the threshold `layerswarm eval` calibrated, in the model's policy), or a threshold over 0 and at most 1",
     )
     prefill_chunk_tokens: int = Field(
-        default=256,  # measured (bench/prefill.py, 512 tokens, 2 cores): 256 beat 128 and 64 (fewer hops)
+        # bench/prefill.py, 512 tokens, 12 nodes on 2 cores (docs/lm.md): 128 kept loopback under the monolith
+        # (256 was faster there) and was the fastest of 256, 128 and 64 on the shaped 100 Mbit/s LAN
+        default=128,
         ge=0,
         description="a prompt longer than this goes through the route in chunks of this many tokens, pipelined: "
         "the route's nodes compute different chunks at once (0: the whole prompt in one pass; on a swarm of "
