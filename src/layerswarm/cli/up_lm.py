@@ -22,11 +22,12 @@ import dataclasses
 import random
 import signal
 from dataclasses import dataclass, field
-from typing import Any
-
-from layerswarm.harness.streams import StreamResult, Task, failover_counts, stream_one, task_prompts
+from typing import TYPE_CHECKING, Any
 
 from .swarm_demo import UpOptions, choose_victims, progress, start_swarm
+
+if TYPE_CHECKING:  # at run time imported where used: `--help` must work on the torch-free node install
+    from layerswarm.harness.streams import StreamResult, Task
 
 STREAMS = 12  # concurrent streams per phase
 
@@ -66,6 +67,8 @@ async def run_phase(
     of the streams have their first token."""
     import httpx
 
+    from layerswarm.harness.streams import StreamResult, stream_one
+
     progress(f"{phase.name}: {len(tasks)} concurrent streams (POST /v1/completions, stream: true)...")
     phase.streams = [StreamResult() for _ in tasks]
     firsts = [asyncio.Event() for _ in tasks]
@@ -93,6 +96,7 @@ def run_up_lm(opts: UpOptions, streams: int, speculation: str = "off") -> dict[s
     import httpx
 
     from layerswarm.harness.procs import stop_all
+    from layerswarm.harness.streams import failover_counts, task_prompts
     from layerswarm.harness.swarm import wait_for_swarm
 
     rng = random.Random(opts.seed)
