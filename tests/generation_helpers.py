@@ -232,6 +232,11 @@ async def generate_all(generator: Generator, prompt: list[int], **options: Any) 
     from layerswarm.coordinator.generation.options import GenerationOptions
 
     s = await generator.open(prompt, GenerationOptions(**options))
+    return await finish(generator, s), s
+
+
+async def finish(generator: Generator, s: Any) -> list[int]:
+    """Every token of an opened stream, then the stream closed and its releases awaited."""
     tokens: list[int] = []
     try:
         logits = await generator.prefill(s)
@@ -241,4 +246,4 @@ async def generate_all(generator: Generator, prompt: list[int], **options: Any) 
     finally:
         generator.close(s)
     await generator.releases_done()
-    return tokens, s
+    return tokens

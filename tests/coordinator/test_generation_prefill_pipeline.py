@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from layerswarm.coordinator.generation.options import GenerationOptions
-from layerswarm.coordinator.generation.session import StreamSession
 from layerswarm.models.checkpoint import load_lm
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from ..generation_helpers import FakeNode, FakeSwarm, fake_swarm, generate_all, make_family
+from ..generation_helpers import FakeNode, FakeSwarm, fake_swarm, finish, generate_all, make_family
 
 TOKENS = 8
 PROMPT = [1, *range(20, 43)]  # 24 tokens: 6 chunks of 4, or 5 of 5 with a short last one
@@ -95,7 +94,7 @@ async def test_a_node_that_dies_mid_prefill_is_rebuilt_from_every_chunk_it_was_s
         return await step(request, timeout)
 
     victim.step = dies_after_two_chunks  # type: ignore[method-assign]
-    tokens = await _finish(swarm, s)
+    tokens = await finish(swarm.generator, s)
     assert tokens == monolith(family[0])
     rebuilt = [e for e in s.trace if e["kind"] == "rebuilt"]
     assert len(rebuilt) == 1 and rebuilt[0]["position"] == 2 and rebuilt[0]["to"] != victim.address
@@ -109,7 +108,7 @@ async def test_a_liar_mid_prefill_is_convicted_and_the_stream_rebuilt(family: li
     s = await g.open(PROMPT, _options())
     liar = swarm.nodes[s.route[1].node.address]  # type: ignore[union-attr]
     liar.lie_from = 9  # honest for two chunks, false from the third on
-    tokens = await _finish(swarm, s)
+    tokens = await finish(swarm.generator, s)
     assert tokens == monolith(family[0])  # caught before a token was drawn from its output
     kinds = [(e["kind"], e.get("node")) for e in s.trace]
     assert kinds[:2] == [("convicted", liar.address), ("rebuilt", liar.address)], s.trace
@@ -119,17 +118,3 @@ async def test_a_liar_mid_prefill_is_convicted_and_the_stream_rebuilt(family: li
 
 def _options() -> GenerationOptions:
     return GenerationOptions(max_tokens=TOKENS)
-
-
-async def _finish(swarm: FakeSwarm, s: StreamSession) -> list[int]:
-    g = swarm.generator
-    tokens: list[int] = []
-    try:
-        logits = await g.prefill(s)
-        async for delta in g.tokens(s, logits):
-            if delta.token is not None:
-                tokens.append(delta.token)
-    finally:
-        g.close(s)
-        await g.releases_done()
-    return tokens

@@ -34,7 +34,7 @@ from layerswarm.coordinator.generation.options import GenerationOptions
 from layerswarm.harness.netlab import NetLab
 from layerswarm.harness.netns import bench_in_private_netns, in_private_netns
 from layerswarm.harness.procs import Proc, node_address, node_cmd, spawn_many, stop_all
-from layerswarm.harness.shaping import shape, slow_start_after_idle
+from layerswarm.harness.shaping import shaped_hosts
 from layerswarm.models.checkpoint import Lineage, save_model
 from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.lm.model import DecoderLM
@@ -92,11 +92,7 @@ def start_nodes(path: Path, depth: int, lab: NetLab | None, secured: tuple[str, 
     """A node process per block: on loopback, or each on a LAN host of its own with a shaped link."""
     if lab is None:
         return spawn_many([(f"node-{b}", node_cmd(path, b, "--no-advertise")) for b in range(depth)])
-    hosts = [lab.add_host(f"p{b}") for b in range(depth)]
-    slow_start_after_idle(False)
-    for host in hosts:
-        shape(host, LINK_MBIT)
-        slow_start_after_idle(False, host)
+    hosts = shaped_hosts(lab, depth, "p", LINK_MBIT)
     flags = ("--no-advertise", "--grace", "0.2", *secured)
     specs = [(f"lan-node-{b}", h.command(node_cmd(path, b, *flags, host=h.address))) for b, h in enumerate(hosts)]
     return spawn_many(specs, timeout=300)

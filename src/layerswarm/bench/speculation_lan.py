@@ -23,7 +23,7 @@ from typing import Any
 from layerswarm.harness.netlab import NetLab
 from layerswarm.harness.netns import bench_in_private_netns, in_private_netns
 from layerswarm.harness.procs import node_cmd, spawn_many, stop_all
-from layerswarm.harness.shaping import shape, slow_start_after_idle
+from layerswarm.harness.shaping import shaped_hosts
 from layerswarm.models.checkpoint import read_lm_manifest
 from layerswarm.wire.auth import ensure_token_file
 
@@ -42,11 +42,7 @@ def run_here(quick: bool) -> dict[str, Any]:
         token = Path(tmp) / "swarm.token"
         ensure_token_file(token)
         secured = ("--token-file", str(token))
-        hosts = [lab.add_host(f"g{b}") for b in range(depth)]
-        slow_start_after_idle(False)
-        for host in hosts:
-            shape(host, LINK_MBIT)
-            slow_start_after_idle(False, host)
+        hosts = shaped_hosts(lab, depth, "g", LINK_MBIT)
         quick_stop = ("--no-advertise", "--grace", "0.2", *secured)
         specs = [
             (f"lan-lm-{b}", host.command(node_cmd(member, b, *quick_stop, host=host.address)))

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from .netlab import Host, NetLabError
+from .netlab import Host, NetLab, NetLabError
 
 SINK_PORT = 5201
 SINK = """
@@ -99,3 +99,14 @@ def slow_start_after_idle(on: bool, host: Host | None = None) -> None:
     result = subprocess.run(cmd if host is None else host.command(cmd), capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise NetLabError(f"{' '.join(cmd)}: {result.stderr.strip()}")
+
+
+def shaped_hosts(lab: NetLab, count: int, prefix: str, mbit: float) -> list[Host]:
+    """`count` new hosts on the lab's LAN, each link shaped to `mbit` both ways, TCP's slow start after
+    idle off on both ends (a hop after a pause would otherwise restart from a small window)."""
+    hosts = [lab.add_host(f"{prefix}{i}") for i in range(count)]
+    slow_start_after_idle(False)
+    for host in hosts:
+        shape(host, mbit)
+        slow_start_after_idle(False, host)
+    return hosts
