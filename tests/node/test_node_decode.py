@@ -50,6 +50,9 @@ def block(lm: tuple[DecoderLM, Path]) -> DecoderBlock:
 async def serving(
     model_dir: Path, block: int = 1, **settings: Any
 ) -> AsyncIterator[tuple[Node, pb_grpc.BlockNodeStub]]:
+    # The torch engine, named: these tests hold the node to the torch block bit for bit (TOL, torch.equal);
+    # `auto` would pick numpy for a decoder on the CPU, which test_lean_engine.py holds to LEAN_TOL.
+    settings.setdefault("engine", "torch")
     node = Node(NodeSettings(model_dir=model_dir, block=block, advertise=False, grace_s=0.2, **settings))
     await node.start()
     try:
