@@ -5,11 +5,13 @@ Drafting (lossless): self-speculative greedy decoding (models/lm/speculative.py)
 of the route in order, k tokens a trip, on held-out task prompts (short answers) and text prompts (the first
 TEXT_PROMPT tokens of held-out paragraphs, TEXT_NEW tokens generated): the share of drafted tokens accepted
 and the tokens a verify trip yields. Every output is compared with plain greedy decoding: `identical` must
-be 1.0, or the drafting is wrong. Cost per token, in network hops: the coordinator computes the first d
-blocks itself either way (they are the draft), the swarm the other depth - d; a local block evaluation
-costs LOCAL_BLOCK_COST hops. Plain decoding: (depth - d) + d x LOCAL_BLOCK_COST per token; speculation:
-((depth - d) + (k + 1) x d x LOCAL_BLOCK_COST) per trip over tokens per trip. The best draft is the (d, k)
-with the largest ratio, d at most half the depth (the coordinator holds "a few" blocks, the swarm the rest).
+be 1.0, or the drafting is wrong. Cost per token, in network hops, as the swarm runs it
+(coordinator/generation/speculate.py): plain decoding takes the whole route, depth hops, a token; a
+speculative round drafts k tokens at the coordinator (each the first d blocks plus the stem and head,
+which cost about one more block: (d + 1) x LOCAL_BLOCK_COST hops) and sends k + 1 tokens through the whole
+route in one trip (depth hops), so it costs depth + k x (d + 1) x LOCAL_BLOCK_COST hops for its tokens per
+trip. The best draft is the (d, k) with the largest ratio, d at most DRAFT_MAX_SHARE of the depth: the
+coordinator holds a few blocks to draft with, not most of the model.
 
 Early exit (lossy, CALM): for each confidence threshold, exact match and the share of block-hops saved on
 the validation prompts; the threshold chosen is the lowest one that loses at most `max_em_loss` of exact
@@ -31,10 +33,11 @@ from layerswarm.models.lm.speculative import SpeculationStats, speculative_gener
 from .data import TokenRows
 from .metrics import Answers
 
-DRAFT_KS = (2, 4)
+DRAFT_KS = (2, 4, 6)
 # A local block evaluation at the coordinator in network hops: a block of a shipped model computes one
 # token in about 0.1 ms here, a loopback gRPC hop takes about 1 ms (docs/ARCHITECTURE.md's node figures).
 LOCAL_BLOCK_COST = 0.1
+DRAFT_MAX_SHARE = 2 / 3  # the deepest draft considered, as a share of the depth (4 of 6 blocks)
 EXIT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999)
 DRAFT_PROMPTS = 60  # task prompts per (d, k): a few hundred drafted tokens with the text prompts
 TEXT_PROMPTS, TEXT_PROMPT, TEXT_NEW = 24, 16, 32  # text prompts per (d, k), their tokens, tokens generated
@@ -68,13 +71,13 @@ def draft_table(
                 row[name] = _summary(stats) | {"identical": same / len(prompts)}
                 for field in ("trips", "drafted", "accepted", "emitted"):
                     setattr(total, field, getattr(total, field) + getattr(stats, field))
-            plain_cost = (depth - d) + d * LOCAL_BLOCK_COST
-            trip_cost = (depth - d) + (k + 1) * d * LOCAL_BLOCK_COST
+            trip_cost = depth + k * (d + 1) * LOCAL_BLOCK_COST
             row.update(_summary(total))
-            row["speedup"] = round(plain_cost * total.tokens_per_trip / trip_cost, 3)
+            row["speedup"] = round(depth * total.tokens_per_trip / trip_cost, 3)
             rows[f"{d}/{k}"] = row
-    best = max((r for r in rows.values() if r["draft_depth"] <= depth // 2), key=lambda r: r["speedup"])
-    return {"local_block_cost": LOCAL_BLOCK_COST, "table": rows, "best": best}
+    deepest = max(1, int(depth * DRAFT_MAX_SHARE))
+    best = max((r for r in rows.values() if r["draft_depth"] <= deepest), key=lambda r: r["speedup"])
+    return {"local_block_cost": LOCAL_BLOCK_COST, "max_share": DRAFT_MAX_SHARE, "table": rows, "best": best}
 
 
 def _summary(stats: SpeculationStats) -> dict[str, float]:
