@@ -266,7 +266,7 @@ def render_exit_default(e: dict[str, Any]) -> list[str]:
             agree.append(
                 _row(
                     name,
-                    orders.replace("_", " "),
+                    "the live paths'" if orders == "same_orders" else f"random, mean of {g['draws']} sets",
                     live,
                     f"{g['accuracy']} / {g['mean_blocks']}",
                     g["accuracy_gap_points"],
