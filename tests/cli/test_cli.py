@@ -393,7 +393,7 @@ def test_zoo_lists_the_shipped_models(capsys: pytest.CaptureFixture[str]) -> Non
     assert "zoo:shapes/layershuffle-0" in out and "zoo:shapes/baseline" in out and "layershuffle" in out
     row = next(line for line in out.splitlines() if line.startswith("zoo:shapes/layershuffle-0 "))
     assert float(row.split()[-1]) > 0.9  # the arbitrary-order accuracy recorded when it was trained
-    assert row.split()[-2:] == ["0.9950", "0.9920"]  # the manifest's, at the docs' four decimals
+    assert row.split()[-2:] == ["0.9960", "0.9930"]  # the manifest's, at the docs' four decimals
     table = out.split("\n\n")[0].splitlines()
     assert len({len(line) for line in table}) == 1  # aligned: zoo:shapes-exit/... once pushed its row right
     assert "one draw of random orders; `layerswarm eval` averages 10 orders" in out

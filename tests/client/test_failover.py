@@ -57,6 +57,24 @@ def test_a_broken_classification_is_sent_again_but_a_generation_is_not() -> None
     assert sent == [f"{A}/v1/generate"]  # never twice: the first may have produced an answer
 
 
+@pytest.mark.parametrize("failure", [httpx.WriteError, httpx.WriteTimeout])
+def test_a_request_cut_off_while_being_written_goes_to_the_next_coordinator(
+    failure: type[httpx.TransportError],
+) -> None:
+    """A coordinator killed while a client uploads its image breaks the write (seen once in the
+    several-coordinator chaos run as a lost request): nothing reached a coordinator whole, so even a
+    generation is sent to the next one."""
+    http, sent = fake_coordinators(A, failure)
+    with SwarmClient([A, B], http=http, attempts=1) as swarm:
+        assert swarm._call("POST", "/v1/classify", {"json": {}}) == {"ok": True}
+        assert swarm._call("POST", "/v1/generate", {"json": {}}, idempotent=False) == {"ok": True}
+    assert sent == [f"{A}/v1/classify", f"{B}/v1/classify", f"{B}/v1/generate"]
+    http, sent = fake_coordinators(A, failure)
+    with SwarmClient([A, B], http=http, attempts=1) as swarm:
+        assert swarm._call("POST", "/v1/generate", {"json": {}}, idempotent=False) == {"ok": True}
+    assert sent == [f"{A}/v1/generate", f"{B}/v1/generate"]
+
+
 def test_a_round_backs_off_only_once_every_coordinator_was_tried() -> None:
     failover = Failover((A, B, "http://coordinator-c.test"))
     failover.start_call()

@@ -7,8 +7,11 @@ a node that dies mid-stream is rebuilt as in plain decoding, and bad values are 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from itertools import product
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from layerswarm.coordinator.generation.options import (
 )
 from layerswarm.coordinator.generation.runner import StreamFailed
 from layerswarm.models.checkpoint import load_lm
+from layerswarm.models.lm.draft import DraftStream
 from layerswarm.models.lm.generate import Sampling, next_token_probs
 
 from ..generation_helpers import fake_swarm, generate_all, make_lm_dir
@@ -166,3 +170,32 @@ async def test_the_draft_is_loaded_by_the_first_stream_that_asks_and_verified(tm
         await generate_all(swarm.generator, [1, 2, 3], max_tokens=4, speculation=FIXED)
     tokens, _ = await generate_all(swarm.generator, [1, 2, 3], max_tokens=4)
     assert len(tokens) == 4 and speculator._drafter is None
+
+
+async def test_a_lone_streams_drafts_run_on_the_event_loop_and_concurrent_streams_on_the_thread(
+    model_dir: Path, one_torch_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone stream's round drafts on the event loop (no thread hand-off: two wake-ups a call), once its
+    drafts are known to be short; with two streams live, every draft goes to the stem-and-head thread (a
+    draft on the loop would hold up the other stream's I/O). The tokens are plain decoding's either way."""
+    threads: list[int] = []
+    propose = DraftStream.propose
+
+    def recorded(self: DraftStream, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return propose(self, *args, **kwargs)
+
+    monkeypatch.setattr(DraftStream, "propose", recorded)
+    swarm = fake_swarm([(model_dir, b) for b in range(4)], model_dir)
+    model, _ = load_lm(model_dir)
+    loop_thread = threading.get_ident()
+    got, _ = await generate_all(swarm.generator, [1, 17, 30], max_tokens=TOKENS, speculation=FIXED)
+    assert got == model.generate([1, 17, 30], TOKENS)
+    assert len(threads) > 3 and threads[0] != loop_thread  # the first draft measures, on the thread
+    assert all(t == loop_thread for t in threads[1:]), threads
+    threads.clear()
+    pair = await asyncio.gather(
+        *(generate_all(swarm.generator, p, max_tokens=TOKENS, speculation=FIXED) for p in ([1, 17, 30], [1, 5]))
+    )
+    assert [tokens for tokens, _ in pair] == [model.generate(p, TOKENS) for p in ([1, 17, 30], [1, 5])]
+    assert threads and loop_thread not in threads[:4]  # both streams live: the thread

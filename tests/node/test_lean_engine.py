@@ -24,7 +24,7 @@ from layerswarm.models.checkpoint import Lineage, load_block, read_any_manifest,
 from layerswarm.models.lean.ops import erf
 from layerswarm.models.text.tokens import run_active
 from layerswarm.models.vit import ViT
-from layerswarm.node.engines import EngineError, choose_engine, load_engine
+from layerswarm.node.engines import EngineError, choose_engine, load_engine, serves_decoder
 from layerswarm.node.engines.numpy_engine import NumpyEngine
 from layerswarm.wire import arrays, codec
 from layerswarm.wire.auth import NONCE_KEY, CallSigner, info_identity
@@ -138,6 +138,26 @@ def test_the_numpy_engine_refuses_tampered_or_misfit_weights(tmp_path: Path) -> 
 def test_engine_choice_names_the_flag() -> None:
     assert choose_engine("numpy", "cpu") == "numpy"
     assert choose_engine("auto", "cpu") == "torch"  # torch is installed here
+    assert choose_engine("torch", "cpu", decoder=True) == "torch"  # asked for: kept
+
+
+def test_auto_puts_a_decoder_on_numpy_on_the_cpu_and_on_torch_on_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoder's one-token steps are faster in numpy at every width measured; a classifier stays on
+    torch (bit-exact with the torch monolith), and a GPU is torch's."""
+    assert choose_engine("auto", "cpu", decoder=True) == "numpy"
+    assert choose_engine("auto", "auto", decoder=True) == "numpy"  # no CUDA on this machine
+    monkeypatch.setattr("layerswarm.node.engines.cuda_available", lambda: True)
+    assert choose_engine("auto", "auto", decoder=True) == "torch"
+    assert choose_engine("auto", "cuda", decoder=True) == "torch"
+    model_dir = tmp_path / "lm"
+    make_lm_dir(model_dir, seed=6)
+    assert serves_decoder(model_dir) and not serves_decoder(make_model_dir(tmp_path / "vit"))
+    assert not serves_decoder(tmp_path / "nowhere")  # the node's start says why
+    monkeypatch.undo()
+    engine = load_engine(model_dir, 1, read_any_manifest(model_dir), "auto", "cpu")
+    assert engine.name == "numpy"
     with pytest.raises(EngineError, match="--engine numpy computes on the CPU"):
         choose_engine("numpy", "cuda")
 

@@ -20,6 +20,7 @@ import torch
 
 from layerswarm.models.checkpoint import load_block, read_lm_manifest
 from layerswarm.models.lm.model import DecoderBlock, DecoderLM
+from layerswarm.node.decode import INLINE_MAX_TOKENS
 from layerswarm.node.server import Node
 from layerswarm.node.settings import NodeSettings
 from layerswarm.wire import codec
@@ -49,6 +50,9 @@ def block(lm: tuple[DecoderLM, Path]) -> DecoderBlock:
 async def serving(
     model_dir: Path, block: int = 1, **settings: Any
 ) -> AsyncIterator[tuple[Node, pb_grpc.BlockNodeStub]]:
+    # The torch engine, named: these tests hold the node to the torch block bit for bit (TOL, torch.equal);
+    # `auto` would pick numpy for a decoder on the CPU, which test_lean_engine.py holds to LEAN_TOL.
+    settings.setdefault("engine", "torch")
     node = Node(NodeSettings(model_dir=model_dir, block=block, advertise=False, grace_s=0.2, **settings))
     await node.start()
     try:
@@ -237,6 +241,33 @@ async def test_a_lone_streams_quick_steps_run_inline_and_equal_the_block_and_two
                 stub.Decode(decode_request("a", 13 + round_, x_())), stub.Decode(decode_request("b", 3 + round_, x_()))
             )
         assert service.inline_steps == inline
+
+
+async def test_a_lone_streams_verify_steps_run_inline_after_one_of_their_size_and_a_prefill_never(
+    lm: tuple[DecoderLM, Path], block: DecoderBlock
+) -> None:
+    """A speculative verify (k + 1 tokens) is as short as a step on a small block: after one verify of its
+    size measured on the thread, the next ones compute on the event loop, with the block's own output. A
+    prefill longer than INLINE_MAX_TOKENS always goes to the thread."""
+    torch.manual_seed(5)
+    async with serving(lm[1]) as (node, stub):
+        service = node.decode
+        assert service is not None
+        ref = LocalStream(block)
+        prompt = x_(INLINE_MAX_TOKENS + 3)
+        await stub.Decode(decode_request("a", 0, prompt))
+        ref.step(prompt)
+        assert service.inline_steps == 0
+        start, worst = prompt.shape[1], 0.0
+        for _ in range(5):
+            x = x_(5)
+            reply = await stub.Decode(decode_request("a", start, x))
+            worst = max(worst, (out_of(reply) - ref.step(x)).abs().max().item())
+            start += 5
+        assert worst < TOL, worst
+        assert service.inline_steps == 4, service.inline_steps  # the first verify of 5 measured on the thread
+        await stub.Decode(decode_request("b", 0, x_(INLINE_MAX_TOKENS + 1)))  # a prefill: never inline
+        assert service.inline_steps == 4
 
 
 async def test_a_block_slower_than_the_inline_limit_computes_on_its_thread(

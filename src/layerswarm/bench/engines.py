@@ -2,7 +2,8 @@
 
 Per engine: what importing its runtime costs a fresh interpreter (RSS, seconds), and the median time of
 one block call, interleaved round by round: a forward of the shipped family's block 0 (batch 1 and 16),
-and for a decoder block 768 wide (random weights) a prefill of 32 tokens and one decode step. ONNX Runtime
+and for a decoder block 768 wide (random weights) a prefill of 32 tokens and one decode step, and at each
+of DECODER_WIDTHS a 100-token prefill and a step after it (what `--engine auto` decides on). ONNX Runtime
 runs the torch block exported to ONNX (torch.onnx, opset 17) where `onnxruntime` and `onnx` are
 importable; it has no KV-cache step here (a cache is state that ONNX graphs take as inputs and return,
 copied every call), so its decode figures are absent. Why numpy was chosen: docs/deploy.md.
@@ -16,6 +17,7 @@ import argparse
 import importlib.util
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +38,7 @@ from layerswarm.models.lm.config import LMConfig
 from layerswarm.models.lm.model import DecoderLM
 from layerswarm.models.zoo import family_root, robust_members
 from layerswarm.node.engines import BlockEngine, load_engine
+from layerswarm.node.settings import BLAS_THREADS
 
 IMPORT_COST = """
 import json, sys, time
@@ -129,19 +132,30 @@ def forward_figures(reps: int) -> dict[str, Any]:
     return {"block": f"{member.name} block 0 ({cfg.dim} wide, {cfg.num_tokens} tokens)", **rows}
 
 
-def decode_figures(reps: int) -> dict[str, Any]:
+# Decoder widths for `--engine auto`'s choice (numpy for a decoder on the CPU): the shipped lm family's 64,
+# and up to issue 40's 768-wide prefill model; heads as those models have them.
+DECODER_WIDTHS = ((64, 4, 2), (256, 8, 4), (768, 12, 4))
+
+
+def decoder_engines(dim: int, heads: int, kv_heads: int) -> dict[str, BlockEngine]:
+    """Block 0 of a random decoder `dim` wide, on the torch and the numpy engine."""
+    config = {**DECODER, "dim": dim, "heads": heads, "kv_heads": kv_heads}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         torch.manual_seed(0)
         (path / "tokenizer.json").write_text("{}")
-        save_model(DecoderLM(LMConfig(**DECODER)).eval(), path, Lineage(source="scratch"))  # type: ignore[arg-type]
+        save_model(DecoderLM(LMConfig(**config)).eval(), path, Lineage(source="scratch"))  # type: ignore[arg-type]
         manifest = read_any_manifest(path)
-        engines = {name: load_engine(path, 0, manifest, name, "cpu") for name in ("torch", "numpy")}
+        return {name: load_engine(path, 0, manifest, name, "cpu") for name in ("torch", "numpy")}
+
+
+def decode_figures(reps: int, dim: int = 768, heads: int = 12, kv_heads: int = 4, context: int = 32) -> dict[str, Any]:
+    """Per engine: a prefill of `context` tokens into an empty cache, and one decode step after them."""
+    engines = decoder_engines(dim, heads, kv_heads)
     rng = np.random.default_rng(1)
-    prompt = rng.standard_normal((1, 32, DECODER["dim"]), dtype=np.float32)
-    step = rng.standard_normal((1, 1, DECODER["dim"]), dtype=np.float32)
-    heads = f"{DECODER['heads']} query / {DECODER['kv_heads']} key-value heads"
-    figures: dict[str, Any] = {"block": f"decoder {DECODER['dim']} wide, {heads}"}
+    prompt = rng.standard_normal((1, context, dim), dtype=np.float32)
+    step = rng.standard_normal((1, 1, dim), dtype=np.float32)
+    figures: dict[str, Any] = {"block": f"decoder {dim} wide, {heads} query / {kv_heads} key-value heads"}
     for name, engine in engines.items():
 
         def prefill(e: BlockEngine = engine) -> object:
@@ -152,11 +166,28 @@ def decode_figures(reps: int) -> dict[str, Any]:
 
         def one_step(e: BlockEngine = engine, c: Any = cache) -> object:
             out = e.decode(step, [c])
-            c.truncate(32)  # the same step again: the cache stays at 32 tokens
+            c.truncate(context)  # the same step again: the cache stays at `context` tokens
             return out
 
-        figures[name] = {"prefill_32_ms": median_ms(prefill, reps), "step_ms": median_ms(one_step, reps)}
+        figures[name] = {f"prefill_{context}_ms": median_ms(prefill, reps), "step_ms": median_ms(one_step, reps)}
     return figures
+
+
+def decode_by_width(reps: int) -> list[dict[str, Any]]:
+    """One-token steps after 100 tokens, and 100-token prefills, at each of DECODER_WIDTHS: numpy over torch."""
+    rows = []
+    for dim, heads, kv_heads in DECODER_WIDTHS:
+        figures = decode_figures(reps, dim, heads, kv_heads, context=100)
+        torch_ms, numpy_ms = figures["torch"], figures["numpy"]
+        rows.append(
+            {
+                **figures,
+                "dim": dim,
+                "step_numpy_over_torch": round(numpy_ms["step_ms"] / torch_ms["step_ms"], 3),
+                "prefill_numpy_over_torch": round(numpy_ms["prefill_100_ms"] / torch_ms["prefill_100_ms"], 3),
+            }
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,12 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=50, help="calls per figure (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
+    if any(os.environ.get(name) != "1" for name in BLAS_THREADS):
+        # A node gives numpy's BLAS its --threads (1) before numpy loads (cli/node.py); here numpy is
+        # loaded already, so run again with the same: two BLAS threads beside torch's one distort numpy's figures.
+        env = {**os.environ, **dict.fromkeys(BLAS_THREADS, "1")}
+        os.execve(sys.executable, [sys.executable, "-m", "layerswarm.bench.engines", *sys.argv[1:]], env)
     torch.set_num_threads(1)
     report = {
         "environment": environment(),
         "imports": {name: import_cost(module) for name, module in RUNTIMES.items()},
         "forward": forward_figures(args.reps),
         "decode": decode_figures(args.reps),
+        "decode_by_width": decode_by_width(args.reps),
     }
     return emit_report(report, args.json)
 

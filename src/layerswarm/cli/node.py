@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from layerswarm.node.settings import ENGINES, NodeSettings
+from layerswarm.node.settings import BLAS_THREADS, ENGINES, NodeSettings
 from layerswarm.wire.memory import few_arenas, keep_large_buffers
 
 from .base import SettingsFlags, Subparsers, UsageError, add_command, ensure_can_listen, load_settings
@@ -65,10 +65,6 @@ def register(sub: Subparsers) -> None:
     f.add("--insecure", "insecure", action="store_true")
 
 
-# The numpy engine's BLAS reads its thread count when numpy loads: set before the node's imports.
-BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def run(args: argparse.Namespace) -> int:
     settings: NodeSettings = load_settings(args)
     if "numpy" not in sys.modules:
@@ -76,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             os.environ.setdefault(name, str(settings.threads))
 
     from layerswarm.node.advertise import advertised_addresses
-    from layerswarm.node.engines import EngineError, choose_engine
+    from layerswarm.node.engines import EngineError, choose_engine, serves_decoder
     from layerswarm.node.server import run as serve
 
     ensure_can_listen(settings.host, settings.port, "--host", "--port")
@@ -87,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     try:  # torch or numpy, checked before anything is loaded: a wrong choice is the operator's
-        engine = choose_engine(settings.engine, settings.device)
+        engine = choose_engine(settings.engine, settings.device, serves_decoder(settings.model_dir))
     except EngineError as exc:
         raise UsageError(str(exc)) from None
     if engine == "torch":

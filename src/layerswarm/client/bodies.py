@@ -126,16 +126,20 @@ def checked(response: httpx.Response) -> dict[str, Any]:
     raise SwarmError(response.status_code, code, detail)
 
 
+# Never reached a coordinator whole: no connection, or it broke while the request was still being written
+# (a coordinator killed mid-upload), so no coordinator can have acted on it.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError, httpx.WriteTimeout)
 SENT_MAYBE_ANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout)
 
 
 def is_retryable(exc: BaseException, idempotent: bool = True) -> bool:
-    """Retry what a later try can fix: no connection (yet), busy (429), too few blocks right now (503).
+    """Retry what a later try can fix: no connection (yet) or a request cut off while being written, busy
+    (429), too few blocks right now (503).
     A 4xx about the request itself would fail the same way again. A request whose connection broke after
     it was sent may have been answered: sent again only where doing it twice changes nothing."""
     if isinstance(exc, SwarmError):
         return exc.retryable
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+    if isinstance(exc, NOT_SENT):
         return True
     return idempotent and isinstance(exc, SENT_MAYBE_ANSWERED)
 

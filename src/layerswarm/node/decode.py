@@ -48,10 +48,12 @@ SWEEPS_PER_TIMEOUT = 4  # the idle sweep runs this often per idle timeout (a str
 # running): the allocator keeps freed memory for reuse (wire/memory.py), so without this a node's RSS stays
 # at its busiest moment's after a burst of streams.
 TRIM_AFTER_BYTES = 16 * 1024 * 1024
-# A lone stream's one-token step that computes in at most this long runs on the event loop (no hand-off
-# to the compute thread and back: two thread wake-ups a step, docs/generation.md "where a token's time
-# goes"). Longer steps, and any step while another stream is open (it could batch), use the thread.
+# A lone stream's short step (one token, or a speculative verify of up to INLINE_MAX_TOKENS) whose recent
+# steps of that size computed in at most INLINE_MAX_MS runs on the event loop (no hand-off to the compute
+# thread and back: two thread wake-ups a step, docs/generation.md "where a token's time goes"). Longer
+# steps, prefills, and any step while another stream is open (it could batch) use the thread.
 INLINE_MAX_MS = 2.0
+INLINE_MAX_TOKENS = 17  # a verify of k + 1 tokens, k at most 16 (the coordinator's limit)
 INLINE_EWMA_ALPHA = 0.2
 
 
@@ -92,7 +94,8 @@ class DecodeService:
         interval = min(max(settings.idle_timeout_s / SWEEPS_PER_TIMEOUT, 0.05), 5.0)
         self.sweeper = Periodic("idle-stream-sweep", interval, self._sweep)
         self.freed_bytes = 0  # cache bytes freed since the heap was last trimmed
-        self.one_token_ms: float | None = None  # recent one-token steps' compute (an EWMA): may they run inline?
+        # Recent lone steps' compute by their number of tokens (an EWMA each): may the next of that size run inline?
+        self.step_ms: dict[int, float] = {}
         self.inline_steps = 0  # steps computed on the event loop (_inline)
         self.trims = 0
         full = self.table.bytes_per_token * engine.new_cache().capacity_after(cfg.max_seq_len)
@@ -175,9 +178,10 @@ class DecodeService:
     async def _computed(self, step: DecodeStep) -> StepResult:
         """The step through the batcher. A caller that goes away (cancelled) still waits for its step's
         compute to end before the stream's lock is let go: the compute thread writes that cache."""
-        one_token = step.x.shape[1] == 1 and step.fill is None
+        tokens = step.x.shape[1]
+        short = tokens <= INLINE_MAX_TOKENS and step.fill is None
         try:
-            if one_token and self._inline():
+            if short and self._inline(tokens):
                 result = self.batcher.step_inline(step)
                 self.inline_steps += 1
             else:
@@ -190,14 +194,15 @@ class DecodeService:
         except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the caller must see why
             log.exception("decode step failed")
             raise RequestError(grpc.StatusCode.INTERNAL, f"block compute failed: {exc}") from exc
-        if one_token and result.batched == 1:
-            self.one_token_ms = ewma(self.one_token_ms, result.compute_ms, INLINE_EWMA_ALPHA)
+        if short and result.batched == 1:
+            self.step_ms[tokens] = ewma(self.step_ms.get(tokens), result.compute_ms, INLINE_EWMA_ALPHA)
         return result
 
-    def _inline(self) -> bool:
-        """Whether a one-token step may compute on the event loop: it is known to be short, this stream is
-        the only one here (no other could batch with it) and nothing else is computing or queued."""
-        quick = self.one_token_ms is not None and self.one_token_ms <= INLINE_MAX_MS
+    def _inline(self, tokens: int) -> bool:
+        """Whether a short step of `tokens` may compute on the event loop: steps of its size are known to be
+        quick, this stream is the only one here (no other could batch with it) and nothing else is
+        computing or queued."""
+        quick = self.step_ms.get(tokens, INLINE_MAX_MS + 1) <= INLINE_MAX_MS
         return quick and len(self.table) <= 1 and self.runtime.in_flight <= 1 and self.batcher.idle()
 
     def release(self, request: pb.ReleaseRequest, caller: Caller) -> pb.ReleaseResponse:

@@ -16,6 +16,8 @@ from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.settings import ProcessSettings, security_from_files
 
 DEVICE_KINDS = ("auto", "cpu", "cuda", "mps")
+# What numpy's BLAS reads its thread count from when it loads (the numpy engine's --threads).
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 ENGINES = ("auto", "torch", "numpy")  # what computes a node's block (node/engines/)
 
 

@@ -61,6 +61,9 @@ RELEASE_TIMEOUT_S = 2.0
 # A one-token stem or head call that takes at most this long runs on the event loop (_step_local): it holds
 # the loop up less than the thread hand-off costs (about 0.13 ms a call, docs/generation-coordinator.md).
 LOCAL_INLINE_MAX_MS = 0.5
+# A lone speculative stream's draft (k tokens through the draft's blocks) or verdict that takes at most this
+# long runs on the event loop: nothing else waits on the loop, and it saves two thread wake-ups a call.
+LOCAL_SHORT_MAX_MS = 5.0
 T = TypeVar("T")
 
 
@@ -87,6 +90,13 @@ def _timed(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, floa
     started = time.perf_counter()
     with torch.inference_mode():
         out = module(x)
+    return out, (time.perf_counter() - started) * 1e3
+
+
+def _timed_call(fn: Callable[[], T]) -> tuple[T, float]:
+    """fn() and how long it took in ms (the caller sets inference mode)."""
+    started = time.perf_counter()
+    out = fn()
     return out, (time.perf_counter() - started) * 1e3
 
 
@@ -144,7 +154,9 @@ class Generator:
         plan = draft_plan(settings, manifest)
         if plan is not None:
             load = functools.partial(load_drafter, settings, manifest, plan, self.stem, self.head)
-            self.speculator = Speculator(load, self.runner, self.stem, self.head, self._run, observer, plan.prior)
+            self.speculator = Speculator(
+                load, self.runner, self.stem, self.head, self._run, observer, plan.prior, self._run_short
+            )
             log.info("speculation %s, drafts %d blocks deep (%s)", settings.speculation, plan.depth, plan.source)
         log.info("generation: routes keep at least %d of %d blocks", self.min_depth, self.config.depth)
 
@@ -325,6 +337,19 @@ class Generator:
         key = id(module)
         quick = self._step_ms.get(key, LOCAL_INLINE_MAX_MS + 1) <= LOCAL_INLINE_MAX_MS
         out, ms = _timed(module, x) if quick else await self._run(lambda: _timed(module, x))
+        self._step_ms[key] = ewma(self._step_ms.get(key), ms)
+        return out
+
+    async def _run_short(self, fn: Callable[[], T]) -> T:
+        """A speculative round's draft or verdict: on the event loop while this is the only live stream (no
+        other stream's I/O waits behind it) and such calls took at most LOCAL_SHORT_MAX_MS lately, else on
+        the stem-and-head thread. The hand-off costs two thread wake-ups a call, twice a round."""
+        key = id(fn.__code__)
+        if len(self.live) > 1 or self._step_ms.get(key, LOCAL_SHORT_MAX_MS + 1) > LOCAL_SHORT_MAX_MS:
+            out, ms = await self._run(lambda: _timed_call(fn))
+        else:
+            with torch.inference_mode():
+                out, ms = _timed_call(fn)
         self._step_ms[key] = ewma(self._step_ms.get(key), ms)
         return out
 

@@ -115,9 +115,13 @@ class Speculator:
         run: Run,
         observer: SpeculationObserver | None = None,
         prior_acceptance: float = DEFAULT_PRIOR,
+        run_short: Run | None = None,
     ) -> None:
         self._load, self.runner, self.stem, self.head = load, runner, stem, head
         self._run = run
+        # A round's draft and verdict: on the event loop where the generator finds that cheaper (a lone
+        # stream's short calls: generator._run_short), else on the thread like the rest.
+        self._run_short = run_short or run
         self.observer = observer
         self.prior_acceptance = prior_acceptance
         self.drafts: dict[str, _Draft] = {}
@@ -181,11 +185,11 @@ class Speculator:
             proposal = draft.stream.propose(ids, span, s.sampling, position)
             return proposal, self.stem(torch.tensor([[ids[-1], *proposal.drafts[:span]]]))
 
-        proposal, x = await self.run(drafted)
+        proposal, x = await self._run_short(drafted)
         drafted_at = time.monotonic()
         row = s.length - 1  # the newest token's row: the nodes' caches are cut back to it
         out = await self.runner.advance(s, x, row)
-        verdict = await self.run(lambda: self._verdict(s, self.head(out[0, -(span + 1) :]), proposal, position))
+        verdict = await self._run_short(lambda: self._verdict(s, self.head(out[0, -(span + 1) :]), proposal, position))
         verified_at = time.monotonic()
         s.trips += 1
         draft.stream.keep(len(ids) + verdict.accepted)
