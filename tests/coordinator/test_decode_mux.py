@@ -3,7 +3,9 @@ of a turn go as one DecodeBatch and each gets its own reply, what a stream's own
 refused step is that step's RefusedInStream; a timeout cancels the shared call and every waiting step gets
 asyncio.TimeoutError, the next step opening a call on which the node no longer knows the old streams;
 groups of streams sent apart are answered together (their next steps share a message); a node without
-DecodeBatchStream gets a DecodeStream per stream; a client that closes fails what waits."""
+DecodeBatchStream gets a DecodeStream per stream; a client that closes fails what waits, and every later
+step at once (as does a step whose call cannot be opened); a message behind a slow one is not given up
+before it."""
 
 from __future__ import annotations
 
@@ -241,3 +243,57 @@ async def test_closing_the_client_fails_the_waiting_steps_as_unavailable(decoder
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await step
     assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_link_that_outlived_its_client_fails_at_once_not_never(decoder: tuple[Node, ClientPool, str]) -> None:
+    """The health monitor drops a node's client (it left, or restarted under a new boot) while streams still
+    hold links to it: their next step is UNAVAILABLE at once (the stream moves on), never a step that
+    waits for ever (the closed channel refuses the new call inside the flush, with no timer yet)."""
+    _node, pool, address = decoder
+    link = pool.get(address).decode_link()
+    assert (await link.step(decode_request("g", 0, x_(2)), 5)).length == 2
+    await pool.drop(address)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(link.step(decode_request("g", 2, x_()), 5), 2)
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    fresh = pool.get(address).decode_link()  # the pool's new client: a new call, the node knows the stream not
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fresh.step(decode_request("g", 2, x_()), 5)
+    assert caught.value.code() in LOST
+
+
+async def test_a_flush_that_cannot_open_a_call_fails_its_steps(decoder: tuple[Node, ClientPool, str]) -> None:
+    _node, pool, address = decoder
+    client = pool.get(address)
+    link = client.decode_link()
+    await client.channel.close()  # the channel gone under the mux, its client not told
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(link.step(decode_request("h", 0, x_(2)), 5), 2)
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_steps_behind_a_slow_message_wait_for_it_and_the_call_is_kept(
+    decoder: tuple[Node, ClientPool, str],
+) -> None:
+    """Replies come in order: a decode step sent behind a long step (a rebuild's replay) cannot be answered
+    before it. Its message is given up no earlier than the one ahead of it, so a short timeout behind a
+    long step does not drop the call (and every stream's cache on the node with it)."""
+    node, pool, address = decoder
+    service = node.decode
+    assert service is not None
+    real = service.decode
+
+    async def slow(request: pb.DecodeRequest, caller: object) -> pb.DecodeResponse:
+        if request.stream_id == "long":
+            await asyncio.sleep(0.6)
+        return await real(request, caller)  # type: ignore[arg-type]
+
+    service.decode = slow  # type: ignore[method-assign,assignment]
+    client = pool.get(address)
+    long_link, short_link = client.decode_link(), client.decode_link()
+    assert (await short_link.step(decode_request("short", 0, x_(2)), 5)).length == 2
+    long_step = asyncio.ensure_future(long_link.step(decode_request("long", 0, x_(8)), 3))
+    await asyncio.sleep(0.05)  # its message went
+    short = await short_link.step(decode_request("short", 2, x_()), 0.2)  # a later message, same call
+    assert short.length == 3 and (await long_step).length == 8
+    assert mux_of(client).calls == 1

@@ -5,7 +5,7 @@ instead (decode_mux.py); a DecodeLink serves a node without it, and the bench's 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -13,8 +13,20 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .rpc import call_rpc, unavailable
 
-if TYPE_CHECKING:
-    from .clients import NodeClient
+
+class DecodeClient(Protocol):
+    """What a link needs of its node's client: clients.py's NodeClient, which makes the links (named here,
+    not imported from there: clients.py imports this module and decode_mux.py)."""
+
+    address: str
+    transport: str  # "stream", or "unary": a Decode call per step
+    block: Any  # the node's BlockNode stub
+
+    async def decode(self, request: pb.DecodeRequest, timeout: float) -> pb.DecodeResponse: ...
+
+    def _signed(self, method: str) -> tuple[tuple[str, str], ...]: ...
+
+    def _learn(self, exc: grpc.aio.AioRpcError) -> None: ...
 
 
 class StepLink(Protocol):
@@ -33,7 +45,7 @@ class DecodeLink:
     answers it FAILED_PRECONDITION or NOT_FOUND, which the caller turns into a rebuild. A node older than
     DecodeStream (UNIMPLEMENTED) gets unary Decode calls from then on."""
 
-    def __init__(self, client: NodeClient) -> None:
+    def __init__(self, client: DecodeClient) -> None:
         self.client = client
         self._call: Any = None
         self._unary = client.transport == "unary"
@@ -42,7 +54,11 @@ class DecodeLink:
         if self._unary:
             return await self.client.decode(request, timeout)
         if self._call is None or self._call.done():
-            self._call = self.client.block.DecodeStream(metadata=self.client._signed("DecodeStream"))
+            metadata = self.client._signed("DecodeStream")
+            try:
+                self._call = self.client.block.DecodeStream(metadata=metadata)
+            except grpc.aio.UsageError as exc:  # the pool closed this client (the node left): it is gone for us
+                raise unavailable(f"decode stream not opened: {exc}") from exc
         call = self._call
         try:
             return await _exchange_within(call, request, timeout)

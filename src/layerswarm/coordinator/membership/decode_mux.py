@@ -15,7 +15,13 @@ the call is every waiting stream's, and each gets what a stream's own DecodeStre
 DecodeLink) raised in that case, which the runner already turns into a rebuild or a failover:
 
     no reply in time     the call is cancelled (the node frees its streams); every step waiting on it
-                         gets asyncio.TimeoutError (a message's timer: the longest of its steps')
+                         gets asyncio.TimeoutError at once: one deadline per call, not one per stream (a
+                         message's timer: the longest of its steps', and never before the timer of the
+                         message ahead of it, whose reply must come first)
+    the client closed    (the pool dropped the node: it stopped answering and is no longer advertised, as
+                         in a restart) UNAVAILABLE at once, for the steps waiting and every later one; a
+                         step that cannot be sent (the call cannot be opened) fails the same way, never
+                         waits without a timer
     the call failed      its grpc.aio.AioRpcError (UNAVAILABLE, ...); a call that ended with OK, or a
                          reply that does not match its message: UNAVAILABLE / INTERNAL, the call dropped
     a step refused       RefusedInStream for that step; the call goes on
@@ -35,18 +41,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from layerswarm.wire.discovery import MAX_DECODE_BATCH_STEPS
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from .decode_links import DecodeLink, refused_in_stream
+from .decode_links import DecodeClient, DecodeLink, refused_in_stream
 from .rpc import unavailable
-
-if TYPE_CHECKING:
-    from .clients import NodeClient
 
 log = logging.getLogger(__name__)
 
@@ -79,18 +82,20 @@ class _Sent:
     steps: list[_Step]
     timeout: float  # the longest of its steps'
     at: float  # when it went (the loop's clock)
+    deadline: float  # when it is given up (the loop's clock): see _flush
     small: bool  # no step adds more than HOLD_MAX_TOKENS tokens: a reply may wait for it
     timer: asyncio.TimerHandle | None = None
 
 
 class DecodeMux:
-    def __init__(self, client: NodeClient, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, client: DecodeClient, max_message_bytes: int = 64 * 1024 * 1024) -> None:
         self.client = client
         self.max_message_bytes = max_message_bytes  # a message is split before it would pass half of it
         self.supported = True  # False once the node answered UNIMPLEMENTED
         self.messages = 0  # DecodeBatch messages sent
         self.steps = 0  # steps sent in them
         self.calls = 0  # DecodeBatchStream calls opened
+        self.closed = False  # the client closed (its channel is gone): every step fails at once
         self._call: Any = None
         self._outbox: asyncio.Queue[pb.DecodeBatch | None] | None = None  # what the call's request iterator sends
         self._reader: asyncio.Task[None] | None = None
@@ -108,6 +113,8 @@ class DecodeMux:
         asyncio.TimeoutError past `timeout`, or Unsupported (the node has no DecodeBatchStream)."""
         if not self.supported:
             raise Unsupported
+        if self.closed:  # a stream's link outlived the client (the pool dropped it): this node is gone for it
+            raise unavailable("the node's client closed")
         loop = asyncio.get_running_loop()
         step = _Step(request, timeout, loop.create_future())
         self._waiting.append(step)
@@ -116,28 +123,46 @@ class DecodeMux:
         return await step.done
 
     def _flush(self) -> None:
-        """The turn's steps (less those whose callers went away) as one message, or a few."""
+        """The turn's steps (less those whose callers went away) as one message, or a few. A callback:
+        whatever goes wrong here is the steps' failure, never an exception nobody sees (which would leave
+        them waiting for ever: a step has no timer until its message went)."""
         self._flush_at = None
         steps = [s for s in self._waiting if not s.done.done()]
         self._waiting = []
         if not steps:
             return
+        try:
+            self._send(steps)
+        except grpc.aio.AioRpcError as exc:  # not signed: the node has not proved itself (yet)
+            _settle(steps, partial(_copy, exc))
+        except grpc.aio.UsageError as exc:  # the channel closed under us: the node is gone for us
+            _settle(steps, partial(unavailable, f"decode steps not sent: {exc}"))
+        except Exception as exc:  # a bug: the steps fail (INTERNAL), and the loop logs it
+            _settle(steps, partial(_internal, f"decode steps not sent: {type(exc).__name__}: {exc}"))
+            raise
+
+    def _send(self, steps: list[_Step]) -> None:
         if not self.supported:
             _settle(steps, Unsupported)
             return
+        if self.closed:
+            _settle(steps, lambda: unavailable("the node's client closed"))
+            return
         if self._call is None:
-            try:
-                self._open()
-            except grpc.aio.AioRpcError as exc:  # not signed: the node has not proved itself (yet)
-                _settle(steps, partial(_copy, exc))
-                return
+            self._open()
         assert self._outbox is not None
         loop = asyncio.get_running_loop()
         for chunk in self._chunks(steps):
             self._outbox.put_nowait(pb.DecodeBatch(steps=[s.request for s in chunk]))
             small = all(_tokens(s.request) <= HOLD_MAX_TOKENS for s in chunk)
-            sent = _Sent(self._call, chunk, max(s.timeout for s in chunk), loop.time(), small)
-            sent.timer = loop.call_later(sent.timeout, self._expire, sent)
+            timeout, now = max(s.timeout for s in chunk), loop.time()
+            # Replies come in order: one cannot come before the reply to the message ahead of it, so a
+            # message is not given up (and the call with every stream on it dropped) before that one is.
+            # A few decode steps sent behind a long prefill wait for it, as they must, not for their own
+            # timeout alone.
+            deadline = max(now + timeout, self._sent[-1].deadline if self._sent else 0.0)
+            sent = _Sent(self._call, chunk, timeout, at=now, deadline=deadline, small=small)
+            sent.timer = loop.call_at(deadline, self._expire, sent)
             self._sent.append(sent)
             self.messages += 1
             self.steps += len(chunk)
@@ -264,7 +289,8 @@ class DecodeMux:
             _settle(message.steps, failure)
 
     def close(self) -> None:
-        """The client is closing: every waiting step fails (UNAVAILABLE)."""
+        """The client is closing: every waiting step fails (UNAVAILABLE), and so does every later one."""
+        self.closed = True
         reader = self._reader
         self._fail(self._call, lambda: unavailable("the node's client closed"))
         if reader is not None:
