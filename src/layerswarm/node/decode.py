@@ -6,10 +6,9 @@
       -> StreamTable.begin (roll back to start, context, bytes) -> DecodeBatcher.step (decode_batch.py)
       -> output check -> StreamTable.done (a failure rolls the cache back) -> DecodeResponse
 
-A DecodeStream runs its requests concurrently (so that its streams' steps batch) and answers them in
-order; a failed step is a reply with `refused` set, never the end of the call, since ending it frees
-every stream opened over it. Those streams are freed when it ends, and an idle sweep (a supervised
-background loop) frees streams no step has touched for idle_timeout_s.
+DecodeStream and DecodeBatchStream (decode_calls.py) run their steps concurrently through `decode`, so
+that their streams' steps batch; the streams opened over one are freed when it ends, and an idle sweep
+(a supervised background loop) frees streams no step has touched for idle_timeout_s.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -41,7 +39,9 @@ from .streams import EVICTION_REASONS, Caller, Limits, Stream, StreamError, Stre
 
 log = logging.getLogger(__name__)
 
-NOT_A_DECODER = "not a decoder block: Decode, DecodeStream and Release serve generative (lm) families"
+NOT_A_DECODER = (
+    "not a decoder block: Decode, DecodeStream, DecodeBatchStream and Release serve generative (lm) families"
+)
 STREAM_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # the coordinator's are 32 hex digits
 SWEEPS_PER_TIMEOUT = 4  # the idle sweep runs this often per idle timeout (a stream lives at most 1.25x it)
 # Freed cache bytes after which the sweep gives the heap's free pages back to the kernel (when no step is
@@ -145,7 +145,7 @@ class DecodeService:
         finally:
             self.metrics.in_flight.dec()
             self.runtime.end_call(ms)
-            self._observe()
+            self.observe()
         self.metrics.steps.labels(_kind(request.start, asked)).inc()
         self.metrics.latency.observe(reply.compute_ms / 1e3)
         return reply
@@ -185,11 +185,11 @@ class DecodeService:
                 result = self.batcher.step_inline(step)
                 self.inline_steps += 1
             else:
-                task = asyncio.ensure_future(self.batcher.step(step))
+                pending = self.batcher.submit(step)
                 try:
-                    result = await asyncio.shield(task)
+                    result = await asyncio.shield(pending)
                 except asyncio.CancelledError:
-                    await asyncio.wait([task])
+                    await asyncio.wait([pending])
                     raise
         except (RuntimeError, MemoryError) as exc:  # a device error, out of memory: the caller must see why
             log.exception("decode step failed")
@@ -205,55 +205,6 @@ class DecodeService:
         quick = self.step_ms.get(tokens, INLINE_MAX_MS + 1) <= INLINE_MAX_MS
         return quick and len(self.table) <= 1 and self.runtime.in_flight <= 1 and self.batcher.idle()
 
-    async def serve_stream(
-        self, requests: AsyncIterator[pb.DecodeRequest], caller: Caller
-    ) -> AsyncIterator[pb.DecodeResponse]:
-        """DecodeStream: requests read and started as they come (at most max_in_flight unanswered),
-        answered in order; on the way out (the caller closed it, went away, or the node stops) the
-        streams opened over it are freed."""
-        pending: asyncio.Queue[asyncio.Task[pb.DecodeResponse] | None] = asyncio.Queue(self.settings.max_in_flight)
-        reader = asyncio.create_task(self._read(requests, caller, pending), name="decode-stream-reader")
-        try:
-            while (task := await pending.get()) is not None:
-                yield await task
-            await reader  # its error, if reading failed
-        finally:
-            reader.cancel()
-            while not pending.empty():  # steps already started finish on their own (compute is not cancellable)
-                left = pending.get_nowait()
-                if left is not None:
-                    left.add_done_callback(_retrieve)
-            assert caller.connection is not None
-            freed = self.table.close_connection(caller.connection)
-            if freed:
-                log.info("DecodeStream ended: freed its %d streams", freed)
-            self._observe()
-
-    async def _read(
-        self,
-        requests: AsyncIterator[pb.DecodeRequest],
-        caller: Caller,
-        pending: asyncio.Queue[asyncio.Task[pb.DecodeResponse] | None],
-    ) -> None:
-        try:
-            async for request in requests:
-                self.metrics.requests.labels("DecodeStream").inc()
-                await pending.put(asyncio.create_task(self._answer(request, caller)))
-        finally:
-            await pending.put(None)
-
-    async def _answer(self, request: pb.DecodeRequest, caller: Caller) -> pb.DecodeResponse:
-        """A DecodeStream request's reply: the step's, or its failure as a reply."""
-        try:
-            return await self.decode(request, caller)
-        except RequestError as exc:
-            code, error = exc.code, str(exc)
-        except Exception as exc:  # a bug must not end the call (and free every stream on it) as UNKNOWN
-            log.exception("decode step failed")
-            code, error = grpc.StatusCode.INTERNAL, f"decode step failed: {type(exc).__name__}: {exc}"
-        self.metrics.errors.labels(code.name).inc()
-        return pb.DecodeResponse(stream_id=request.stream_id, refused=code.name, error=error)
-
     def release(self, request: pb.ReleaseRequest, caller: Caller) -> pb.ReleaseResponse:
         for stream_id in request.stream_ids:
             _check_stream_id(stream_id)
@@ -262,7 +213,7 @@ class DecodeService:
         except StreamError as exc:
             raise _refusal(exc) from None
         finally:
-            self._observe()
+            self.observe()
         return pb.ReleaseResponse(released=released)
 
     # -- inside --------------------------------------------------------------------------------------
@@ -298,7 +249,7 @@ class DecodeService:
         except StreamError as exc:
             raise _refusal(exc) from None
         finally:
-            self._observe()
+            self.observe()
 
     def _reply(
         self, request: pb.DecodeRequest, stream: Stream[EngineCache], result: StepResult, reply_dtype: int
@@ -322,7 +273,7 @@ class DecodeService:
         expired = self.table.expire()
         if expired:
             log.info("freed %d streams idle for more than %g s", expired, self.limits.idle_timeout_s)
-            self._observe()
+            self.observe()
         enough = self.freed_bytes >= TRIM_AFTER_BYTES or (self.freed_bytes and len(self.table) == 0)
         if enough and self.runtime.in_flight == 0:
             freed, self.freed_bytes = self.freed_bytes, 0
@@ -338,7 +289,7 @@ class DecodeService:
         else:
             self.metrics.released.inc()
 
-    def _observe(self) -> None:
+    def observe(self) -> None:
         stats = self.table.stats()
         self.metrics.streams_open.set(stats.streams)
         self.metrics.cache_bytes.set(stats.booked_bytes)
@@ -363,13 +314,6 @@ def _kind(start: int, asked: Asked) -> str:
     if start == 0:
         return "prefill"
     return "step" if asked.x.shape[1] == 1 else "verify"
-
-
-def _retrieve(task: asyncio.Task[pb.DecodeResponse]) -> None:
-    """A finished step nobody will read (its DecodeStream ended): take its outcome, so asyncio does not
-    log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _ms_since(started: float) -> float:

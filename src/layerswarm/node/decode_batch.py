@@ -76,11 +76,22 @@ class DecodeBatcher:
         self.calls = 0  # block calls (fewer than steps when steps merged)
         self._queue: deque[_Queued] = deque()
         self._busy = False
+        self._held = 0  # hold()s not yet released: steps queue, as if the block were busy
         self._worker: asyncio.Task[None] | None = None
 
     def idle(self) -> bool:
-        """Nothing computing or queued: a step may run at once."""
-        return not self._busy and not self._queue
+        """Nothing computing or queued, nor held: a step may run at once."""
+        return not self._busy and not self._queue and not self._held
+
+    def hold(self) -> None:
+        """Queue the steps that come from now on until release(), so that steps known to come together (one
+        DecodeBatch message's, decode_calls.py) run as one block call, not the first alone."""
+        self._held += 1
+
+    def release(self) -> None:
+        self._held -= 1
+        if not self._held:
+            self._start_batcher()
 
     def step_inline(self, step: DecodeStep) -> StepResult:
         """An idle block's step, computed here, on the caller's (the event loop's) thread: no hand-off to
@@ -93,12 +104,20 @@ class DecodeBatcher:
         return StepResult(out, ms, 1)
 
     async def step(self, step: DecodeStep) -> StepResult:
-        if self._busy or self._queue:
+        return await self.submit(step)
+
+    def submit(self, step: DecodeStep) -> asyncio.Future[StepResult]:
+        """The step queued, or started at once when the block is idle; its result to come. Synchronous,
+        so that the steps submitted in one event-loop turn are all queued by its end."""
+        if self._busy or self._queue or self._held:
             queued = _Queued(step, asyncio.get_running_loop().create_future())
             self._queue.append(queued)
             self._start_batcher()
-            return await queued.done
+            return queued.done
         self._busy = True
+        return asyncio.ensure_future(self._alone(step))
+
+    async def _alone(self, step: DecodeStep) -> StepResult:
         try:
             (out,), ms = await self.on_thread(self.compute, [step])
             self.calls += 1
@@ -109,7 +128,7 @@ class DecodeBatcher:
         return StepResult(out, ms, 1)
 
     def _start_batcher(self) -> None:
-        if self._queue and not self._busy and (self._worker is None or self._worker.done()):
+        if self._queue and not self._busy and not self._held and (self._worker is None or self._worker.done()):
             self._worker = asyncio.get_running_loop().create_task(self._drain(), name="decode-batcher")
 
     async def _drain(self) -> None:

@@ -57,6 +57,11 @@ class NodeMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.batch_steps = Counter(
+            "layerswarm_node_decode_batch_steps",
+            "Steps received in DecodeBatchStream messages (the messages: requests{rpc=DecodeBatchStream})",
+            registry=self.registry,
+        )
         self.batch_size = Histogram(
             "layerswarm_node_decode_batch_size",
             "Streams whose steps ran in one block call (continuous batching)",

@@ -23,6 +23,7 @@ from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 from .callers import caller_of, new_connection
 from .checks import RequestError, check_input_range, decoded, output_problem, reply_dtype_of
 from .decode import NOT_A_DECODER, DecodeService
+from .decode_calls import serve_batches, serve_stream
 from .metrics import NodeMetrics
 from .relay import MAX_DEADLINE_S, Relayer, RelayRefused
 from .runtime import BlockRuntime
@@ -166,8 +167,23 @@ class BlockService(pb_grpc.BlockNodeServicer):
             self.metrics.errors.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_A_DECODER)
             return
-        async for reply in self.decode.serve_stream(request_iterator, caller_of(context, new_connection())):
+        async for reply in serve_stream(self.decode, request_iterator, caller_of(context, new_connection())):
             yield reply
+
+    async def DecodeBatchStream(
+        self, request_iterator: AsyncIterator[pb.DecodeBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.DecodeBatchReply]:
+        """DecodeStream with many steps per message (node/decode_calls.py): one reply message per message."""
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, NOT_A_DECODER
+        if self.decode is not None:
+            try:
+                async for reply in serve_batches(self.decode, request_iterator, caller_of(context, new_connection())):
+                    yield reply
+                return
+            except RequestError as exc:
+                code, message = exc.code, str(exc)
+        self.metrics.errors.labels(code.name).inc()
+        await context.abort(code, message)
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         self.metrics.requests.labels("Release").inc()

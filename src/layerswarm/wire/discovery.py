@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 SERVICE_TYPE = "_layerswarm._tcp.local."
 PROTOCOL_VERSION = 1
+# Steps in one DecodeBatch message at most (DecodeBatchStream): a node ends a call that sends more with
+# INVALID_ARGUMENT; a coordinator splits its steps into messages of at most this many.
+MAX_DECODE_BATCH_STEPS = 64
 TXT_KEYS = ("family", "model", "block", "variant", "proto", "boot", "sha")
 # The gRPC service's full name (proto/layerswarm/v1/block.proto; tests/wire/test_wire.py checks), written once:
 # a node reports SERVING under it in grpc.health.v1 ("" is the whole server), and its methods' paths

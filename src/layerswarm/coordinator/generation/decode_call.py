@@ -25,7 +25,8 @@ import torch
 from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from ..membership.clients import ClientPool, DecodeLink
+from ..membership.clients import ClientPool
+from ..membership.decode_links import StepLink
 from ..membership.records import Evidence, NodeRecord
 from ..verification.ranges import hard_range_problem
 
@@ -81,7 +82,7 @@ class DecodeCaller:
     async def call(
         self,
         record: NodeRecord,
-        link: DecodeLink,
+        link: StepLink,
         stream_id: str,
         request_id: str,
         start: int,

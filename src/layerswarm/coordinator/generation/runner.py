@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..membership.clients import ClientPool, DecodeLink
+from ..membership.clients import ClientPool
+from ..membership.decode_links import StepLink
 from ..membership.records import NodeRecord
 from ..membership.registry import Registry
 from ..verification.decode_check import DecodeVerifier
@@ -317,7 +318,7 @@ class StreamRunner:
             self.on_failover("skipped")
         return None
 
-    def _link(self, s: StreamSession, record: NodeRecord) -> DecodeLink:
+    def _link(self, s: StreamSession, record: NodeRecord) -> StepLink:
         link = s.links.get(record.address)
         if link is None:
             link = s.links[record.address] = self.pool.get(record.address).decode_link()

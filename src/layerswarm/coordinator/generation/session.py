@@ -30,7 +30,7 @@ import torch
 
 from layerswarm.models.lm.generate import Sampling
 
-from ..membership.clients import DecodeLink
+from ..membership.decode_links import StepLink
 from ..membership.records import NodeRecord
 from .exits import ExitStats, ExitView, exit_view
 from .options import OFF, GenerationOptions, Speculation
@@ -168,7 +168,7 @@ class StreamSession:
     generated: list[int] = field(default_factory=list)
     trace: list[TraceEvent] = field(default_factory=list)
     holders: set[str] = field(default_factory=set)
-    links: dict[str, DecodeLink] = field(default_factory=dict)
+    links: dict[str, StepLink] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)  # nodes that failed this stream: not tried again
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None

@@ -9,8 +9,7 @@ signed for a node that has not given that proof."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,6 +21,13 @@ from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
 from layerswarm.wire.v1 import block_pb2_grpc as pb_grpc
 
+from .decode_links import DecodeLink, RefusedInStream
+from .decode_mux import DecodeMux, MuxLink
+from .rpc import call_rpc as _call
+from .rpc import unavailable as _unavailable
+
+__all__ = ["ClientPool", "DecodeLink", "MuxLink", "NodeClient", "NodeNotProven", "RefusedInStream"]
+
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 2000),
     ("grpc.keepalive_timeout_ms", 1000),
@@ -32,26 +38,10 @@ KEEPALIVE_OPTIONS = [
 MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
 CONTROL_MAX_BYTES = 1 << 20  # an Info or health reply: a few kB (Info lists at most 64 links)
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-T = TypeVar("T")
 
 
 class NodeNotProven(Exception):
     """The node could not prove it holds the swarm token: an impostor, or not of this swarm."""
-
-
-async def _call(awaitable: Awaitable[T]) -> T:
-    """Await one RPC. grpc.aio cancels the calls in flight on a channel that is closed (the health
-    monitor drops the channel of a node that left), and the awaiting coroutine then sees
-    asyncio.CancelledError although nobody cancelled it: that is an UNAVAILABLE failure of this call,
-    which the executor routes around. A real cancellation of the caller still propagates."""
-    try:
-        return await awaitable
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
-        if task is None or cancelling is None or cancelling():
-            raise
-        raise _unavailable("the call was cancelled under us: the channel to the node closed") from None
 
 
 async def _chain_events(call: Any, ack_timeout: float) -> list[pb.RelayEvent]:
@@ -87,6 +77,7 @@ class NodeClient:
     ) -> None:
         security = security or SecuritySettings()
         self.address = address
+        self.max_message_bytes = max_message_bytes
         self.transport = transport
         self.signer = CallSigner(security.token) if security.token else None
         self.channel = _channel(address, security, max_message_bytes, max_message_bytes)
@@ -102,6 +93,7 @@ class NodeClient:
         # answers UNIMPLEMENTED (a node older than RelayStream): then a Relay call per chain.
         self._relay_link = RelayLink(address, lambda: self.block.RelayStream(metadata=self._signed("RelayStream")))
         self._relay_streams = transport == "stream"
+        self._decode_mux: DecodeMux | None = None  # every generation stream's steps to this node (decode_link)
 
     async def forward(self, request: pb.ForwardRequest, timeout: float) -> pb.ForwardResponse:
         """One block forward. Raises grpc.aio.AioRpcError, or asyncio.TimeoutError past `timeout` (on
@@ -247,10 +239,15 @@ class NodeClient:
             self._learn(exc)
             raise
 
-    def decode_link(self) -> DecodeLink:
-        """A DecodeStream call of its own for one generation stream: its steps go over it in order, and
-        the node frees what was opened over it when it ends (the stream closed or this process went away)."""
-        return DecodeLink(self)
+    def decode_link(self) -> MuxLink | DecodeLink:
+        """One generation stream's way to this node: its steps go in order over the DecodeBatchStream
+        call this client shares among all its streams (decode_links.py: DecodeMux), or, with the unary
+        transport, as Decode calls. The node frees what was opened over a call when it ends."""
+        if self.transport == "unary":
+            return DecodeLink(self)
+        if self._decode_mux is None:
+            self._decode_mux = DecodeMux(self, self.max_message_bytes)
+        return MuxLink(self._decode_mux)
 
     async def release(self, stream_ids: list[str], timeout: float) -> int:
         """Free these streams' caches on the node; how many it held for us."""
@@ -280,98 +277,11 @@ class NodeClient:
         for call in self._idle:
             call.cancel()
         self._idle.clear()
+        if self._decode_mux is not None:
+            self._decode_mux.close()
         await self._relay_link.close()
         await self.channel.close()
         await self.control.close()
-
-
-class DecodeLink:
-    """One DecodeStream call to one node, for one generation stream's steps (replies come in order).
-
-    Opened on the first step; a call that failed, timed out or was cancelled is never reused (its state
-    is unknown): the next step opens a new one, and the node, which freed what the old call opened,
-    answers it FAILED_PRECONDITION or NOT_FOUND, which the caller turns into a rebuild. A node older than
-    DecodeStream (UNIMPLEMENTED) gets unary Decode calls from then on."""
-
-    def __init__(self, client: NodeClient) -> None:
-        self.client = client
-        self._call: Any = None
-        self._unary = client.transport == "unary"
-
-    async def step(self, request: pb.DecodeRequest, timeout: float) -> pb.DecodeResponse:
-        if self._unary:
-            return await self.client.decode(request, timeout)
-        if self._call is None or self._call.done():
-            self._call = self.client.block.DecodeStream(metadata=self.client._signed("DecodeStream"))
-        call = self._call
-        try:
-            return await _exchange_within(call, request, timeout)
-        except RefusedInStream:
-            raise  # one step refused; the call goes on for the next
-        except grpc.aio.AioRpcError as exc:
-            self._drop()
-            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-                self._unary = True
-                return await self.client.decode(request, timeout)
-            self.client._learn(exc)
-            raise
-        except asyncio.InvalidStateError as exc:  # the call ended under us (the node went away)
-            self._drop()
-            raise _unavailable(f"stream closed: {exc}") from exc
-        except BaseException:
-            self._drop()
-            raise
-
-    def _drop(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-
-    def close(self) -> None:
-        """End the call: the node frees every stream opened over it."""
-        self._drop()
-
-
-class RefusedInStream(grpc.aio.AioRpcError):  # type: ignore[misc]
-    """One step refused inside a DecodeStream (its reply's `refused` status name): the call stays open."""
-
-
-async def _exchange_within(call: Any, request: pb.DecodeRequest, timeout: float) -> pb.DecodeResponse:
-    """One step over the call, given up after `timeout` (asyncio.TimeoutError) by cancelling the call from a
-    timer: what asyncio.wait_for does, without the task it makes per step (a decode hop is a few hundred
-    microseconds on loopback, and every hop of every token pays it)."""
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        call.cancel()
-
-    timer = asyncio.get_running_loop().call_later(timeout, expire)
-    try:
-        return await _call(_decode_exchange(call, request))
-    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        if expired:  # our own cancel, seen as the call's end
-            raise asyncio.TimeoutError from None
-        raise
-    finally:
-        timer.cancel()
-
-
-async def _decode_exchange(call: Any, request: pb.DecodeRequest) -> pb.DecodeResponse:
-    await call.write(request)
-    reply = await call.read()
-    if reply is grpc.aio.EOF:
-        status = await call.code()
-        if status is not None and status is not grpc.StatusCode.OK:
-            details = await call.details()
-            raise grpc.aio.AioRpcError(status, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-        raise _unavailable("decode stream closed by the node")
-    refused = getattr(reply, "refused", "")  # a node answers a failed step in the stream, which stays open
-    if refused:
-        code = getattr(grpc.StatusCode, refused, grpc.StatusCode.UNKNOWN)
-        raise RefusedInStream(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=getattr(reply, "error", ""))
-    return reply
 
 
 def _channel(address: str, security: SecuritySettings, max_receive: int, max_send: int) -> grpc.aio.Channel:
@@ -384,10 +294,6 @@ def _channel(address: str, security: SecuritySettings, max_receive: int, max_sen
         options.append(("grpc.ssl_target_name_override", NODE_TLS_NAME))
         return grpc.aio.secure_channel(address, security.channel_credentials(), options=options)
     return grpc.aio.insecure_channel(address, options=options)
-
-
-def _unavailable(details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 
 
 class ClientPool:

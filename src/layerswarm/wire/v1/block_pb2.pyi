@@ -268,6 +268,18 @@ class DecodeResponse(_message.Message):
     error: str
     def __init__(self, stream_id: _Optional[str] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., length: _Optional[int] = ..., batched: _Optional[int] = ..., refused: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
+class DecodeBatch(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[DecodeRequest]
+    def __init__(self, steps: _Optional[_Iterable[_Union[DecodeRequest, _Mapping]]] = ...) -> None: ...
+
+class DecodeBatchReply(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[DecodeResponse]
+    def __init__(self, replies: _Optional[_Iterable[_Union[DecodeResponse, _Mapping]]] = ...) -> None: ...
+
 class ReleaseRequest(_message.Message):
     __slots__ = ("stream_ids",)
     STREAM_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,11 @@ class BlockNodeStub:
                 request_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeResponse.FromString,
                 _registered_method=True)
+        self.DecodeBatchStream = channel.stream_stream(
+                '/layerswarm.v1.BlockNode/DecodeBatchStream',
+                request_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeBatch.SerializeToString,
+                response_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeBatchReply.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/layerswarm.v1.BlockNode/Release',
                 request_serializer=layerswarm_dot_v1_dot_block__pb2.ReleaseRequest.SerializeToString,
@@ -145,6 +150,15 @@ class BlockNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecodeBatchStream(self, request_iterator, context):
+        """DecodeStream with many steps per message (DecodeBatch): one reply message per request message, in
+        order; the steps follow DecodeStream's rules (they belong to this call; a failed one is a reply).
+        A node without it answers UNIMPLEMENTED: the coordinator then keeps to DecodeStream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Free streams (the client finished or went away).
         """
@@ -194,6 +208,11 @@ def add_BlockNodeServicer_to_server(servicer, server):
                     servicer.DecodeStream,
                     request_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeRequest.FromString,
                     response_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeResponse.SerializeToString,
+            ),
+            'DecodeBatchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecodeBatchStream,
+                    request_deserializer=layerswarm_dot_v1_dot_block__pb2.DecodeBatch.FromString,
+                    response_serializer=layerswarm_dot_v1_dot_block__pb2.DecodeBatchReply.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -417,6 +436,33 @@ class BlockNode:
             '/layerswarm.v1.BlockNode/DecodeStream',
             layerswarm_dot_v1_dot_block__pb2.DecodeRequest.SerializeToString,
             layerswarm_dot_v1_dot_block__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecodeBatchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/layerswarm.v1.BlockNode/DecodeBatchStream',
+            layerswarm_dot_v1_dot_block__pb2.DecodeBatch.SerializeToString,
+            layerswarm_dot_v1_dot_block__pb2.DecodeBatchReply.FromString,
             options,
             channel_credentials,
             insecure,
