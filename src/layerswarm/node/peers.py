@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.wire.auth import NONCE_KEY, AuthError, CallSigner, info_identity
+from layerswarm.wire.channels import PEER_CHANNEL_OPTIONS
 from layerswarm.wire.discovery import HEALTH_SERVICE, METHOD_PREFIX
 from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
@@ -35,13 +36,6 @@ log = logging.getLogger(__name__)
 MAX_PEERS = 64  # channels kept open; the least recently used goes first
 PROBE_EVERY_S = 5.0  # a link in use gets a fresh round-trip probe at most this often
 PROBE_TIMEOUT_S = 2.0
-CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 2000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.enable_retries", 0),
-]
 
 
 class PeerRefused(Exception):
@@ -80,7 +74,7 @@ class PeerClient:
     def __init__(self, address: str, security: SecuritySettings, max_message_bytes: int) -> None:
         assert security.token is not None  # chains are MACed with it: no relay without one
         options: list[tuple[str, Any]] = [
-            *CHANNEL_OPTIONS,
+            *PEER_CHANNEL_OPTIONS,
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]

@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, info_identity, metadata_value
+from layerswarm.wire.channels import PEER_CHANNEL_OPTIONS
 from layerswarm.wire.discovery import METHOD_PREFIX
 from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
@@ -28,13 +29,6 @@ from .rpc import unavailable as _unavailable
 
 __all__ = ["ClientPool", "DecodeLink", "MuxLink", "NodeClient", "NodeNotProven", "RefusedInStream"]
 
-KEEPALIVE_OPTIONS = [
-    ("grpc.keepalive_time_ms", 2000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.enable_retries", 0),  # the coordinator decides what to retry, and where
-]
 MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
 CONTROL_MAX_BYTES = 1 << 20  # an Info or health reply: a few kB (Info lists at most 64 links)
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -286,7 +280,7 @@ class NodeClient:
 
 def _channel(address: str, security: SecuritySettings, max_receive: int, max_send: int) -> grpc.aio.Channel:
     options: list[tuple[str, Any]] = [
-        *KEEPALIVE_OPTIONS,
+        *PEER_CHANNEL_OPTIONS,
         ("grpc.max_receive_message_length", max_receive),
         ("grpc.max_send_message_length", max_send),
     ]
