@@ -194,3 +194,44 @@ def test_the_receive_limit_covers_a_full_batch_and_keeps_the_configured_ceiling(
     assert receive_limit(settings, vitb) == 64 * 197 * 768 * 4 + 64 * 197 * 8 + (1 << 20)  # 39.8 MB
     small = NodeSettings(model_dir=model_dir, block=0, max_message_bytes=1 << 20)
     assert receive_limit(small, vitb) == 1 << 20  # a lower configured ceiling wins
+
+
+@pytest.mark.parametrize("security", [TOKEN, SecuritySettings()], ids=["token", "no-token"])
+@pytest.mark.parametrize("down_s", [0.0, 1.5])
+async def test_a_restarted_node_is_readmitted_with_its_new_boot_by_health_checks_alone(
+    model_dir: Path, down_s: float, security: SecuritySettings
+) -> None:
+    """No request tells the coordinator that another process answers: its health checks must, a restart
+    quicker than ejection included (before, the coordinator kept the old boot's identity, and with a
+    token signed calls with the old boot's challenge until a request failed on them)."""
+    first = Node(NodeSettings(model_dir=model_dir, block=0, advertise=False, grace_s=0.1, security=security))
+    await first.start()
+    address = f"127.0.0.1:{first.port}"
+    settings = CoordinatorSettings(
+        model_dir=model_dir, peers=(address,), mdns=False, security=security, health_interval_s=0.2
+    )
+    coord = Coordinator(settings)
+    await coord.start()
+    again: Node | None = None
+    try:
+        await wait_until(lambda: states(coord).get(address) == "healthy", what="admission")
+        old_boot = coord.registry.nodes[address].identity.boot_id  # type: ignore[union-attr]
+        await first.stop()
+        await asyncio.sleep(down_s)
+        again = Node(first.settings.model_copy(update={"port": first.port}))
+        await again.start()
+        new_boot = again.boot_id
+
+        def readmitted() -> bool:
+            record = coord.registry.nodes[address]
+            boot_id = record.identity.boot_id if record.identity is not None else None
+            return record.state.value == "healthy" and boot_id == new_boot
+
+        await wait_until(readmitted, timeout=10, what="re-admission of the new boot")
+        assert new_boot != old_boot
+        result = await coord.router.classify(torch.rand(1, 3, 16, 16), ClassifyOptions(policy=Policy.SEQUENTIAL))
+        assert [hop.outcome for hop in result.path.hops] == ["ok"]  # signed for the new boot at once
+    finally:
+        await coord.stop()
+        if again is not None:
+            await again.stop()

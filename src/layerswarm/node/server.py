@@ -12,7 +12,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
 
 from layerswarm.models.config import ViTConfig
@@ -28,6 +27,7 @@ from .advertise import Advertised, Advertiser, advertised_addresses
 from .decode import DecodeService
 from .engines import BlockEngine, load_engine
 from .guard import CallGuard, CallLimits, MemoryKeeper
+from .health import BootHealthServicer
 from .metrics import NodeMetrics
 from .relay import Relayer
 from .runtime import BlockRuntime
@@ -92,7 +92,7 @@ class Node:
             settings.security, settings.max_message_bytes, streams=settings.relay_streams, block=settings.block
         )
         self.metrics = NodeMetrics(settings.block, self.manifest.model_id)
-        self.health = HealthServicer()
+        self.health = BootHealthServicer(self.boot_id)
         token = settings.security.token
         self.auth = NodeAuthenticator(token) if token else None
         # Credentials and call limits are decided before any message is read (guard.py); with TLS the

@@ -254,6 +254,10 @@ class CallSigner:
     def proven(self) -> bool:
         return self.challenge is not None and self.challenge == self.proven_challenge
 
+    def forget_proof(self) -> None:
+        """Another process answers at the node's address (a new boot id): it proves itself anew."""
+        self.proven_challenge = None
+
     def sign(self, method: str) -> tuple[str, str]:
         """The credentials header for one call to `method` (full gRPC name)."""
         if not self.proven or self.challenge is None:

@@ -20,6 +20,9 @@ TXT_KEYS = ("family", "model", "block", "variant", "proto", "boot", "sha")
 # (signed calls, the coordinator-only interceptor) start with METHOD_PREFIX.
 HEALTH_SERVICE = "layerswarm.v1.BlockNode"
 METHOD_PREFIX = f"/{HEALTH_SERVICE}/"
+# A node's boot id, in the trailing metadata of its health replies: a check that passes right through a
+# quick restart still shows a new process answers, whose identity must be read (and proved) again.
+BOOT_KEY = "layerswarm-boot"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ signed for a node that has not given that proof."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -16,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerswarm.wire.auth import CHALLENGE_KEY, NONCE_KEY, AuthError, CallSigner, info_identity, metadata_value
 from layerswarm.wire.channels import PEER_CHANNEL_OPTIONS
-from layerswarm.wire.discovery import METHOD_PREFIX
+from layerswarm.wire.discovery import BOOT_KEY, METHOD_PREFIX
 from layerswarm.wire.relay_stream import RelayLink
 from layerswarm.wire.security import NODE_TLS_NAME, SecuritySettings
 from layerswarm.wire.v1 import block_pb2 as pb
@@ -27,11 +28,18 @@ from .decode_mux import DecodeMux, MuxLink
 from .rpc import call_rpc as _call
 from .rpc import unavailable as _unavailable
 
-__all__ = ["ClientPool", "DecodeLink", "MuxLink", "NodeClient", "NodeNotProven", "RefusedInStream"]
+__all__ = ["ClientPool", "DecodeLink", "HealthReply", "MuxLink", "NodeClient", "NodeNotProven", "RefusedInStream"]
 
 MAX_IDLE_STREAMS = 8  # per node: enough for the concurrency one node sees, bounded
 CONTROL_MAX_BYTES = 1 << 20  # an Info or health reply: a few kB (Info lists at most 64 links)
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+MAX_BOOT_ID = 64  # a longer one is a stranger's junk: ignored
+
+
+@dataclass(frozen=True)
+class HealthReply:
+    serving: bool
+    boot_id: str  # "" from a node that does not name it (older than wire/discovery.py: BOOT_KEY)
 
 
 class NodeNotProven(Exception):
@@ -253,11 +261,25 @@ class NodeClient:
             raise
         return int(reply.released)
 
-    async def check_health(self, service: str, timeout: float) -> Any:
-        """grpc.health.v1 Check (its reply)."""
+    async def check_health(self, service: str, timeout: float) -> HealthReply:
+        """grpc.health.v1 Check, with the boot id the node's reply names."""
         request = health_pb2.HealthCheckRequest(service=service)
         metadata = self._signed_if_proven(HEALTH_CHECK)
-        return await _call(self.health.Check(request, timeout=timeout, metadata=metadata))
+        call = self.health.Check(request, timeout=timeout, metadata=metadata)
+        try:
+            reply = await _call(call)
+            trailing = await _call(call.trailing_metadata())
+        except grpc.aio.AioRpcError as exc:
+            self._learn(exc)
+            raise
+        boot_id = metadata_value(trailing, BOOT_KEY) or ""
+        serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+        return HealthReply(serving, boot_id if len(boot_id) <= MAX_BOOT_ID else "")
+
+    def forget_proof(self) -> None:
+        """A new process answers here: sign nothing for it until its Info proves the token again."""
+        if self.signer is not None:
+            self.signer.forget_proof()
 
     @staticmethod
     async def _exchange(call: Any, request: pb.ForwardRequest) -> pb.ForwardResponse:

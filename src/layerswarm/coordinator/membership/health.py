@@ -13,13 +13,12 @@ import logging
 import time
 
 import grpc
-from grpc_health.v1 import health_pb2
 
 from layerswarm.wire.discovery import HEALTH_SERVICE
 from layerswarm.wire.periodic import Periodic
 from layerswarm.wire.v1 import block_pb2 as pb
 
-from .clients import ClientPool, NodeNotProven
+from .clients import ClientPool, NodeClient, NodeNotProven
 from .linkmap import COORDINATOR
 from .records import NodeIdentity, NodeState, StreamLimits
 from .registry import Registry
@@ -120,11 +119,15 @@ class HealthMonitor:
         try:
             if record.identity is None or record.state is not NodeState.HEALTHY or client.needs_proof:
                 # Identity can change under one address (a restarted node): re-read it before re-admitting.
-                info = await client.info(self.timeout_s)
-                self.registry.admit(address, identity_from_info(info))
+                await self._identify(address, client)
             started = time.monotonic()
             reply = await client.check_health(HEALTH_SERVICE, self.timeout_s)
             self.registry.links.observe_rtt(COORDINATOR, address, (time.monotonic() - started) * 1e3)
+            if reply.boot_id and record.identity is not None and reply.boot_id != record.identity.boot_id:
+                # Restarted between two checks (never ejected): who answers now proves itself again.
+                log.info("%s answers with a new boot id: reading its identity again", address)
+                client.forget_proof()
+                await self._identify(address, client)
         except NodeNotProven as exc:
             self.registry.refuse(address, f"swarm authentication: {exc}")
             return False
@@ -134,8 +137,12 @@ class HealthMonitor:
             else:
                 self.registry.health_failed(address, f"health check: {exc.code().name}: {exc.details()}")
             return False
-        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+        if reply.serving:
             self.registry.health_ok(address)
             return record.state is not NodeState.IGNORED
         self.registry.eject(address, "node reports NOT_SERVING (draining)")
         return False
+
+    async def _identify(self, address: str, client: NodeClient) -> None:
+        info = await client.info(self.timeout_s)
+        self.registry.admit(address, identity_from_info(info))

@@ -176,8 +176,9 @@ class Registry:
         elif (contest := self._contest_of(identity)) is not None:
             record.proven = True
             self._set(record, NodeState.QUARANTINED, contest.reason)
-        elif new_boot and record.state in (NodeState.EJECTED, NodeState.QUARANTINED):
-            self._set(record, NodeState.HEALTHY, "restarted (new boot id)")  # an honest restart: back at once
+        elif new_boot and record.state in (NodeState.HEALTHY, NodeState.EJECTED, NodeState.QUARANTINED):
+            # An honest restart: back at once (announced even when quick enough never to leave HEALTHY).
+            self._set(record, NodeState.HEALTHY, "restarted (new boot id)", announce=True)
         elif record.state in (NodeState.PENDING, NodeState.IGNORED):
             record.proven = True
             self._set(record, NodeState.HEALTHY, "ok")
