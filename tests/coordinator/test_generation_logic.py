@@ -165,11 +165,19 @@ async def test_a_liar_is_convicted_and_the_stream_rebuilt_from_the_first_token_i
     liar_address = s.route[2].node.address  # type: ignore[union-attr]
     swarm.nodes[liar_address].lie_from = len(prompt) + 4  # honest through its prefill and first steps
     tokens: list[int] = []
+    freed_while_live = False
     logits = await g.prefill(s)
     async for delta in g.tokens(s, logits):
         if delta.token is not None:
             tokens.append(delta.token)
+        if any(e["kind"] == "convicted" for e in s.trace) and not freed_while_live:
+            await g.releases_done()  # the stream never returns to the liar: its cache there goes at once
+            assert swarm.nodes[liar_address].released == [s.id] and s.id in g.live
+            freed_while_live = True
     g.close(s)
+    await g.releases_done()
+    assert freed_while_live and swarm.nodes[liar_address].released == [s.id]  # freed once, not again at the end
+    assert swarm.held() == 0
     assert tokens == monolith(family[0], prompt)  # caught at its first lie, before a token was drawn from it
     convicted = [e for e in s.trace if e["kind"] == "convicted"]
     assert len(convicted) == 1 and convicted[0]["node"] == liar_address

@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-import grpc
 import torch
 
 from layerswarm.models import policy
@@ -47,6 +46,7 @@ from ..verification.decode_check import DecodeVerifier
 from .decode_call import DecodeCaller
 from .exits import ExitCheck, calibrated, resolve, top_probability
 from .options import GenerationOptions, InvalidGeneration, check_generation, parse_early_exit, parse_speculation
+from .releases import Releases
 from .routes import block_order, eligible, plan_route
 from .rows import RowLog
 from .runner import RouteRules, StreamRunner
@@ -57,7 +57,6 @@ from .stops import TextStream
 log = logging.getLogger(__name__)
 
 RECENT_STREAMS = 16  # finished streams kept for the page
-RELEASE_TIMEOUT_S = 2.0
 # A one-token stem or head call that takes at most this long runs on the event loop (_step_local): it holds
 # the loop up less than the thread hand-off costs (about 0.13 ms a call, docs/generation-coordinator.md).
 LOCAL_INLINE_MAX_MS = 0.5
@@ -139,12 +138,12 @@ class Generator:
         rules = RouteRules(manifest.model_id, self.config.shuffle_robust, self.min_depth, settings.prefill_chunk_tokens)
         calls = DecodeCaller(pool, wire, self.config.dim, settings.hop_timeout_s)
         failover = observer.failover if observer is not None else None
-        self.runner = StreamRunner(calls, pool, registry, verifier, rules, self.open_streams, failover)
+        self.releases = Releases(pool)
+        self.runner = StreamRunner(calls, pool, registry, verifier, rules, self.open_streams, self.releases, failover)
         self.live: dict[str, StreamSession] = {}
         self.recent: deque[StreamSession] = deque(maxlen=RECENT_STREAMS)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stem-head")
         self._step_ms: dict[int, float] = {}  # the stem's and the head's one-token calls, by module (EWMA)
-        self._releases: set[asyncio.Task[None]] = set()
         self.default_speculation = parse_speculation(settings.speculation)
         self.default_exit = parse_early_exit(settings.early_exit)
         self.calibrated_exit = calibrated(manifest)
@@ -287,28 +286,12 @@ class Generator:
         for link in s.links.values():
             link.close()
         s.links.clear()
-        task = asyncio.get_running_loop().create_task(self._release(s), name=f"release {s.request_id}")
-        self._releases.add(task)
-        task.add_done_callback(self._released)
+        self.releases.free(s.id, s.request_id, s.holders | s.dropped)
+        s.dropped.clear()
 
-    async def _release(self, s: StreamSession) -> None:
-        async def one(address: str) -> None:
-            try:
-                await self.pool.get(address).release([s.id], RELEASE_TIMEOUT_S)
-            except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:  # a dead node holds nothing
-                log.debug("%s: release on %s: %s", s.request_id, address, exc)
-
-        await asyncio.gather(*(one(address) for address in sorted(s.holders)))
-
-    async def releases_done(self, timeout: float = RELEASE_TIMEOUT_S + 1) -> None:
+    async def releases_done(self, timeout: float | None = None) -> None:
         """Wait (bounded) for the releases under way."""
-        if self._releases:
-            await asyncio.wait(set(self._releases), timeout=timeout)
-
-    def _released(self, task: asyncio.Task[None]) -> None:
-        self._releases.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("releasing a stream failed", exc_info=task.exception())
+        await self.releases.wait(timeout)
 
     def open_streams(self) -> Counter[str]:
         """Our live streams per node address (the planner keeps within each node's stated limit)."""

@@ -37,9 +37,14 @@ class Check:
 
 
 def drop_link(s: StreamSession, address: str) -> None:
+    """The stream is done with this node (it is in `s.failed`): end the link, and have its cache there
+    freed when the step ends (StreamRunner.advance), not at the stream's end."""
     link = s.links.pop(address, None)
     if link is not None:
-        link.close()  # the node frees what the call opened (the final Release is sent all the same)
+        link.close()
+    if address in s.holders:
+        s.holders.discard(address)
+        s.dropped.add(address)
 
 
 class Lies:

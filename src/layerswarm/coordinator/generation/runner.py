@@ -40,6 +40,7 @@ from ..verification.decode_check import DecodeVerifier
 from .decode_call import DecodeCaller, DecodeFailed, DecodeReply, Failure
 from .exits import ExitCheck, skip_rest
 from .lies import Check, Lies, Rewind, drop_link
+from .releases import Releases
 from .routes import choose, may_skip
 from .session import RouteSlot, StreamSession, TraceEvent
 
@@ -83,6 +84,7 @@ class StreamRunner:
         verifier: DecodeVerifier | None,
         rules: RouteRules,
         open_streams: Callable[[], Mapping[str, int]],
+        releases: Releases,
         on_failover: Callable[[str], None] | None = None,
     ) -> None:
         self.calls = calls
@@ -91,6 +93,7 @@ class StreamRunner:
         self.verifier = verifier
         self.rules = rules
         self.open_streams = open_streams
+        self.releases = releases
         self.on_failover = on_failover
         self.lies = Lies(verifier, registry, calls.wire)
 
@@ -98,6 +101,14 @@ class StreamRunner:
         """(1, T, D) states of tokens row .. row + T - 1 through the route; the route's output for them
         (after a rewind, for the tokens from the rewound one: the last row is always the newest token's).
         With `exit`, a single token may leave the route early (exits.py): its state where it left."""
+        try:
+            return await self._advance(s, x, row, exit)
+        finally:
+            if s.dropped and not s.closed:  # nodes this step gave up: free the stream's caches there now
+                self.releases.free(s.id, s.request_id, s.dropped)
+                s.dropped.clear()
+
+    async def _advance(self, s: StreamSession, x: torch.Tensor, row: int, exit: ExitCheck | None) -> torch.Tensor:
         position, rewinds = 0, 0
         while True:
             try:

@@ -12,7 +12,9 @@ keep going when a node fails.
                             (a lost cache is rebuilt elsewhere by replaying it)
       final                 the head's inputs (where a convicted last hop's replies went)
       holders, links        every node that may hold our cache (all released at the end), and the
-                            DecodeStream call to each
+                            way to each (decode_links.py)
+      dropped               nodes failed or convicted this step: the stream never returns to them, and
+                            its caches there are freed when the step ends, not at the stream's end
       trace                 rebuilt / skipped / convicted / hop_failed events, in order
       trips, speculation    trips through the route (the prefill's included), and with speculation on,
                             the draft's counts (SpeculationStats): drafted, accepted, the k last used
@@ -169,6 +171,7 @@ class StreamSession:
     trace: list[TraceEvent] = field(default_factory=list)
     holders: set[str] = field(default_factory=set)
     links: dict[str, StepLink] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)  # nodes dropped this step: freed when it ends (runner)
     failed: set[str] = field(default_factory=set)  # nodes that failed this stream: not tried again
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
