@@ -9,19 +9,24 @@ import types
 import typing
 from dataclasses import fields
 from pathlib import Path
+from typing import get_type_hints
 
 import httpx
 import pytest
 
 from layerswarm.client import (
     AsyncSwarmClient,
+    Attempt,
     BatchClassification,
     Classification,
+    Hop,
     Options,
     SwarmClient,
     SwarmError,
+    Trace,
 )
 from layerswarm.coordinator.http.schemas import ClassifyParams, ClassifyResponse
+from layerswarm.coordinator.routing.trace import AttemptJson, HopJson
 from layerswarm.harness.procs import Proc, coordinator_cmd, launch, stop_all, wait_for_ready_line
 
 from ..coordinator.test_kserve import png
@@ -60,6 +65,16 @@ def test_client_options_are_every_option_of_the_http_api() -> None:
 
 def test_client_results_read_every_field_of_the_http_answer() -> None:
     assert {f.name for f in fields(Classification)} == set(ClassifyResponse.model_fields)
+    assert {f.name for f in fields(Hop)} <= set(get_type_hints(HopJson))  # the client keeps what users read
+    assert {f.name for f in fields(Attempt)} == set(get_type_hints(AttemptJson))
+
+
+def test_a_substituted_hop_says_which_call_failed_and_why() -> None:
+    failed = {"node": "10.0.0.5:50051", "model_id": "m0", "block": 1, "error": "UNAVAILABLE: unreachable"}
+    hop = {"position": 1, "planned_block": 1, "block": 1, "node": "10.0.0.6:50051", "model_id": "m0"}
+    hop |= {"latency_ms": 3.0, "outcome": "substituted", "attempts": [failed]}
+    trace = Trace.from_json({"hops": [hop], "unreachable_blocks": [], "substituted": 1, "skipped": 0})
+    assert trace.hops[0].attempts == (Attempt("10.0.0.5:50051", "m0", 1, "UNAVAILABLE: unreachable"),)
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from .asynchronous import AsyncSwarmClient
 from .bodies import ImageInput, Options
 from .generation import GenerateOptions, Generation, StreamEvent, TokenEvent
 from .results import (
+    Attempt,
     BatchClassification,
     Classification,
     Hop,
@@ -38,6 +39,7 @@ from .sync import SwarmClient
 
 __all__ = [
     "AsyncSwarmClient",
+    "Attempt",
     "BatchClassification",
     "Classification",
     "GenerateOptions",

@@ -27,6 +27,16 @@ class Label:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """A call of a hop that failed (why it was substituted or skipped)."""
+
+    node: str
+    model_id: str | None
+    block: int
+    error: str
+
+
+@dataclass(frozen=True)
 class Hop:
     position: int
     planned_block: int
@@ -35,6 +45,7 @@ class Hop:
     model_id: str | None
     latency_ms: float
     outcome: str  # ok | hedged | substituted | skipped
+    attempts: tuple[Attempt, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,9 +57,16 @@ class Trace:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Trace:
-        fields = Hop.__dataclass_fields__
-        hops = tuple(Hop(**{k: v for k, v in h.items() if k in fields}) for h in data["hops"])
+        hops = tuple(_hop(h) for h in data["hops"])
         return cls(hops, tuple(data["unreachable_blocks"]), data["substituted"], data["skipped"])
+
+
+def _hop(data: dict[str, Any]) -> Hop:
+    fields = Hop.__dataclass_fields__
+    attempts = tuple(
+        Attempt(**{k: v for k, v in a.items() if k in Attempt.__dataclass_fields__}) for a in data.get("attempts", ())
+    )
+    return Hop(**{k: v for k, v in data.items() if k in fields and k != "attempts"}, attempts=attempts)
 
 
 def _path_fields(data: dict[str, Any]) -> dict[str, Any]:
