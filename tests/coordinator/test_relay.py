@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from layerswarm.coordinator import CoordinatorSettings, NodeClient, create_app
+from layerswarm.coordinator import ClassifyOptions, CoordinatorSettings, NodeClient, Policy, create_app
 from layerswarm.coordinator.membership.linkmap import LinkMap
 from layerswarm.coordinator.membership.records import NodeRecord
 from layerswarm.coordinator.relay.chain_trace import observe_relay_link
@@ -358,6 +358,35 @@ async def test_a_node_slower_than_the_hop_timeout_is_handed_back(tmp_path: Path)
         await coord.handbacks.wait()
         assert coord.registry.nodes[f"127.0.0.1:{served[1].port}"].failed == 1
         assert coord.registry.claims.get(f"127.0.0.1:{served[0].port}").confirmed == 1  # type: ignore[union-attr]
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_handed_back_step_takes_a_spare_block_never_one_the_route_runs_later(tmp_path: Path) -> None:
+    """Shuffled routes of 3 of 4 blocks; block 1's node stalls past the hop timeout (kept routable) and
+    is handed back. Its step then runs star with a spare block, which must be the one block the route
+    leaves out: a block the route runs later would be skipped at its own step, and the answer would
+    lose a block for the one it saved. Before the fix a relay's star step saw no later steps, so it
+    drew among both (half the time, or two thirds, the wrong one)."""
+    faults = [FaultSpec(), FaultSpec(delay_ms=1500), FaultSpec(), FaultSpec()]
+    served, coord = await in_process_relay_swarm(
+        tmp_path, faults, hop_timeout_s=0.4, eject_after=1000, verify_rate=None, min_blocks=1
+    )
+    try:
+        substituted = 0
+        for seed in range(12):
+            options = ClassifyOptions(policy=Policy.SHUFFLE, seed=seed, max_blocks=3, exit_rule="none")
+            path = (await coord.router.classify(images(), options)).path
+            planned = [h.planned_block for h in path.hops]
+            if 1 not in planned or planned.index(1) == len(planned) - 1:
+                continue  # block 1 last or not planned: no later block to protect
+            spare = ({0, 1, 2, 3} - set(planned)).pop()
+            ran = [h.block for h in path.hops if h.block is not None]
+            assert sorted(ran) == sorted({*planned, spare} - {1}), (seed, planned, ran, path.handbacks)
+            substituted += 1
+        assert substituted >= 4  # enough draws that the old code's coin would have shown
     finally:
         await coord.stop()
         for node in served:

@@ -76,6 +76,7 @@ class Resume:
     used: frozenset[int]  # block indices that already ran in the route
     path_length: int  # blocks in the whole route
     force_verify: bool = False  # re-execute every hop (a hop the verifier drew out of a relay chain)
+    later: frozenset[int] = frozenset()  # block indices the whole route still runs after this part
 
 
 @dataclass
@@ -94,6 +95,7 @@ class PathState:
     used: set[int] = field(default_factory=set)  # block indices that ran
     failed: set[str] = field(default_factory=set)  # nodes that failed: not tried again for this request
     planned_later: set[int] = field(default_factory=set)  # block indices still ahead in the plan
+    route_later: frozenset[int] = frozenset()  # ... and in the route beyond it (a resumed part's: Resume.later)
     deferred: bool = False  # confirm checks while the path goes on (deferred.py); False: each blocks its hop
     checks: PendingChecks = field(default_factory=PendingChecks)
 
@@ -140,6 +142,7 @@ class PathExecutor:
             first_position=0 if resume is None else resume.position,
             force_verify=resume is not None and resume.force_verify,
             used=set() if resume is None else set(resume.used),
+            route_later=frozenset() if resume is None else resume.later,
             deferred=self.verifier is not None and self.verifier.settings.deferred,
         )
         walk = Walk(x)
@@ -194,7 +197,9 @@ class PathExecutor:
                 else:
                     walk.hops.pop()
                 return PathResult(walk.x, walk.hops, plan.unreachable, anytime=True)
-            state.planned_later = {s.block for s in plan.steps[step_index + 1 :]}
+            # A spare must not take a block the route runs later: that block would then be skipped at
+            # its own step ("a substitute already ran this block index"), one block lost for one saved.
+            state.planned_later = {s.block for s in plan.steps[step_index + 1 :]} | state.route_later
             used, saved_exit = frozenset(state.used), exit_state(state.early_exit)
             won = await self._run_hop(walk.x, hop, step.candidates, state)
             if won is not None:
