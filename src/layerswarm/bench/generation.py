@@ -3,7 +3,8 @@
 - per-token decode latency of one stream (batch 1) against the floor of the same route, issue 40's:
   depth x a bare gRPC echo round trip of one token's activation (grpc_echo.py's raw stream) plus the
   monolith's own per-token compute (DecoderLM with its KV caches, one thread, the same prompt);
-- 16 concurrent streams' tokens/s against one stream's, through the same swarm;
+- 16 concurrent streams' tokens/s against one stream's, through the same swarm, with the swarm's CPU
+  per token (coordinator and nodes) and the ceiling it sets on this machine's cores;
 - self-speculative decoding at batch 1 against plain decoding, on a swarm of the exit-aware member
   (speculation.py): tokens/s, trips per token and the draft's acceptance, fixed k and adaptive; and, in a
   full run (not --quick), the same with every node on a host of its own behind a 100 Mbit/s link
@@ -19,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,7 @@ from layerswarm.wire import codec
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from . import speculation, speculation_lan
-from .fixtures import nodes
+from .fixtures import cpu_seconds, nodes
 from .grpc_echo import GrpcEcho
 
 MEMBER = "layershuffle-0"
@@ -88,17 +92,38 @@ def stream_gaps_s(http: httpx.Client) -> list[float]:
     return [b - a for a, b in itertools.pairwise(stamps)]
 
 
-async def tokens_per_s(base: str, streams: int) -> float:
-    """Tokens per second of `streams` concurrent greedy generations (the whole answer each)."""
+@dataclass
+class Throughput:
+    """`streams` concurrent generations, once: tokens per second, and the swarm's CPU seconds per token
+    (the coordinator's and every node's process, user + system, over the same interval)."""
+
+    tokens_per_s: float
+    cpu_s_per_token: float
+
+
+async def tokens_per_s(base: str, streams: int, pids: Sequence[int] = ()) -> Throughput:
+    """`streams` concurrent greedy generations (the whole answer each); CPU counted over `pids`."""
     body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
     limits = httpx.Limits(max_connections=streams + 2)
     async with httpx.AsyncClient(base_url=base, timeout=120.0, limits=limits) as http:
+        cpu = sum(cpu_seconds(pid) for pid in pids)
         started = time.perf_counter()
         replies = await asyncio.gather(*(http.post("/v1/generate", json=body) for _ in range(streams)))
         elapsed = time.perf_counter() - started
+        cpu = sum(cpu_seconds(pid) for pid in pids) - cpu
     for reply in replies:
         reply.raise_for_status()
-    return sum(int(r.json()["usage"]["completion_tokens"]) for r in replies) / elapsed
+    tokens = sum(int(r.json()["usage"]["completion_tokens"]) for r in replies)
+    return Throughput(tokens / elapsed, cpu / max(tokens, 1))
+
+
+def cpu_ceiling(one: float, cpu_s_per_token: float) -> dict[str, float]:
+    """What the CPU alone allows: this machine's cores kept busy at the measured CPU per token (no
+    waiting, no scheduling loss), in tokens/s and over one stream's tokens/s. A ratio target above
+    it cannot be met here without spending less CPU per token."""
+    cores = os.cpu_count() or 1
+    ceiling = cores / cpu_s_per_token
+    return {"cores": cores, "tokens_per_s": round(ceiling, 1), "over_1_stream": round(ceiling / one, 3)}
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -112,20 +137,24 @@ def run(quick: bool) -> dict[str, Any]:
         try:
             base = f"http://127.0.0.1:{coordinator.ready['port']}"
             gaps: list[float] = []
-            single, many = [], []
+            single: list[Throughput] = []
+            many: list[Throughput] = []
+            pids = [coordinator.pid, *(p.pid for p in procs)]
             with httpx.Client(base_url=base, timeout=60.0) as http:
                 wait_for_swarm(http, depth, 120)
                 for _ in range(rounds):
                     gaps += stream_gaps_s(http)
-                    single.append(asyncio.run(tokens_per_s(base, 1)))
-                    many.append(asyncio.run(tokens_per_s(base, CONCURRENT)))
+                    single.append(asyncio.run(tokens_per_s(base, 1, pids)))
+                    many.append(asyncio.run(tokens_per_s(base, CONCURRENT, pids)))
         finally:
             stop_all([coordinator])
     echo = asyncio.run(echo_round_trip_s(dim, 200 if quick else 1000))
     compute = monolith_per_token_s(member, prompt, 5 if quick else 20)
     per_token = statistics.median(gaps)
     floor = depth * echo + compute
-    one, sixteen = statistics.median(single), statistics.median(many)
+    one, sixteen = statistics.median(t.tokens_per_s for t in single), statistics.median(t.tokens_per_s for t in many)
+    cpu_one = statistics.median(t.cpu_s_per_token for t in single)
+    cpu_many = statistics.median(t.cpu_s_per_token for t in many)
     return {
         "model": f"zoo:lm/{MEMBER}",
         "depth": depth,
@@ -141,6 +170,11 @@ def run(quick: bool) -> dict[str, Any]:
         f"tokens_per_s_{CONCURRENT}_streams": round(sixteen, 1),
         f"streams_{CONCURRENT}_over_1": round(sixteen / one, 3),
         "target_streams_over_1": 8.0,
+        "swarm_cpu_ms_per_token": {
+            "1_stream": round(cpu_one * 1e3, 3),
+            f"{CONCURRENT}_streams": round(cpu_many * 1e3, 3),
+        },
+        f"cpu_ceiling_{CONCURRENT}_streams": cpu_ceiling(one, cpu_many),
         "speculation": speculation.run(quick),
         "speculation_lan": {"skipped": "a quick run"} if quick else speculation_lan.run(quick),
     }

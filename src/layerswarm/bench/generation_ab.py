@@ -81,8 +81,8 @@ def run(base_src: Path, rounds: int) -> dict[str, Any]:
                     gaps, cpu = _batch1(http, [*procs, coordinator])
                 seen[side]["gaps"] += gaps
                 seen[side]["cpu"].append(cpu)
-                seen[side]["one"].append(asyncio.run(tokens_per_s(base, 1)))
-                seen[side]["many"].append(asyncio.run(tokens_per_s(base, CONCURRENT)))
+                seen[side]["one"].append(asyncio.run(tokens_per_s(base, 1)).tokens_per_s)
+                seen[side]["many"].append(asyncio.run(tokens_per_s(base, CONCURRENT)).tokens_per_s)
     finally:
         for procs, coordinator in swarms.values():
             stop_all([coordinator, *procs])

@@ -451,6 +451,17 @@ def _generation(g: dict[str, Any]) -> list[str]:
             f"{g['streams_16_over_1']} (target >= {g['target_streams_over_1']})",
         ),
     ]
+    if "cpu_ceiling_16_streams" in g:  # reports before 2026-11-28 lack it
+        cpu, ceiling = g["swarm_cpu_ms_per_token"], g["cpu_ceiling_16_streams"]
+        rows += [
+            _row("swarm CPU ms per token, 1 stream", cpu["1_stream"], "-"),
+            _row("swarm CPU ms per token, 16 streams", cpu["16_streams"], "-"),
+            _row(
+                f"16 streams' CPU ceiling, tokens/s ({ceiling['cores']} cores always busy)",
+                ceiling["tokens_per_s"],
+                ceiling["over_1_stream"],
+            ),
+        ]
     lines = _table(title, ["measure", "value", "ratio"], rows)
     for key in ("speculation", "speculation_lan"):
         if key in g and "modes" in g[key]:
