@@ -4,6 +4,8 @@ and a node that refuses to forward along a chain the coordinator did not MAC."""
 from __future__ import annotations
 
 import itertools
+import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,9 @@ from layerswarm.coordinator import ClassifyOptions, CoordinatorSettings, NodeCli
 from layerswarm.coordinator.membership.linkmap import LinkMap
 from layerswarm.coordinator.membership.records import NodeRecord
 from layerswarm.coordinator.relay.chain_trace import observe_relay_link
+from layerswarm.coordinator.routing.executor import Resume
+from layerswarm.coordinator.routing.planner import Plan, Step
+from layerswarm.coordinator.routing.request import Request
 from layerswarm.harness.faults import FaultSpec, FaultyNode
 from layerswarm.harness.procs import Proc, stop_all
 from layerswarm.node.settings import NodeSettings
@@ -387,6 +392,41 @@ async def test_a_handed_back_step_takes_a_spare_block_never_one_the_route_runs_l
             assert sorted(ran) == sorted({*planned, spare} - {1}), (seed, planned, ran, path.handbacks)
             substituted += 1
         assert substituted >= 4  # enough draws that the old code's coin would have shown
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()
+
+
+async def test_a_resumed_step_never_asks_a_node_the_route_left_out(tmp_path: Path) -> None:
+    """A relay route runs its failed steps star one at a time (executor.Resume). A node the route left
+    out (it failed earlier in the request, or a hand-back named it) is not asked again, as a spare either:
+    block 0 has no node here, so its step takes a spare block, which must be block 2, never the left-out
+    node of block 1. Before, the resumed step knew only its own failures and drew either."""
+    served, coord = await in_process_relay_swarm(tmp_path, [FaultSpec()] * 3, verify_rate=None, min_blocks=1)
+    try:
+        left_out = f"127.0.0.1:{served[1].port}"
+        with torch.inference_mode():
+            x = coord.router.stem(images())
+        for seed in range(8):
+            request = Request(
+                options=ClassifyOptions(),
+                id=f"resumed-{seed}",
+                inputs=images(),
+                x=x,
+                policy=Policy.SHUFFLE,
+                seed=seed,
+                min_blocks=0,
+                anytime_min_blocks=0,
+                shuffle_robust=True,
+                deadline=time.monotonic() + 10.0,
+                anytime_deadline=None,
+            )
+            resume = Resume(position=0, used=frozenset(), path_length=1, avoid=frozenset({left_out}))
+            plan = Plan([Step(0, [])], [])
+            path = await coord.router.executor.run(x, plan, request, request.id, random.Random(seed), resume=resume)
+            (hop,) = path.hops
+            assert (hop.block, hop.outcome) == (2, "ok"), (seed, hop)
     finally:
         await coord.stop()
         for node in served:

@@ -173,8 +173,9 @@ class RelayRunner:
         """Step i as a star hop, with the executor's substitutes, deadlines and verification."""
         step = steps[i]
         candidates = [r for r in step.candidates if r.address not in run.avoid]
-        later = frozenset(s.block for s in steps[i + 1 :])
-        resume = Resume(run.depth, run.used, length, force_verify=force and self.verifier is not None, later=later)
+        later, avoid = frozenset(s.block for s in steps[i + 1 :]), frozenset(run.avoid)
+        force_verify = force and self.verifier is not None
+        resume = Resume(run.depth, run.used, length, force_verify=force_verify, later=later, avoid=avoid)
         plan = Plan([Step(step.block, candidates, step.repeat)], [])
         sub = await self.executor.run(run.x, plan, run.request, run.route_id, rng, resume=resume)
         run.x = sub.activations

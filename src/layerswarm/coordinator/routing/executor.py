@@ -77,6 +77,7 @@ class Resume:
     path_length: int  # blocks in the whole route
     force_verify: bool = False  # re-execute every hop (a hop the verifier drew out of a relay chain)
     later: frozenset[int] = frozenset()  # block indices the whole route still runs after this part
+    avoid: frozenset[str] = frozenset()  # nodes the route left out (failed, or named by a hand-back)
 
 
 @dataclass
@@ -143,6 +144,7 @@ class PathExecutor:
             force_verify=resume is not None and resume.force_verify,
             used=set() if resume is None else set(resume.used),
             route_later=frozenset() if resume is None else resume.later,
+            failed=set() if resume is None else set(resume.avoid),  # spares too pass them over
             deferred=self.verifier is not None and self.verifier.settings.deferred,
         )
         walk = Walk(x)
