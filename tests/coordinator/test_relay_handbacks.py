@@ -419,3 +419,71 @@ def test_liars_about_their_own_limits_never_bar_their_honest_predecessor() -> No
     assert registry.claims.may_follow("h1:1", "p:0")  # in that order only
     referee.discount("f:4", "n:3", (None, "f:4"), "it was given 0.001 s")  # the coordinator gave it its limits
     assert registry.claims.get("f:4").contradicted == 1  # type: ignore[union-attr]  # its own lie
+
+
+def _silent_after_acknowledging(node: FaultyNode) -> None:
+    """`node` acknowledges its step of a chain, then never sends its final event: what its caller sees
+    when it loses power or its link right after the acknowledgement (no connection reset)."""
+    relay = node.relayer.relay
+
+    async def silent(request: pb.RelayRequest, handle: Any) -> Any:
+        async for event in relay(request, handle):
+            yield event
+            if event.ack:
+                await asyncio.sleep(3600)
+
+    node.relayer.relay = silent  # type: ignore[method-assign]
+
+
+def _collect_never_answers(node: FaultyNode) -> None:
+    """`node` ends its chains as ever (acknowledgement and final event back along the chain) but its
+    result never reaches the coordinator's Collect: its link went down right after."""
+
+    async def never(*_: Any) -> None:
+        await asyncio.sleep(3600)
+
+    node.relayer.collect = never  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "silent_hop", "make_silent"),
+    [
+        ([0, 0, 1, 2], 0, _silent_after_acknowledging),
+        (REPLICATED, 1, _silent_after_acknowledging),
+        ([0, 1, 2, 2], 2, _collect_never_answers),
+    ],
+    ids=["first-node-after-its-ack", "middle-node-after-its-ack", "last-node-collect"],
+)
+async def test_a_node_gone_silent_mid_chain_costs_hop_timeouts_not_the_deadline(
+    tmp_path: Path, blocks: list[int], silent_hop: int, make_silent: Any
+) -> None:
+    """A node that goes silent inside a chain after acknowledging (or, ending it, whose result never
+    reaches the Collect) is handed back within the chain's hop timeouts (wire/relay_plan.rest_wait_s),
+    and the request answers in full on the block's other node. Before, the wait for the rest of the
+    chain, and for the Collect, ran to the request's deadline (here 20 s), which a home LAN test saw as
+    a request failed when a board lost power under load."""
+    served, coord = await in_process_relay_swarm(
+        tmp_path,
+        [FaultSpec()] * 4,
+        blocks=blocks,
+        verify_rate=None,
+        min_blocks=1,
+        hop_timeout_s=0.5,
+        request_timeout_s=20.0,
+    )
+    addresses = [f"127.0.0.1:{n.port}" for n in served]
+    try:
+        reference = await _classify(coord)
+        silent = reference.path.hops[silent_hop].node
+        make_silent(served[addresses.index(silent)])
+        started = asyncio.get_running_loop().time()
+        result = await coord.router.classify(images(), SEQ)
+        elapsed = asyncio.get_running_loop().time() - started
+        _answers_in_full(result, reference)
+        assert result.path.handbacks and silent not in {h.node for h in result.path.hops}, result.path.handbacks
+        assert "DEADLINE_EXCEEDED" in str(result.path.handbacks) or silent_hop == 2
+        assert elapsed < 4.0, (elapsed, result.path.handbacks)  # a few hop timeouts of 0.5 s, not 20 s
+    finally:
+        await coord.stop()
+        for node in served:
+            await node.stop()

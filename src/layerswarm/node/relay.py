@@ -23,7 +23,14 @@ from typing import Any
 import grpc
 
 from layerswarm.wire.auth import derive_key
-from layerswarm.wire.relay_plan import MAX_RELAY_HOPS, PlanError, check_plan, digest, handback_margin_s
+from layerswarm.wire.relay_plan import (
+    MAX_RELAY_HOPS,
+    PlanError,
+    check_plan,
+    digest,
+    handback_margin_s,
+    rest_wait_s,
+)
 from layerswarm.wire.security import SecuritySettings
 from layerswarm.wire.trace_check import entry_problem
 from layerswarm.wire.trace_sign import TraceSigner, rest_digest, rest_digests
@@ -224,9 +231,13 @@ class Relayer:
             self.peers.observe(nxt.address, own.sent_bytes, send_ms)
             self.peers.probe_soon(peer)
             own.rtt_ms = self.peers.rtt_ms(nxt.address)
-            final = await _read(call, deadline - time.monotonic())
+            rest_s = rest_wait_s(len(request.chain) - request.index - 2, request.hop_timeout_s)
+            final = await _read(call, min(deadline - time.monotonic(), rest_s))
             if final is None:
-                return hand_back("DEADLINE_EXCEEDED: the rest of the chain did not finish within its deadline")
+                return hand_back(
+                    f"DEADLINE_EXCEEDED: the rest of the chain did not finish within its deadline or {rest_s:.3g} s "
+                    "of the acknowledgement (its hop timeouts)"
+                )
         except grpc.aio.AioRpcError as exc:
             if peer is not None:
                 peer.refused(exc)

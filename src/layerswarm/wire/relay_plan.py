@@ -19,6 +19,7 @@ from .v1 import block_pb2 as pb
 
 MAX_RELAY_HOPS = 64  # steps in one chain: a block index runs at most once per path (plus repeats)
 HANDBACK_MARGIN_S = 0.25  # at most; a hand-back of a 302 KB activation takes 24 ms at 100 Mbit/s
+REST_SLACK = 1.25  # rest_wait_s: each later step's hop timeout, and a quarter of one more for the way back
 
 
 class PlanError(Exception):
@@ -67,6 +68,18 @@ def check_plan(key: bytes, request: pb.RelayRequest, max_hops: int = MAX_RELAY_H
 
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def rest_wait_s(steps_after: int, hop_timeout_s: float) -> float:
+    """How long the caller of a chain's node waits for that node's final event once it has acknowledged:
+    each of the `steps_after` steps after it may take the hop timeout to acknowledge (the rule every
+    node holds the next one to), with a quarter of it to spare each, and a quarter for the final
+    event's way back. The waits nest: a node that goes silent after acknowledging (power lost, a link
+    cut: no connection reset) is handed back by the node before it a quarter of a hop timeout before
+    that node's own caller would give up, so the hand-back names it while the request still has time
+    to go on. Before, every such wait ran to the chain's deadline, which is the request's: a node lost
+    at the wrong moment cost the request its whole deadline, and with it the answer."""
+    return hop_timeout_s * (REST_SLACK * max(steps_after, 0) + REST_SLACK - 1)
 
 
 def handback_margin_s(deadline_s: float) -> float:

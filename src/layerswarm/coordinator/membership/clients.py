@@ -46,26 +46,37 @@ class NodeNotProven(Exception):
     """The node could not prove it holds the swarm token: an impostor, or not of this swarm."""
 
 
-async def _chain_events(call: Any, ack_timeout: float) -> list[pb.RelayEvent]:
+async def _chain_events(call: Any, ack_timeout: float, final_timeout: float) -> list[pb.RelayEvent]:
     """A Relay call's acknowledgement and final event, then the call ended: a chain has no more, so
     what a node sends after them (or acknowledgements past the first) is neither kept nor waited for.
-    The first event must come within `ack_timeout` (see NodeClient.relay)."""
+    The first event must come within `ack_timeout`, the final one within `final_timeout` of it (see
+    NodeClient.relay)."""
     events: list[pb.RelayEvent] = []
     try:
         try:
             event = await asyncio.wait_for(call.read(), ack_timeout)
         except asyncio.TimeoutError:
             raise _no_acknowledgement(ack_timeout) from None
+        acked = asyncio.get_running_loop().time()
         while event is not grpc.aio.EOF:
             if not event.ack:
                 events.append(event)
                 break
             if not events:
                 events.append(event)
-            event = await call.read()
+            left = acked + final_timeout - asyncio.get_running_loop().time()
+            try:
+                event = await asyncio.wait_for(call.read(), max(left, 0.001))
+            except asyncio.TimeoutError:
+                raise _no_final_event(final_timeout) from None
     finally:
         call.cancel()  # a no-op once the call has ended
     return events
+
+
+def _no_final_event(final_timeout: float) -> grpc.aio.AioRpcError:
+    details = f"relay chain: no final event within {final_timeout:.3g} s of the acknowledgement"
+    return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 def _no_acknowledgement(ack_timeout: float) -> grpc.aio.AioRpcError:
@@ -178,30 +189,36 @@ class NodeClient:
         return reply
 
     async def relay(
-        self, request: pb.RelayRequest, timeout: float, ack_timeout: float | None = None
+        self,
+        request: pb.RelayRequest,
+        timeout: float,
+        ack_timeout: float | None = None,
+        final_timeout: float | None = None,
     ) -> list[pb.RelayEvent]:
         """Start a relay chain at this node; its events (acknowledgement, then the final one). Raises
-        grpc.aio.AioRpcError: DEADLINE_EXCEEDED past `timeout`, or when the node's acknowledgement (sent
-        once its own block has run) has not come within `ack_timeout`. The coordinator passes its hop
-        timeout, the rule every node applies to the next one: a first node that stalls costs a hop, not
-        the whole deadline."""
+        grpc.aio.AioRpcError: DEADLINE_EXCEEDED past `timeout`, when the node's acknowledgement (sent
+        once its own block has run) has not come within `ack_timeout`, or the final event within
+        `final_timeout` of it. The coordinator passes its hop timeout and the chain's rest wait
+        (wire/relay_plan.rest_wait_s), the rules every node applies to the next one: a first node that
+        stalls costs a hop, not the whole deadline."""
         ack_timeout = timeout if ack_timeout is None else min(ack_timeout, timeout)
+        final_timeout = timeout if final_timeout is None else final_timeout
         try:
             if self._relay_streams:
                 try:
-                    return await _call(self._relay_on_stream(request, timeout, ack_timeout))
+                    return await _call(self._relay_on_stream(request, timeout, ack_timeout, final_timeout))
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
                         raise
                     self._relay_streams = False  # nothing ran: the same request as a call
             call = self.block.Relay(request, timeout=timeout, metadata=self._signed("Relay"))
-            return await _call(_chain_events(call, ack_timeout))
+            return await _call(_chain_events(call, ack_timeout, final_timeout))
         except grpc.aio.AioRpcError as exc:
             self._learn(exc)
             raise
 
     async def _relay_on_stream(
-        self, request: pb.RelayRequest, timeout: float, ack_timeout: float
+        self, request: pb.RelayRequest, timeout: float, ack_timeout: float, final_timeout: float
     ) -> list[pb.RelayEvent]:
         linked = await self._relay_link.send(request)
         loop = asyncio.get_running_loop()
@@ -212,13 +229,14 @@ class NodeClient:
                 events.append(await asyncio.wait_for(linked.read(), ack_timeout))
             except asyncio.TimeoutError:
                 raise _no_acknowledgement(ack_timeout) from None
+            acked = loop.time()
+            final_by = min(deadline, acked + final_timeout)
             while events[-1].ack:  # then the final event
-                left = max(deadline - loop.time(), 0.001)
-                events.append(await asyncio.wait_for(linked.read(), left))
-        except asyncio.TimeoutError:
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), details="relay chain"
-            ) from None
+                left = max(final_by - loop.time(), 0.001)
+                try:
+                    events.append(await asyncio.wait_for(linked.read(), left))
+                except asyncio.TimeoutError:
+                    raise _no_final_event(final_by - acked) from None
         finally:
             linked.cancel()  # however it went, stop listening for this chain
         return events

@@ -31,7 +31,7 @@ import grpc
 import torch
 
 from layerswarm.wire import codec
-from layerswarm.wire.relay_plan import digest, plan_mac
+from layerswarm.wire.relay_plan import digest, plan_mac, rest_wait_s
 from layerswarm.wire.v1 import block_pb2 as pb
 
 from ..membership.clients import ClientPool
@@ -211,7 +211,8 @@ class RelayRunner:
         started = time.monotonic()
         collect = asyncio.ensure_future(self.pool.get(chain[-1].address).collect(rid, left))
         try:
-            events = await self.pool.get(chain[0].address).relay(request, left, self.hop_timeout_s)
+            rest_s = rest_wait_s(len(chain) - 1, self.hop_timeout_s)
+            events = await self.pool.get(chain[0].address).relay(request, left, self.hop_timeout_s, rest_s)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:  # 3.10: asyncio's own TimeoutError
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
@@ -265,7 +266,7 @@ class RelayRunner:
         if broken is None and handed_back:
             result = final.activations if final is not None else None
         elif broken is None:
-            result = await _collected(collect)
+            result = await _collected(collect, self.hop_timeout_s)
         if not collect.done():
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
@@ -355,10 +356,18 @@ def _trace_key(record: NodeRecord) -> bytes:
     return record.identity.trace_key if record.identity is not None else b""
 
 
-async def _collected(collect: asyncio.Future[pb.ForwardResponse]) -> pb.Tensor | None:
-    """The Collect opened with the chain: its result, or None (logged) when it failed."""
+async def _collected(collect: asyncio.Future[pb.ForwardResponse], timeout_s: float) -> pb.Tensor | None:
+    """The Collect opened with the chain: its result, or None (logged) when it failed or has not come
+    within `timeout_s` of the chain's final event. The last node puts its result out before it even
+    acknowledges, so by the final event the result is on its way: one that has not come within a hop
+    timeout is not coming (the last node went silent), and waiting on it to the request's deadline
+    would leave no time to run the chain's steps again."""
+    done, _ = await asyncio.wait({collect}, timeout=timeout_s)
+    if not done:
+        log.info("relay collect: no result within %.3g s of the chain's final event", timeout_s)
+        return None
     try:
-        return (await collect).activations
+        return collect.result().activations
     except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:  # 3.10: asyncio's own TimeoutError
         log.info("relay collect failed: %s", exc)
         return None
