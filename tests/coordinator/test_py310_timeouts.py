@@ -179,7 +179,7 @@ async def test_collects_that_time_out_give_no_result(as_on_python_310: type[Exce
     async def timed_out() -> pb.ForwardResponse:
         raise asyncio.TimeoutError()
 
-    assert await chains._collected(asyncio.ensure_future(timed_out())) is None
+    assert await chains._collected(asyncio.ensure_future(timed_out()), 1.0) is None
     runner, _registry, segment, _run = _runner(_Client("collect"))
     sent = pb.RelayRequest(forward=pb.ForwardRequest(request_id="rid-c1"), hop_timeout_s=0.5)
     assert await runner._collect_signed(segment[-1][1], sent, "0" * 64) is None
