@@ -172,11 +172,10 @@ class RelayRunner:
     async def _star(self, run: _Run, steps: list[Step], i: int, length: int, rng: random.Random, force: bool) -> int:
         """Step i as a star hop, with the executor's substitutes, deadlines and verification."""
         step = steps[i]
-        candidates = [r for r in step.candidates if r.address not in run.avoid]
         later, avoid = frozenset(s.block for s in steps[i + 1 :]), frozenset(run.avoid)
         force_verify = force and self.verifier is not None
         resume = Resume(run.depth, run.used, length, force_verify=force_verify, later=later, avoid=avoid)
-        plan = Plan([Step(step.block, candidates, step.repeat)], [])
+        plan = Plan([Step(step.block, step.candidates, step.repeat)], [])  # avoid: Resume's
         sub = await self.executor.run(run.x, plan, run.request, run.route_id, rng, resume=resume)
         run.x = sub.activations
         run.hops.extend(sub.hops)
@@ -267,6 +266,11 @@ class RelayRunner:
             result = final.activations if final is not None else None
         elif broken is None:
             result = await _collected(collect, self.hop_timeout_s)
+            if not collect.done():  # no answer at all: asking the silent last node again costs another hop timeout
+                last = len(trace) - 1
+                broken = Broken(
+                    last, "the last node's result did not come within a hop timeout of its final event", last
+                )
         if not collect.done():
             collect.cancel()
             await asyncio.gather(collect, return_exceptions=True)
