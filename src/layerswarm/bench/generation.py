@@ -8,7 +8,8 @@
 - self-speculative decoding at batch 1 against plain decoding, on a swarm of the exit-aware member
   (speculation.py): tokens/s, trips per token and the draft's acceptance, fixed k and adaptive; and, in a
   full run (not --quick), the same with every node on a host of its own behind a 100 Mbit/s link
-  (speculation_lan.py: network namespaces, root).
+  (speculation_lan.py: network namespaces, root): tbf's links, which add no delay, and a user-space
+  switch's with LAN_DELAYS_MS of one-way delay (the kernel here has no netem).
 
 The route: the shipped decoder zoo:lm/layershuffle-0 (6 blocks, 64 wide), a node process per block and a
 coordinator (fp32 wire), all on this machine. A stream's per-token latency is the median gap between its
@@ -47,6 +48,7 @@ from .grpc_echo import GrpcEcho
 
 MEMBER = "layershuffle-0"
 PROMPT = "The for statement is used to iterate over the elements of a sequence"
+LAN_DELAYS_MS = (0.25, 0.5, 1.0, 2.0)  # one way, host to host: round trips of 0.5 to 4 ms a hop
 TOKENS = 24  # per stream; the model may end a stream earlier with its end token
 CONCURRENT = 16
 
@@ -177,4 +179,5 @@ def run(quick: bool) -> dict[str, Any]:
         f"cpu_ceiling_{CONCURRENT}_streams": cpu_ceiling(one, cpu_many),
         "speculation": speculation.run(quick),
         "speculation_lan": {"skipped": "a quick run"} if quick else speculation_lan.run(quick),
+        "speculation_lan_delay": [] if quick else [speculation_lan.run(quick, d) for d in LAN_DELAYS_MS],
     }

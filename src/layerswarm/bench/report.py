@@ -463,14 +463,16 @@ def _generation(g: dict[str, Any]) -> list[str]:
             ),
         ]
     lines = _table(title, ["measure", "value", "ratio"], rows)
-    for key in ("speculation", "speculation_lan"):
-        if key in g and "modes" in g[key]:
-            lines += ["", *_speculation(g[key])]
+    for s in [g.get("speculation", {}), g.get("speculation_lan", {}), *g.get("speculation_lan_delay", [])]:
+        if "modes" in s:
+            lines += ["", *_speculation(s)]
     return lines
 
 
 def _speculation(s: dict[str, Any]) -> list[str]:
     where = f", each on a host behind a {s['link_mbit']} Mbit/s link" if "link_mbit" in s else " on loopback"
+    if "one_way_delay_ms" in s:
+        where += f" with {s['one_way_delay_ms']} ms one way from host to host (a user-space switch)"
     title = (
         f"**Self-speculative decoding, batch 1** ({s['model']}: {s['depth']} node processes{where}, drafting with "
         f"{s['draft_depth']} blocks at the coordinator; {s['prompts']} prompts x {s['tokens_per_stream']} tokens, "

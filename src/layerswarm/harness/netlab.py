@@ -6,6 +6,10 @@ inside a private network namespace (the bridge is created in the caller's namesp
 
 Host namespaces are held by a `sleep` process made with `unshare --net`; commands enter them with
 `nsenter`, so no global state (/run/netns) is left behind if the test dies.
+
+The LAN is a kernel bridge joined by veth pairs, or, given a `Link` (a rate and a one-way delay), a
+user-space switch joined by TAP devices (harness/delayswitch.py): the kernel here has no netem, so a
+LAN whose round trips cost what a real one's do needs the switch.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from layerswarm.harness.delayswitch import Link
 from layerswarm.harness.netns import in_private_netns
 
 log = logging.getLogger(__name__)
@@ -52,7 +58,7 @@ class Host:
     name: str
     address: str
     holder: subprocess.Popen[bytes]
-    veth: str
+    veth: str  # the LAN side of its link: a veth on the bridge, or the name of its switch port
     own_mounts: bool = False  # a mount namespace of its own too (its own disk: see NetLab.add_host)
 
     @property
@@ -73,6 +79,8 @@ class NetLab:
     bridge: str = "lsbr0"
     hosts: list[Host] = field(default_factory=list)
     gateway: str = f"{SUBNET}.1"
+    link: Link | None = None  # a switch with this rate and delay instead of a bridge
+    switch: subprocess.Popen[str] | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -87,11 +95,39 @@ class NetLab:
         reason = self.available()
         if reason:
             raise NetLabError(reason)
-        _ip("link", "add", self.bridge, "type", "bridge")
+        if self.link is None:
+            _ip("link", "add", self.bridge, "type", "bridge")
+        else:
+            self._start_switch()
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         _ip("route", "replace", "224.0.0.0/4", "dev", self.bridge)  # mDNS goes over the LAN, not loopback
         return self
+
+    def _start_switch(self) -> None:
+        assert self.link is not None
+        cmd = [sys.executable, "-m", "layerswarm.harness.delayswitch", "--mbit", str(self.link.mbit)]
+        cmd += ["--delay-ms", str(self.link.delay_s * 1000)]
+        self.switch = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._switch_port(self.bridge)  # this namespace's own port: the coordinator's side of the LAN
+
+    def _switch_port(self, name: str) -> None:
+        assert self.switch is not None and self.switch.stdin is not None and self.switch.stdout is not None
+        self.switch.stdin.write(f"add {name}\n")
+        self.switch.stdin.flush()
+        answer = self.switch.stdout.readline().strip()
+        if answer != f"ok {name}":
+            raise NetLabError(f"switch port {name}: {answer or 'the switch exited'}")
+
+    def _plug(self, veth: str, pid: int) -> None:
+        """The host's end of its link into its namespace as eth0, the other end on the LAN."""
+        if self.link is None:
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(pid))
+            _ip("link", "set", veth, "master", self.bridge, "up")
+        else:  # the switch holds the TAP's fd, which keeps working in the host's namespace
+            self._switch_port(veth)
+            _ip("link", "set", veth, "netns", str(pid))
+            _ip("link", "set", veth, "name", "eth0", netns_pid=pid)
 
     def add_host(self, name: str, own_mounts: bool = False, links_first: Sequence[tuple[str, str]] = ()) -> Host:
         """A host on the LAN at the next address. `own_mounts`: a private mount namespace too, so that
@@ -108,8 +144,7 @@ class NetLab:
                 _ip("link", "add", link, "type", "bridge", netns_pid=holder.pid)
                 _ip("addr", "add", cidr, "dev", link, netns_pid=holder.pid)
                 _ip("link", "set", link, "up", netns_pid=holder.pid)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
-            _ip("link", "set", veth, "master", self.bridge, "up")
+            self._plug(veth, holder.pid)
             address = f"{SUBNET}.{index}"
             for args in (
                 ("link", "set", "lo", "up"),
@@ -132,7 +167,12 @@ class NetLab:
             host.holder.kill()
             host.holder.wait(5)
         self.hosts.clear()
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        if self.switch is not None:  # its TAP devices go with it
+            self.switch.kill()
+            self.switch.wait(5)
+            self.switch = None
+        else:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
 
     def __enter__(self) -> NetLab:
         return self.start()

@@ -103,10 +103,14 @@ def slow_start_after_idle(on: bool, host: Host | None = None) -> None:
 
 def shaped_hosts(lab: NetLab, count: int, prefix: str, mbit: float) -> list[Host]:
     """`count` new hosts on the lab's LAN, each link shaped to `mbit` both ways, TCP's slow start after
-    idle off on both ends (a hop after a pause would otherwise restart from a small window)."""
+    idle off on both ends (a hop after a pause would otherwise restart from a small window). A lab on a
+    delaying switch shapes there (the TAP devices have no veth end here for tbf)."""
+    if lab.link is not None and lab.link.mbit != mbit:
+        raise NetLabError(f"the lab's switch runs its links at {lab.link.mbit} Mbit/s, not {mbit}")
     hosts = [lab.add_host(f"{prefix}{i}") for i in range(count)]
     slow_start_after_idle(False)
     for host in hosts:
-        shape(host, mbit)
+        if lab.link is None:
+            shape(host, mbit)
         slow_start_after_idle(False, host)
     return hosts
