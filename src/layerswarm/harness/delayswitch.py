@@ -24,7 +24,6 @@ import os
 import selectors
 import struct
 import sys
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -52,7 +51,7 @@ def open_tap(name: str) -> int:
 class Port:
     name: str
     fd: int
-    up_free: float = 0.0  # when this host's uplink is free again (monotonic seconds)
+    up_free: float = 0.0  # when this host's uplink is free again (the loop's clock, seconds)
     down_free: float = 0.0  # when the switch's link down to this host is free again
     queue: deque[tuple[float, bytes]] = field(default_factory=deque)  # (due, frame), due non-decreasing
     timer: asyncio.TimerHandle | None = None
@@ -75,7 +74,6 @@ class Switch:
         self.loop = loop
         self.ports: list[Port] = []
         self.where: dict[bytes, Port] = {}  # source MAC -> the port it was last seen on
-        self.dropped = 0
 
     def add(self, name: str) -> Port:
         port = Port(name, open_tap(name))
@@ -93,7 +91,7 @@ class Switch:
                 log.info("port %s closed: %s", port.name, exc)
                 self.loop.remove_reader(port.fd)
                 return
-            self._carry(port, frame, time.monotonic())
+            self._carry(port, frame, self.loop.time())
 
     def _carry(self, src: Port, frame: bytes, now: float) -> None:
         if len(frame) < 14:
@@ -111,23 +109,19 @@ class Switch:
     def _enqueue(self, port: Port, due: float, frame: bytes) -> None:
         port.queue.append((due, frame))
         if port.timer is None:
-            port.timer = self.loop.call_at(self._loop_time(due), self._deliver, port)
-
-    def _loop_time(self, due: float) -> float:
-        # The loop's clock is time.monotonic on Linux, but say so rather than assume it.
-        return due - time.monotonic() + self.loop.time()
+            port.timer = self.loop.call_at(due, self._deliver, port)
 
     def _deliver(self, port: Port) -> None:
         port.timer = None
-        now = time.monotonic()
-        while port.queue and port.queue[0][0] <= now + 50e-6:
+        now = self.loop.time()
+        while port.queue and port.queue[0][0] <= now + 50e-6:  # frames due within the timer's slack go too
             _, frame = port.queue.popleft()
             try:
                 os.write(port.fd, frame)
-            except OSError:  # the host's interface is down (a pulled cable): the frame is lost
-                self.dropped += 1
+            except OSError as exc:  # the host's interface is down (a pulled cable): the frame is lost
+                log.debug("frame for %s lost: %s", port.name, exc)
         if port.queue:
-            port.timer = self.loop.call_at(self._loop_time(port.queue[0][0]), self._deliver, port)
+            port.timer = self.loop.call_at(port.queue[0][0], self._deliver, port)
 
 
 async def serve(link: Link) -> None:
@@ -135,7 +129,10 @@ async def serve(link: Link) -> None:
     switch = Switch(link, loop)
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := (await reader.readline()).decode().split():
+    while raw := await reader.readline():  # until stdin closes: the lab is done
+        line = raw.decode().split()
+        if not line:
+            continue
         if line[0] == "add" and len(line) == 2:
             try:
                 switch.add(line[1])
