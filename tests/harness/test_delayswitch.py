@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from layerswarm.harness.delayswitch import Link
-from layerswarm.harness.netlab import Host, NetLab
-from layerswarm.harness.shaping import measure_mbps
+from layerswarm.harness.delayswitch import Link, SwitchProcess
+from layerswarm.harness.netlab import Host, NetLab, NetLabError
+from layerswarm.harness.shaping import measure_mbps, shaped_hosts
 
 ECHO = """
 import socket, sys
@@ -145,6 +145,32 @@ def test_multicast_reaches_every_host_and_a_pulled_cable_loses_frames_until_plug
         assert _ping(a, b, count=3)[0] == 0
         b.link(True)
         assert _ping(a, b, count=10)[0] >= 9  # the first may wait on the neighbour cache
+
+
+def test_the_control_pipe_answers_every_command_and_a_blank_line_changes_nothing() -> None:
+    _needs_lab()
+    switch = SwitchProcess(Link(100, 0.001))
+    try:
+        assert switch.ask("add lsx1") == "ok lsx1"
+        assert switch.ask("add lsx1").startswith("error lsx1")  # the name is taken
+        assert switch.ask("add " + "x" * 16).startswith("error")  # longer than an interface name may be
+        assert switch.ask("frobnicate lsx1").startswith("error unknown command")
+        assert switch.proc.stdin is not None
+        switch.proc.stdin.write("\n")
+        assert switch.ask("add lsx2") == "ok lsx2"  # the blank line did not shut the switch down
+        assert switch.ask("del lsx1") == "ok lsx1"
+        assert subprocess.run(["ip", "link", "show", "lsx1"], capture_output=True, check=False).returncode != 0
+        assert switch.ask("del lsx1") == "error lsx1: no such port"
+    finally:
+        switch.stop()
+    assert switch.proc.returncode == 0  # it left on its stdin's end, not killed
+    assert subprocess.run(["ip", "link", "show", "lsx2"], capture_output=True, check=False).returncode != 0
+
+
+def test_a_lab_on_a_switch_refuses_hosts_shaped_to_another_rate() -> None:
+    _needs_lab()
+    with NetLab(link=Link(20, 0.001)) as lab, pytest.raises(NetLabError, match="20"):
+        shaped_hosts(lab, 1, "h", 100)
 
 
 def test_the_switch_names_the_flag_it_refuses() -> None:

@@ -7,22 +7,28 @@ the emulated LAN (harness/netlab.py) had rate limits but no latency, and a round
 what it costs on loopback. Here every port is a TAP device this process holds; the lab moves each into
 a host's network namespace as its eth0 (the fd keeps working across namespaces). A frame from port A to
 port B leaves A's uplink at the link rate, arrives `delay` later, and is written into B after B's
-downlink carried it at the same rate: each direction of each host link is a serializing link, as on a
-switched LAN with a propagation delay. Broadcast, multicast (mDNS) and unknown destinations flood.
+downlink carried it at the same rate: each direction of each host link is a serializing link with a
+propagation delay, and a port's queue holds QUEUE_FRAMES frames before it drops (drop-tail). Broadcast,
+multicast (mDNS) and unknown destinations flood. The switch is a Python process: on the machine it
+emulates a LAN for, it spends CPU on every frame and adds its own wake-up to every delivery.
 
-Ports are added at run time over stdin: a line `add NAME` makes TAP NAME and answers `ok NAME` (or
-`error ...`); the switch runs until stdin closes or it is killed. Needs root (CAP_NET_ADMIN).
+Ports are added at run time over stdin (`SwitchProcess` drives it): a line `add NAME` makes TAP NAME,
+`del NAME` removes it, each answered `ok NAME` or `error ...`; the switch runs until stdin closes or it
+is killed. Needs root (CAP_NET_ADMIN).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
+import select
 import selectors
 import struct
+import subprocess
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,11 +39,15 @@ TUNSETIFF = 0x400454CA
 IFF_TAP = 0x0002
 IFF_NO_PI = 0x1000
 FRAME_MAX = 65536
+QUEUE_FRAMES = 1000  # a port's queue, as a Linux interface's default txqueuelen: beyond it frames drop
+NAME_MAX = 15  # IFNAMSIZ less its terminating NUL
 OVERHEAD_BYTES = 24  # preamble, frame check and inter-frame gap: what a wire carries beside the frame
 
 
 def open_tap(name: str) -> int:
     """A new TAP device `name`, its fd non-blocking (frames in and out without a packet-info header)."""
+    if not 0 < len(name.encode()) <= NAME_MAX:
+        raise OSError(f"an interface name takes 1 to {NAME_MAX} bytes, not {name!r}")
     fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
     try:
         fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), IFF_TAP | IFF_NO_PI))
@@ -81,15 +91,31 @@ class Switch:
         self.loop.add_reader(port.fd, self._read, port)
         return port
 
+    def drop(self, name: str) -> bool:
+        """Unplug port `name`: its TAP device goes with its fd. False when there is no such port."""
+        port = next((p for p in self.ports if p.name == name), None)
+        if port is None:
+            return False
+        self._unplug(port)
+        return True
+
+    def _unplug(self, port: Port) -> None:
+        self.loop.remove_reader(port.fd)
+        if port.timer is not None:
+            port.timer.cancel()
+        os.close(port.fd)
+        self.ports.remove(port)
+        self.where = {mac: p for mac, p in self.where.items() if p is not port}
+
     def _read(self, port: Port) -> None:
         for _ in range(64):  # a burst at a time, then let the timers run
             try:
                 frame = os.read(port.fd, FRAME_MAX)
             except BlockingIOError:
                 return
-            except OSError as exc:  # the namespace holding the device is gone: stop reading it
+            except OSError as exc:  # the namespace holding the device is gone: the port with it
                 log.info("port %s closed: %s", port.name, exc)
-                self.loop.remove_reader(port.fd)
+                self._unplug(port)
                 return
             self._carry(port, frame, self.loop.time())
 
@@ -107,6 +133,10 @@ class Switch:
                 self._enqueue(port, port.down_free, frame)
 
     def _enqueue(self, port: Port, due: float, frame: bytes) -> None:
+        if len(port.queue) >= QUEUE_FRAMES:  # a full queue drops the newest frame, as a switch's buffer does
+            log.debug("queue for %s full: a frame dropped", port.name)
+            port.down_free -= self.link.wire_s(len(frame))  # it never takes the link
+            return
         port.queue.append((due, frame))
         if port.timer is None:
             port.timer = self.loop.call_at(due, self._deliver, port)
@@ -130,17 +160,54 @@ async def serve(link: Link) -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while raw := await reader.readline():  # until stdin closes: the lab is done
-        line = raw.decode().split()
-        if not line:
-            continue
-        if line[0] == "add" and len(line) == 2:
-            try:
-                switch.add(line[1])
-                print(f"ok {line[1]}", flush=True)
-            except OSError as exc:
-                print(f"error {line[1]}: {exc}", flush=True)
-        else:
-            print(f"error unknown command {' '.join(line)!r}", flush=True)
+        line = raw.decode(errors="replace").split()
+        if line:
+            print(_command(switch, line), flush=True)
+
+
+def _command(switch: Switch, line: list[str]) -> str:
+    """`add NAME` or `del NAME`; the answer is `ok NAME` or `error ...`."""
+    if len(line) == 2 and line[0] == "add":
+        try:
+            switch.add(line[1])
+        except OSError as exc:
+            return f"error {line[1]}: {exc}"
+        return f"ok {line[1]}"
+    if len(line) == 2 and line[0] == "del":
+        return f"ok {line[1]}" if switch.drop(line[1]) else f"error {line[1]}: no such port"
+    return f"error unknown command {' '.join(line)!r}: add NAME or del NAME"
+
+
+class SwitchProcess:
+    """This module run as a child process, and its ports added and removed over its stdin."""
+
+    def __init__(self, link: Link) -> None:
+        cmd = [sys.executable, "-m", "layerswarm.harness.delayswitch", "--mbit", str(link.mbit)]
+        cmd += ["--delay-ms", str(link.delay_s * 1000)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, command: str, timeout: float = 10.0) -> str:
+        """Send one command, return the switch's answer ("" when it exited or took over `timeout`)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the switch is gone
+            return ""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline().strip() if ready else ""
+
+    def stop(self) -> None:
+        """Close its stdin (it exits, its TAP devices with it); kill it if it does not within 5 s."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with contextlib.suppress(OSError):  # a switch that died leaves a broken pipe: nothing to tell it
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> int:

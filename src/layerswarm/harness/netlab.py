@@ -17,12 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerswarm.harness.delayswitch import Link
+from layerswarm.harness.delayswitch import Link, SwitchProcess
 from layerswarm.harness.netns import in_private_netns
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ class Host:
         return ["nsenter", "-t", str(self.pid), "-n", *(["-m"] if self.own_mounts else []), *cmd]
 
     def link(self, up: bool) -> None:
-        """Pull or plug the host's cable (its end of the veth pair)."""
+        """Pull or plug the host's cable (its eth0: a veth's end, or a TAP of the switch's)."""
         _ip("link", "set", "eth0", "up" if up else "down", netns_pid=self.pid)
 
 
@@ -80,7 +79,7 @@ class NetLab:
     hosts: list[Host] = field(default_factory=list)
     gateway: str = f"{SUBNET}.1"
     link: Link | None = None  # a switch with this rate and delay instead of a bridge
-    switch: subprocess.Popen[str] | None = None
+    switch: SwitchProcess | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -95,29 +94,25 @@ class NetLab:
         reason = self.available()
         if reason:
             raise NetLabError(reason)
-        if self.link is None:
-            _ip("link", "add", self.bridge, "type", "bridge")
-        else:
-            self._start_switch()
-        _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
-        _ip("route", "replace", "224.0.0.0/4", "dev", self.bridge)  # mDNS goes over the LAN, not loopback
+        try:
+            if self.link is None:
+                _ip("link", "add", self.bridge, "type", "bridge")
+            else:
+                self.switch = SwitchProcess(self.link)
+                self._switch_port(self.bridge)  # this namespace's own port: the coordinator's side of the LAN
+            _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            _ip("route", "replace", "224.0.0.0/4", "dev", self.bridge)  # mDNS goes over the LAN, not loopback
+        except NetLabError:
+            self.stop()
+            raise
         return self
 
-    def _start_switch(self) -> None:
-        assert self.link is not None
-        cmd = [sys.executable, "-m", "layerswarm.harness.delayswitch", "--mbit", str(self.link.mbit)]
-        cmd += ["--delay-ms", str(self.link.delay_s * 1000)]
-        self.switch = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._switch_port(self.bridge)  # this namespace's own port: the coordinator's side of the LAN
-
     def _switch_port(self, name: str) -> None:
-        assert self.switch is not None and self.switch.stdin is not None and self.switch.stdout is not None
-        self.switch.stdin.write(f"add {name}\n")
-        self.switch.stdin.flush()
-        answer = self.switch.stdout.readline().strip()
+        assert self.switch is not None
+        answer = self.switch.ask(f"add {name}")
         if answer != f"ok {name}":
-            raise NetLabError(f"switch port {name}: {answer or 'the switch exited'}")
+            raise NetLabError(f"switch port {name}: {answer or 'the switch exited or did not answer'}")
 
     def _plug(self, veth: str, pid: int) -> None:
         """The host's end of its link into its namespace as eth0, the other end on the LAN."""
@@ -156,7 +151,10 @@ class NetLab:
         except NetLabError:
             holder.kill()
             holder.wait(5)
-            subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False)
+            if self.switch is not None:
+                self.switch.ask(f"del {veth}")  # "error ...: no such port" when it never made it
+            else:
+                subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False)
             raise
         host = Host(name, address, holder, veth, own_mounts)
         self.hosts.append(host)
@@ -168,8 +166,7 @@ class NetLab:
             host.holder.wait(5)
         self.hosts.clear()
         if self.switch is not None:  # its TAP devices go with it
-            self.switch.kill()
-            self.switch.wait(5)
+            self.switch.stop()
             self.switch = None
         else:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
