@@ -132,7 +132,9 @@ class NetLab:
         index = len(self.hosts) + 10
         mounts = ["--mount", "--propagation", "private"] if own_mounts else []
         holder = subprocess.Popen(["unshare", "--net", *mounts, "sleep", "86400"])
-        veth = f"lsv{index}"
+        # The switch's ports take names of their own: a bridge lab's veth of the same index can outlive
+        # its lab briefly (a namespace is torn down in the background), and a TAP cannot take its name.
+        veth = f"{'lsv' if self.link is None else 'lsw'}{index}"
         try:
             _wait_for_own_netns(holder.pid)  # else the veth's far end lands in *our* namespace
             for link, cidr in links_first:
@@ -162,6 +164,8 @@ class NetLab:
 
     def stop(self) -> None:
         for host in self.hosts:
+            if self.link is None:  # at once: a namespace's own teardown runs in the background, later
+                subprocess.run(["ip", "link", "del", host.veth], capture_output=True, check=False)
             host.holder.kill()
             host.holder.wait(5)
         self.hosts.clear()
