@@ -37,6 +37,12 @@ def test_generation_suite_reports_ratios_against_its_own_baselines(tmp_path: Pat
     assert ceiling["tokens_per_s"] == pytest.approx(ceiling["cores"] * 1e3 / cpu["16_streams"], rel=1e-2)
     assert ceiling["over_1_stream"] == pytest.approx(ceiling["tokens_per_s"] / g["tokens_per_s_1_stream"], rel=1e-2)
     assert g["tokens_per_s_16_streams"] <= ceiling["tokens_per_s"] * 1.05  # CPU bounds what was measured
+    need = ceiling["cpu_ms_per_token_for_target"]  # 2 cores / (8 x one stream's tokens/s)
+    assert need["one_stream_as_measured"] == pytest.approx(
+        ceiling["cores"] * 1e3 / (8 * g["tokens_per_s_1_stream"]), rel=1e-2
+    )
+    faster = g["batch1_per_token_ms"] / (1.5 * g["floor_ms"])  # a lone stream this much faster at the target
+    assert need["one_stream_at_batch1_target"] == pytest.approx(need["one_stream_as_measured"] / faster, rel=1e-2)
     spec = g["speculation"]
     assert spec["identical_to_plain"] is True  # greedy speculation gave plain decoding's tokens
     modes = spec["modes"]

@@ -31,3 +31,5 @@ def test_token_time_splits_a_token_by_the_differences_between_rungs(tmp_path: Pa
     assert split["block_compute"] == pytest.approx(depth * hop["compute_ms"], abs=1e-3)
     total = sum(v for k, v in split.items() if k != "stem_head_alone")
     assert total == pytest.approx(t["http_per_token_ms"], abs=0.01)  # the parts add up to the HTTP figure
+    relay = t["relay_floor"]  # a bare chain of as many processes, beside a bare star (the route is checked)
+    assert relay["hops"] == depth and relay["star_ms"] > 0 and relay["chain_ms"] > 0

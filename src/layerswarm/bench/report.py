@@ -462,6 +462,12 @@ def _generation(g: dict[str, Any]) -> list[str]:
                 ceiling["over_1_stream"],
             ),
         ]
+        need = ceiling.get("cpu_ms_per_token_for_target")  # reports before 2026-11-29 lack it
+        if need:
+            rows += [
+                _row("CPU ms per token 8x would need, 1 stream as measured", need["one_stream_as_measured"], "-"),
+                _row("the same, 1 stream at the batch-1 target", need["one_stream_at_batch1_target"], "-"),
+            ]
     lines = _table(title, ["measure", "value", "ratio"], rows)
     for s in [g.get("speculation", {}), g.get("speculation_lan", {}), *g.get("speculation_lan_delay", [])]:
         if "modes" in s:

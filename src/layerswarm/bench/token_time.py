@@ -12,6 +12,9 @@ from the bottom up, each rung adding one layer, so a difference between rungs is
                 between tokens, and the CPU per token of this process and of the nodes
     http        a coordinator process streaming over HTTP (`POST /v1/generate`, server-sent events)
 
+Beside the ladder, `relay_floor` (relay_floor.py): the same token through as many bare gRPC processes,
+star-wise and chain-wise, the most a decoder relay chain could save on messages here.
+
 Rounds interleave the rungs, so a busy machine slows all of them alike. Nothing is asserted: the parts
 are for docs/generation-coordinator.md ("Where a token's time goes").
 """
@@ -43,6 +46,7 @@ from layerswarm.wire.v1 import block_pb2 as pb
 
 from .fixtures import cpu_seconds, nodes
 from .generation import MEMBER, PROMPT, TOKENS, echo_round_trip_s, stream_gaps_s
+from .relay_floor import star_and_chain_ms
 
 STEPS = 100  # per hop round (a stream's context is 128 tokens: one stream a round)
 
@@ -174,6 +178,8 @@ def run(quick: bool) -> dict[str, Any]:
             finally:
                 stop_all([coordinator])
         echo = _ms(asyncio.run(echo_round_trip_s(dim, 200 if quick else 1000)))
+        payload = pb.ForwardRequest(activations=codec.encode(torch.zeros(1, 1, dim))).SerializeToString()
+        relay = asyncio.run(star_and_chain_ms(depth, payload, 100 if quick else 500))
         stem_head = stem_head_ms(member, 200)
     finally:
         torch.set_num_threads(torch_threads)
@@ -186,6 +192,7 @@ def run(quick: bool) -> dict[str, Any]:
         "stem_head_ms": stem_head,
         **parts,
         "split": split(depth, echo, stem_head, parts),
+        "relay_floor": relay,
         "load_average": [round(before[0], 2), round(os.getloadavg()[0], 2)],
     }
 

@@ -1,0 +1,148 @@
+"""What a relay chain could save on messages alone, before anyone builds one for decoder streams.
+
+A star token is H round trips from the coordinator (2H messages); a chain is one message to the first
+node, H - 1 from node to node and one back (H + 1). Here H bare gRPC processes (grpc.aio, raw bytes: no
+protobuf, no checks, no compute) carry one token's activation both ways, interleaved:
+
+    star   the client writes to each process's reused stream in turn and reads its echo
+    chain  the client writes to the first process's Chain stream; each process forwards to the next over
+           its own reused stream, and the last hands the bytes to the client over a Collect stream the
+           client holds open
+
+Each process appends its index to the bytes, and the client checks that both ways went 0, 1, ..., H - 1.
+`saved_ms` is what a chain could take off a token here if nothing else in a hop changed: the most a
+decoder relay chain could buy on messaging (it would add a node's own checks per forward, and remove
+the coordinator's per-hop work, neither of which is in this figure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import statistics
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+SERVICE = "layerswarm.bench.RelayFloor"
+OPTIONS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)]
+WARMUP = 30
+
+
+def _handlers(index: int, next_port: int | None) -> dict[str, grpc.RpcMethodHandler]:
+    collected: asyncio.Queue[bytes] = asyncio.Queue()
+    onward: dict[str, Any] = {}
+
+    async def star(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield request + bytes([index])
+
+    async def chain(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for request in requests:
+            out = request + bytes([index])
+            if next_port is None:
+                collected.put_nowait(out)
+                continue
+            if "call" not in onward:  # one reused stream to the next process, as a node's PeerPool keeps
+                channel = grpc.aio.insecure_channel(f"127.0.0.1:{next_port}", options=OPTIONS)
+                onward["channel"], onward["call"] = channel, channel.stream_stream(f"/{SERVICE}/Chain")()
+            await onward["call"].write(out)
+        yield b""
+
+    async def collect(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        while True:
+            yield await collected.get()
+
+    return {
+        "Star": grpc.stream_stream_rpc_method_handler(star),
+        "Chain": grpc.stream_stream_rpc_method_handler(chain),
+        "Collect": grpc.unary_stream_rpc_method_handler(collect),
+    }
+
+
+async def _serve(conn: Any, index: int) -> None:
+    server = grpc.aio.server(options=OPTIONS)
+    port = server.add_insecure_port("127.0.0.1:0")
+    conn.send(port)
+    next_port = conn.recv()  # None for the last process
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, _handlers(index, next_port)),))
+    await server.start()
+    conn.send("ready")
+    await server.wait_for_termination()
+
+
+def _process(conn: Any, index: int) -> None:
+    asyncio.run(_serve(conn, index))
+
+
+class _Swarm:
+    """H spawned processes, a reused Star stream to each, a Chain stream to the first, Collect from the last."""
+
+    def __init__(self, hops: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for i in range(hops):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_process, args=(child, i), daemon=True)
+            proc.start()
+            self.pipes.append(parent)
+            self.procs.append(proc)
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        ports = [await loop.run_in_executor(None, p.recv) for p in self.pipes]
+        for pipe, next_port in zip(self.pipes, [*ports[1:], None], strict=True):
+            pipe.send(next_port)
+        for pipe in self.pipes:
+            await loop.run_in_executor(None, pipe.recv)
+        self.channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=OPTIONS) for p in ports]
+        self.stars = [c.stream_stream(f"/{SERVICE}/Star")() for c in self.channels]
+        self.chain = self.channels[0].stream_stream(f"/{SERVICE}/Chain")()
+        self.collect = self.channels[-1].unary_stream(f"/{SERVICE}/Collect")(b"")
+
+    async def star_trip(self, payload: bytes) -> bytes:
+        for stream in self.stars:
+            await stream.write(payload)
+            payload = await stream.read()
+        return payload
+
+    async def chain_trip(self, payload: bytes) -> bytes:
+        await self.chain.write(payload)
+        reply: bytes = await self.collect.read()
+        return reply
+
+    async def close(self) -> None:
+        for call in [*self.stars, self.chain, self.collect]:
+            call.cancel()
+        for channel in self.channels:
+            await channel.close()
+        for proc in self.procs:
+            proc.terminate()
+            proc.join(5)
+
+
+async def star_and_chain_ms(hops: int, payload: bytes, trips: int) -> dict[str, float]:
+    """Median ms of a token's trip through `hops` bare processes, star-wise and chain-wise, interleaved
+    (which goes first alternates, so a busy machine slows both alike)."""
+    swarm = _Swarm(hops)
+    try:
+        await swarm.open()
+        route = bytes(range(hops))
+        ways = {"star": swarm.star_trip, "chain": swarm.chain_trip}
+        times: dict[str, list[float]] = {"star": [], "chain": []}
+        for n in range(WARMUP + trips):
+            for name in ("star", "chain") if n % 2 else ("chain", "star"):
+                started = time.perf_counter()
+                reply = await ways[name](payload)
+                elapsed = time.perf_counter() - started
+                if reply != payload + route:
+                    went = list(reply[len(payload) :])
+                    raise RuntimeError(f"{name}: the bytes came back by {went}, not {list(route)}")
+                if n >= WARMUP:
+                    times[name].append(elapsed)
+    finally:
+        await swarm.close()
+    star, chain = statistics.median(times["star"]) * 1e3, statistics.median(times["chain"]) * 1e3
+    return {"hops": hops, "star_ms": round(star, 3), "chain_ms": round(chain, 3), "saved_ms": round(star - chain, 3)}

@@ -1,0 +1,24 @@
+"""bench/relay_floor.py: a token really goes through every bare process in order, both ways."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from layerswarm.bench import relay_floor
+
+
+def test_star_and_chain_carry_the_token_through_every_process_in_order() -> None:
+    out = asyncio.run(relay_floor.star_and_chain_ms(4, b"token", 20))
+    assert out["hops"] == 4 and out["star_ms"] > 0 and out["chain_ms"] > 0
+    assert out["saved_ms"] == pytest.approx(out["star_ms"] - out["chain_ms"], abs=2e-3)
+
+
+def test_a_chain_that_skips_a_process_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def short_chain(self: relay_floor._Swarm, payload: bytes) -> bytes:
+        return payload + bytes(range(len(self.procs) - 1))  # the last process never saw it
+
+    monkeypatch.setattr(relay_floor._Swarm, "chain_trip", short_chain)
+    with pytest.raises(RuntimeError, match="chain: the bytes came back by"):
+        asyncio.run(relay_floor.star_and_chain_ms(3, b"token", 5))
