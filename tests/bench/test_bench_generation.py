@@ -34,6 +34,7 @@ def test_generation_suite_reports_ratios_against_its_own_baselines(tmp_path: Pat
     assert g["streams_16_over_1"] == pytest.approx(g["tokens_per_s_16_streams"] / g["tokens_per_s_1_stream"], rel=1e-2)
     cpu, ceiling = g["swarm_cpu_ms_per_token"], g["cpu_ceiling_16_streams"]
     assert cpu["1_stream"] > 0 and cpu["16_streams"] > 0  # the swarm's processes really were counted
+    assert 0 < cpu["16_streams_coordinator"] < cpu["16_streams"]  # the coordinator's share, nodes' beside it
     assert ceiling["tokens_per_s"] == pytest.approx(ceiling["cores"] * 1e3 / cpu["16_streams"], rel=1e-2)
     assert ceiling["over_1_stream"] == pytest.approx(ceiling["tokens_per_s"] / g["tokens_per_s_1_stream"], rel=1e-2)
     assert g["tokens_per_s_16_streams"] <= ceiling["tokens_per_s"] * 1.05  # CPU bounds what was measured

@@ -98,27 +98,31 @@ def stream_gaps_s(http: httpx.Client) -> list[float]:
 
 @dataclass
 class Throughput:
-    """`streams` concurrent generations, once: tokens per second, and the swarm's CPU seconds per token
-    (the coordinator's and every node's process, user + system, over the same interval)."""
+    """`streams` concurrent generations, once: tokens per second, and the CPU seconds per token of each
+    process counted (user + system, over the same interval; the swarm's: the coordinator first)."""
 
     tokens_per_s: float
-    cpu_s_per_token: float
+    cpu_s_per_token_by_pid: list[float]
+
+    @property
+    def cpu_s_per_token(self) -> float:
+        return sum(self.cpu_s_per_token_by_pid)
 
 
 async def tokens_per_s(base: str, streams: int, pids: Sequence[int] = ()) -> Throughput:
-    """`streams` concurrent greedy generations (the whole answer each); CPU counted over `pids`."""
+    """`streams` concurrent greedy generations (the whole answer each); CPU counted for each of `pids`."""
     body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
     limits = httpx.Limits(max_connections=streams + 2)
     async with httpx.AsyncClient(base_url=base, timeout=120.0, limits=limits) as http:
-        cpu = sum(cpu_seconds(pid) for pid in pids)
+        before = [cpu_seconds(pid) for pid in pids]
         started = time.perf_counter()
         replies = await asyncio.gather(*(http.post("/v1/generate", json=body) for _ in range(streams)))
         elapsed = time.perf_counter() - started
-        cpu = sum(cpu_seconds(pid) for pid in pids) - cpu
+        spent = [cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
     for reply in replies:
         reply.raise_for_status()
-    tokens = sum(int(r.json()["usage"]["completion_tokens"]) for r in replies)
-    return Throughput(tokens / elapsed, cpu / max(tokens, 1))
+    tokens = max(sum(int(r.json()["usage"]["completion_tokens"]) for r in replies), 1)
+    return Throughput(tokens / elapsed, [cpu / tokens for cpu in spent])
 
 
 def cpu_ceiling(one: float, cpu_s_per_token: float, per_token_s: float, floor_s: float) -> dict[str, Any]:
@@ -170,6 +174,7 @@ def run(quick: bool) -> dict[str, Any]:
     one, sixteen = statistics.median(t.tokens_per_s for t in single), statistics.median(t.tokens_per_s for t in many)
     cpu_one = statistics.median(t.cpu_s_per_token for t in single)
     cpu_many = statistics.median(t.cpu_s_per_token for t in many)
+    coordinator_many = statistics.median(t.cpu_s_per_token_by_pid[0] for t in many)  # pids: the coordinator first
     return {
         "model": f"zoo:lm/{MEMBER}",
         "depth": depth,
@@ -188,6 +193,7 @@ def run(quick: bool) -> dict[str, Any]:
         "swarm_cpu_ms_per_token": {
             "1_stream": round(cpu_one * 1e3, 3),
             f"{CONCURRENT}_streams": round(cpu_many * 1e3, 3),
+            f"{CONCURRENT}_streams_coordinator": round(coordinator_many * 1e3, 3),
         },
         f"cpu_ceiling_{CONCURRENT}_streams": cpu_ceiling(one, cpu_many, per_token, floor),
         "speculation": speculation.run(quick),

@@ -456,6 +456,11 @@ def _generation(g: dict[str, Any]) -> list[str]:
         rows += [
             _row("swarm CPU ms per token, 1 stream", cpu["1_stream"], "-"),
             _row("swarm CPU ms per token, 16 streams", cpu["16_streams"], "-"),
+            *(
+                [_row("of which the coordinator's", cpu["16_streams_coordinator"], "-")]
+                if "16_streams_coordinator" in cpu  # reports before 2026-11-29 lack it
+                else []
+            ),
             _row(
                 f"16 streams' CPU ceiling, tokens/s ({ceiling['cores']} cores always busy)",
                 ceiling["tokens_per_s"],
