@@ -30,6 +30,8 @@ def test_generation_suite_reports_ratios_against_its_own_baselines(tmp_path: Pat
     parts = g["floor_parts_ms"]
     assert g["floor_ms"] == pytest.approx(g["depth"] * parts["echo_round_trip"] + parts["monolith_per_token"], rel=1e-3)
     assert g["batch1_over_floor"] == pytest.approx(g["batch1_per_token_ms"] / g["floor_ms"], rel=1e-2)
+    low, high = g["floor_ms_range"]  # the floor timed round by round, beside the swarm
+    assert 0 < low <= high and high > parts["monolith_per_token"]
     assert g["tokens_per_s_1_stream"] > 0 and g["tokens_per_s_16_streams"] > 0  # streams really produced tokens
     assert g["streams_16_over_1"] == pytest.approx(g["tokens_per_s_16_streams"] / g["tokens_per_s_1_stream"], rel=1e-2)
     cpu, ceiling = g["swarm_cpu_ms_per_token"], g["cpu_ceiling_16_streams"]

@@ -2,7 +2,8 @@
 
 - per-token decode latency of one stream (batch 1) against the floor of the same route, issue 40's:
   depth x a bare gRPC echo round trip of one token's activation (grpc_echo.py's raw stream) plus the
-  monolith's own per-token compute (DecoderLM with its KV caches, one thread, the same prompt);
+  monolith's own per-token compute (DecoderLM with its KV caches in torch, one thread, the same prompt),
+  both timed in every round between the swarm's measurements (the machine's pace drifts within a run);
 - 16 concurrent streams' tokens/s against one stream's, through the same swarm, with the swarm's CPU
   per token (coordinator and nodes) and the ceiling it sets on this machine's cores;
 - self-speculative decoding at batch 1 against plain decoding, on a swarm of the exit-aware member
@@ -55,24 +56,29 @@ TARGET_BATCH1_OVER_FLOOR = 1.5  # issue 40: a batch-1 token within 1.5x the rout
 TARGET_STREAMS_OVER_1 = 8.0  # issue 40: 16 streams give 8x one stream's tokens/s
 
 
-def monolith_per_token_s(model_dir: Path, prompt: list[int], reps: int) -> float:
-    """Seconds per decode step of the whole model in this process (one thread): the time of TOKENS + 1
-    tokens minus the time of 1 (the prefill and the first token), over TOKENS."""
-    model, _ = load_lm(model_dir)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        blocks = model.route()
+class Monolith:
+    """The whole model in this process, loaded once and timed round by round beside the swarm (one
+    thread): a decode step is the time of TOKENS + 1 tokens minus the time of 1 (the prefill and the
+    first token), over TOKENS."""
 
-        def timed(n: int) -> float:
-            started = time.perf_counter()
-            with torch.inference_mode():
-                generate(model.stem, blocks, model.head, [prompt], n, -1)  # no end token: exactly n
-            return time.perf_counter() - started
+    def __init__(self, model_dir: Path, prompt: list[int]) -> None:
+        self.model, _ = load_lm(model_dir)
+        self.blocks = self.model.route()
+        self.prompt = prompt
 
-        return statistics.median((timed(TOKENS + 1) - timed(1)) / TOKENS for _ in range(reps))
-    finally:
-        torch.set_num_threads(before)
+    def per_token_s(self, reps: int) -> list[float]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return [(self._timed(TOKENS + 1) - self._timed(1)) / TOKENS for _ in range(reps)]
+        finally:
+            torch.set_num_threads(before)
+
+    def _timed(self, n: int) -> float:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            generate(self.model.stem, self.blocks, self.model.head, [self.prompt], n, -1)  # no end token: exactly n
+        return time.perf_counter() - started
 
 
 async def echo_round_trip_s(dim: int, reps: int) -> float:
@@ -151,6 +157,9 @@ def run(quick: bool) -> dict[str, Any]:
     depth, dim = manifest.config.depth, manifest.config.dim
     prompt = model_tokenizer(member, manifest).encode(PROMPT).ids  # as the coordinator encodes it (<s> first)
     rounds = 3 if quick else 10
+    monolith = Monolith(member, prompt)
+    echoes: list[float] = []  # a median a round
+    computes: list[float] = []
     with nodes([(member, b) for b in range(depth)]) as procs:
         coordinator = spawn("bench-coordinator", coordinator_cmd(member, procs, "--wire-dtype", "fp32"), 120)
         try:
@@ -161,16 +170,18 @@ def run(quick: bool) -> dict[str, Any]:
             pids = [coordinator.pid, *(p.pid for p in procs)]
             with httpx.Client(base_url=base, timeout=60.0) as http:
                 wait_for_swarm(http, depth, 120)
-                for _ in range(rounds):
+                for _ in range(rounds):  # the floor's parts each round, beside the swarm's token they bound
                     gaps += stream_gaps_s(http)
+                    echoes.append(asyncio.run(echo_round_trip_s(dim, 70 if quick else 100)))
+                    computes += monolith.per_token_s(2)
                     single.append(asyncio.run(tokens_per_s(base, 1, pids)))
                     many.append(asyncio.run(tokens_per_s(base, CONCURRENT, pids)))
         finally:
             stop_all([coordinator])
-    echo = asyncio.run(echo_round_trip_s(dim, 200 if quick else 1000))
-    compute = monolith_per_token_s(member, prompt, 5 if quick else 20)
+    echo, compute = statistics.median(echoes), statistics.median(computes)
     per_token = statistics.median(gaps)
     floor = depth * echo + compute
+    by_round = [depth * e + statistics.median(computes[2 * r : 2 * r + 2]) for r, e in enumerate(echoes)]
     one, sixteen = statistics.median(t.tokens_per_s for t in single), statistics.median(t.tokens_per_s for t in many)
     cpu_one = statistics.median(t.cpu_s_per_token for t in single)
     cpu_many = statistics.median(t.cpu_s_per_token for t in many)
@@ -184,6 +195,7 @@ def run(quick: bool) -> dict[str, Any]:
         "batch1_per_token_ms": round(per_token * 1e3, 3),
         "floor_ms": round(floor * 1e3, 3),
         "floor_parts_ms": {"echo_round_trip": round(echo * 1e3, 4), "monolith_per_token": round(compute * 1e3, 4)},
+        "floor_ms_range": [round(min(by_round) * 1e3, 3), round(max(by_round) * 1e3, 3)],  # round by round
         "batch1_over_floor": round(per_token / floor, 3),
         "target_batch1_over_floor": TARGET_BATCH1_OVER_FLOOR,
         "tokens_per_s_1_stream": round(one, 1),

@@ -440,7 +440,8 @@ def _generation(g: dict[str, Any]) -> list[str]:
     rows = [
         _row("batch 1, ms per token", g["batch1_per_token_ms"], "1.00"),
         _row(
-            f"floor: {g['depth']} x echo {parts['echo_round_trip']} ms + monolith {parts['monolith_per_token']} ms",
+            f"floor: {g['depth']} x echo {parts['echo_round_trip']} ms + monolith {parts['monolith_per_token']} ms"
+            + (f" (rounds: {g['floor_ms_range'][0]}-{g['floor_ms_range'][1]})" if "floor_ms_range" in g else ""),
             g["floor_ms"],
             f"{g['batch1_over_floor']} (target <= {g['target_batch1_over_floor']})",
         ),
