@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 
 import pytest
 
@@ -22,3 +23,14 @@ def test_a_chain_that_skips_a_process_is_caught(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(relay_floor._Swarm, "chain_trip", short_chain)
     with pytest.raises(RuntimeError, match="chain: the bytes came back by"):
         asyncio.run(relay_floor.star_and_chain_ms(3, b"token", 5))
+
+
+def test_a_process_that_never_answers_fails_the_run_instead_of_hanging_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay_floor, "START_TIMEOUT_S", 0.2)
+    swarm = relay_floor._Swarm(0)
+    parent, silent = multiprocessing.Pipe()  # the other end is held open and says nothing
+    swarm.pipes = [parent]
+    with pytest.raises(RuntimeError, match=r"did not start within 0\.2 s"):
+        asyncio.run(swarm.open())
+    silent.close()
+    asyncio.run(swarm.close())  # nothing was opened: closing is still clean

@@ -127,8 +127,8 @@ async def tokens_per_s(base: str, streams: int, pids: Sequence[int] = ()) -> Thr
         spent = [cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
     for reply in replies:
         reply.raise_for_status()
-    tokens = max(sum(int(r.json()["usage"]["completion_tokens"]) for r in replies), 1)
-    return Throughput(tokens / elapsed, [cpu / tokens for cpu in spent])
+    tokens = sum(int(r.json()["usage"]["completion_tokens"]) for r in replies)
+    return Throughput(tokens / elapsed, [cpu / max(tokens, 1) for cpu in spent])
 
 
 def cpu_ceiling(one: float, cpu_s_per_token: float, per_token_s: float, floor_s: float) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import grpc
 SERVICE = "layerswarm.bench.RelayFloor"
 OPTIONS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)]
 WARMUP = 30
+START_TIMEOUT_S = 60.0  # a process that has not answered by then failed to start (spawn imports grpc)
 
 
 def _handlers(index: int, next_port: int | None) -> dict[str, grpc.RpcMethodHandler]:
@@ -83,6 +84,8 @@ class _Swarm:
     def __init__(self, hops: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.pipes, self.procs = [], []
+        self.channels: list[grpc.aio.Channel] = []
+        self.calls: list[Any] = []  # every call opened, for close()
         for i in range(hops):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_process, args=(child, i), daemon=True)
@@ -91,16 +94,23 @@ class _Swarm:
             self.procs.append(proc)
 
     async def open(self) -> None:
-        loop = asyncio.get_running_loop()
-        ports = [await loop.run_in_executor(None, p.recv) for p in self.pipes]
+        ports = [await self._answer(i) for i in range(len(self.pipes))]
         for pipe, next_port in zip(self.pipes, [*ports[1:], None], strict=True):
             pipe.send(next_port)
-        for pipe in self.pipes:
-            await loop.run_in_executor(None, pipe.recv)
+        for i in range(len(self.pipes)):
+            await self._answer(i)  # serving
         self.channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=OPTIONS) for p in ports]
         self.stars = [c.stream_stream(f"/{SERVICE}/Star")() for c in self.channels]
         self.chain = self.channels[0].stream_stream(f"/{SERVICE}/Chain")()
         self.collect = self.channels[-1].unary_stream(f"/{SERVICE}/Collect")(b"")
+        self.calls = [*self.stars, self.chain, self.collect]
+
+    async def _answer(self, i: int) -> Any:
+        """Process i's next word over its pipe; a process that died or hangs fails the run, never blocks it."""
+        pipe = self.pipes[i]
+        if not await asyncio.get_running_loop().run_in_executor(None, pipe.poll, START_TIMEOUT_S):
+            raise RuntimeError(f"relay-floor process {i} did not start within {START_TIMEOUT_S:g} s")
+        return pipe.recv()
 
     async def star_trip(self, payload: bytes) -> bytes:
         for stream in self.stars:
@@ -114,7 +124,7 @@ class _Swarm:
         return reply
 
     async def close(self) -> None:
-        for call in [*self.stars, self.chain, self.collect]:
+        for call in self.calls:
             call.cancel()
         for channel in self.channels:
             await channel.close()
