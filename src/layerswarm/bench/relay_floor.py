@@ -9,7 +9,9 @@ protobuf, no checks, no compute) carry one token's activation both ways, interle
            its own reused stream, and the last hands the bytes to the client over a Collect stream the
            client holds open
 
-Each process appends its index to the bytes, and the client checks that both ways went 0, 1, ..., H - 1.
+Each process stamps the bytes, its index on a star trip and CHAIN_STAMP + its index on a chain trip, and
+the client checks that each way went 0, 1, ..., H - 1 by its own method (a chain trip that was really a
+star, or skipped a process, fails the run).
 `saved_ms` is what a chain could take off a token here if nothing else in a hop changed: the most a
 decoder relay chain could buy on messaging (it would add a node's own checks per forward, and remove
 the coordinator's per-hop work, neither of which is in this figure).
@@ -30,6 +32,8 @@ SERVICE = "layerswarm.bench.RelayFloor"
 OPTIONS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)]
 WARMUP = 30
 START_TIMEOUT_S = 60.0  # a process that has not answered by then failed to start (spawn imports grpc)
+TRIP_TIMEOUT_S = 10.0  # a trip this late means a process died or stalled mid-run: the run fails, never hangs
+CHAIN_STAMP = 100  # a chain hop stamps CHAIN_STAMP + its index, a star hop its index
 
 
 def _handlers(index: int, next_port: int | None) -> dict[str, grpc.RpcMethodHandler]:
@@ -42,7 +46,7 @@ def _handlers(index: int, next_port: int | None) -> dict[str, grpc.RpcMethodHand
 
     async def chain(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         async for request in requests:
-            out = request + bytes([index])
+            out = request + bytes([CHAIN_STAMP + index])
             if next_port is None:
                 collected.put_nowait(out)
                 continue
@@ -90,6 +94,7 @@ class _Swarm:
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_process, args=(child, i), daemon=True)
             proc.start()
+            child.close()  # ours: with it closed, a child that dies shows as EOF on the pipe at once
             self.pipes.append(parent)
             self.procs.append(proc)
 
@@ -110,18 +115,23 @@ class _Swarm:
         pipe = self.pipes[i]
         if not await asyncio.get_running_loop().run_in_executor(None, pipe.poll, START_TIMEOUT_S):
             raise RuntimeError(f"relay-floor process {i} did not start within {START_TIMEOUT_S:g} s")
-        return pipe.recv()
+        try:
+            return pipe.recv()
+        except EOFError:
+            self.procs[i].join(5)
+            raise RuntimeError(
+                f"relay-floor process {i} exited with {self.procs[i].exitcode} before it served"
+            ) from None
 
     async def star_trip(self, payload: bytes) -> bytes:
         for stream in self.stars:
             await stream.write(payload)
-            payload = await stream.read()
+            payload = _bytes(await stream.read())
         return payload
 
     async def chain_trip(self, payload: bytes) -> bytes:
         await self.chain.write(payload)
-        reply: bytes = await self.collect.read()
-        return reply
+        return _bytes(await self.collect.read())
 
     async def close(self) -> None:
         for call in self.calls:
@@ -139,20 +149,33 @@ async def star_and_chain_ms(hops: int, payload: bytes, trips: int) -> dict[str, 
     swarm = _Swarm(hops)
     try:
         await swarm.open()
-        route = bytes(range(hops))
+        routes = {"star": bytes(range(hops)), "chain": bytes(CHAIN_STAMP + i for i in range(hops))}
         ways = {"star": swarm.star_trip, "chain": swarm.chain_trip}
         times: dict[str, list[float]] = {"star": [], "chain": []}
         for n in range(WARMUP + trips):
             for name in ("star", "chain") if n % 2 else ("chain", "star"):
                 started = time.perf_counter()
-                reply = await ways[name](payload)
+                try:
+                    reply = await asyncio.wait_for(ways[name](payload), TRIP_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    dead = [i for i, p in enumerate(swarm.procs) if not p.is_alive()]
+                    raise RuntimeError(
+                        f"{name}: no reply within {TRIP_TIMEOUT_S:g} s (processes gone: {dead})"
+                    ) from None
                 elapsed = time.perf_counter() - started
-                if reply != payload + route:
+                if reply != payload + routes[name]:
                     went = list(reply[len(payload) :])
-                    raise RuntimeError(f"{name}: the bytes came back by {went}, not {list(route)}")
+                    raise RuntimeError(f"{name}: the bytes came back by {went}, not {list(routes[name])}")
                 if n >= WARMUP:
                     times[name].append(elapsed)
     finally:
         await swarm.close()
     star, chain = statistics.median(times["star"]) * 1e3, statistics.median(times["chain"]) * 1e3
     return {"hops": hops, "star_ms": round(star, 3), "chain_ms": round(chain, 3), "saved_ms": round(star - chain, 3)}
+
+
+def _bytes(reply: Any) -> bytes:
+    """A stream's reply, or the run's failure where the stream ended instead (grpc.aio.EOF)."""
+    if not isinstance(reply, bytes):
+        raise RuntimeError("a relay-floor stream ended mid-run")
+    return reply
