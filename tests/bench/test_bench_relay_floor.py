@@ -34,6 +34,7 @@ def test_a_process_that_never_answers_fails_the_run_instead_of_hanging_it(monkey
         asyncio.run(swarm.open())
     silent.close()
     asyncio.run(swarm.close())  # nothing was opened: closing is still clean
+    assert parent.closed  # and the pipe is closed with the swarm, not left to the garbage collector
 
 
 def test_a_chain_trip_that_is_really_a_star_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

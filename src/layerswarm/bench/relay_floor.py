@@ -141,6 +141,8 @@ class _Swarm:
         for proc in self.procs:
             proc.terminate()
             proc.join(5)
+        for pipe in self.pipes:
+            pipe.close()  # ours, closed here rather than by the garbage collector in some later test
 
 
 async def star_and_chain_ms(hops: int, payload: bytes, trips: int) -> dict[str, float]:
