@@ -33,3 +33,15 @@ def test_token_time_splits_a_token_by_the_differences_between_rungs(tmp_path: Pa
     assert total == pytest.approx(t["http_per_token_ms"], abs=0.01)  # the parts add up to the HTTP figure
     relay = t["relay_floor"]  # a bare chain of as many processes, beside a bare star (the route is checked)
     assert relay["hops"] == depth and relay["star_ms"] > 0 and relay["chain_ms"] > 0
+    # The bounds: what a coordinator costing nothing beyond its stem and head could reach, from the rungs
+    wave, two = t["wave"], t["two_waves"]
+    assert wave["streams"] == two["streams"] == 16 and wave["nodes_cpu_ms_per_token"] > 0  # the nodes worked
+    assert t["monolith_ms"] > 0
+    b, floor = t["bounds"], depth * echo + t["monolith_ms"]
+    assert b["floor_ms"] == pytest.approx(floor, abs=1e-3)
+    lean = chain["per_token_ms"] + t["stem_head_ms"] - relay["saved_ms"]
+    assert b["lean_batch1_over_floor"] == pytest.approx(lean / floor, abs=1e-3)
+    best = max(wave["tokens_per_s"], two["tokens_per_s"])  # the better schedule, not always the first
+    assert b["wave_over_chain"] == pytest.approx(best * chain["per_token_ms"] / 1e3, abs=0.01)
+    assert b["wave_over_http_1"] == pytest.approx(best * t["http_per_token_ms"] / 1e3, abs=0.01)
+    assert b["wave_at_batch1_target"] == pytest.approx(best * 1.5 * floor / 1e3, abs=0.01)
