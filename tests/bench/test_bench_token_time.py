@@ -4,6 +4,7 @@ the split is the differences of its own figures, and every rung really ran (spee
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,14 +35,22 @@ def test_token_time_splits_a_token_by_the_differences_between_rungs(tmp_path: Pa
     relay = t["relay_floor"]  # a bare chain of as many processes, beside a bare star (the route is checked)
     assert relay["hops"] == depth and relay["star_ms"] > 0 and relay["chain_ms"] > 0
     # The bounds: what a coordinator costing nothing beyond its stem and head could reach, from the rungs
-    wave, two = t["wave"], t["two_waves"]
-    assert wave["streams"] == two["streams"] == 16 and wave["nodes_cpu_ms_per_token"] > 0  # the nodes worked
-    assert t["monolith_ms"] > 0
-    b, floor = t["bounds"], depth * echo + t["monolith_ms"]
+    waves = t["waves"]
+    assert sorted(int(g) for g in waves) == [1, 2, 4]
+    for g, w in waves.items():
+        assert (w["streams"], w["groups"]) == (16, int(g))
+        assert w["tokens_per_s"] > 0 and w["nodes_cpu_ms_per_token"] > 0 and w["client_cpu_ms_per_token"] > 0
+    assert t["monolith_ms"] > 0 and t["floor_echo_ms"] > 0
+    b, floor = t["bounds"], depth * t["floor_echo_ms"] + t["monolith_ms"]  # the echo timed beside, each round
     assert b["floor_ms"] == pytest.approx(floor, abs=1e-3)
     lean = chain["per_token_ms"] + t["stem_head_ms"] - relay["saved_ms"]
+    assert b["lean_batch1_ms"] == pytest.approx(lean, abs=1e-3)
     assert b["lean_batch1_over_floor"] == pytest.approx(lean / floor, abs=1e-3)
-    best = max(wave["tokens_per_s"], two["tokens_per_s"])  # the better schedule, not always the first
-    assert b["wave_over_chain"] == pytest.approx(best * chain["per_token_ms"] / 1e3, abs=0.01)
-    assert b["wave_over_http_1"] == pytest.approx(best * t["http_per_token_ms"] / 1e3, abs=0.01)
-    assert b["wave_at_batch1_target"] == pytest.approx(best * 1.5 * floor / 1e3, abs=0.01)
+    best = max(waves.values(), key=lambda w: w["tokens_per_s"])  # the best schedule, not always the first
+    assert b["wave_groups"] == best["groups"]
+    tps = best["tokens_per_s"]
+    cpu = best["nodes_cpu_ms_per_token"] + best["client_cpu_ms_per_token"]
+    assert b["wave_cpu_share"] == pytest.approx(tps * cpu / 1e3 / os.cpu_count(), abs=1e-3)
+    assert b["wave_over_chain"] == pytest.approx(tps * chain["per_token_ms"] / 1e3, abs=0.01)
+    assert b["wave_over_http_1"] == pytest.approx(tps * t["http_per_token_ms"] / 1e3, abs=0.01)
+    assert b["wave_at_batch1_target"] == pytest.approx(tps * 1.5 * floor / 1e3, abs=0.01)

@@ -11,11 +11,13 @@ from the bottom up, each rung adding one layer, so a difference between rungs is
     coordinator a Coordinator in this process streaming tokens (Generator.tokens, no HTTP): the gap
                 between tokens, and the CPU per token of this process and of the nodes
     http        a coordinator process streaming over HTTP (`POST /v1/generate`, server-sent events)
-    wave        WAVE streams stepped together through every node in turn from a bare client, their steps
-                to a node in one DecodeBatch message (the coordinator's DecodeMux): no coordinator logic
-    two_waves   the same streams in two groups over clients of their own: a pipeline, two nodes at once
+    waves       WAVE streams stepped together through every node in turn from a bare client, their steps
+                to a node in one DecodeBatch message (the coordinator's DecodeMux): no coordinator logic;
+                in 1, 2 and 4 groups over clients of their own (a pipeline: several nodes at once). The
+                client's CPU per token is this process's
     monolith    the whole model in this process, one thread: the floor's compute for a token (its
-                `Monolith`), timed in every round; the floor is depth x echo + monolith, as the issue's
+                `Monolith`); it and the floor's echo (floor_echo_ms) are timed in every round, and the
+                floor is depth x that echo + monolith, as the issue's
 
 Beside the ladder, `relay_floor` (relay_floor.py): the same token through as many bare gRPC processes,
 star-wise and chain-wise, the most a decoder relay chain could save on messages here.
@@ -23,19 +25,21 @@ star-wise and chain-wise, the most a decoder relay chain could save on messages 
 Rounds interleave the rungs, so a busy machine slows all of them alike. Nothing is asserted: the parts
 are for docs/generation-coordinator.md ("Where a token's time goes").
 
-`bounds`: what a coordinator that cost nothing beyond its stem and head could reach with these nodes on
+`bounds`: what a coordinator costing nothing beyond its stem and head could reach with these nodes on
 this machine, against issue 40's two speed targets (docs/generation-coordinator.md, "What no coordinator
 could change here"):
 
     lean_batch1_over_floor   (chain + stem_head - relay_floor's saved_ms) / floor: a token through the
-                             nodes alone, with the stem and head, chain-wise at bare processes' saving
-    wave_over_chain          the nodes alone: WAVE streams' tokens/s (the better of wave and two_waves)
-                             over one stream's (the chain's)
-    wave_over_http_1         the nodes alone at WAVE streams over the real swarm's one stream (HTTP):
-                             a coordinator free at WAVE streams and as costly as today's at one
+                             nodes alone, with the stem and head, less what bare processes save
+                             chain-wise (an estimate: a real relay's nodes would check more)
+    wave_groups              the schedule of the waves rung with the most tokens/s, which the rest use
+    wave_cpu_share           its CPU (nodes and client) over all the machine's cores: under 1, the
+                             wave waits on more than CPU
+    wave_over_chain          the nodes alone: WAVE streams' tokens/s over one stream's (the chain's)
+    wave_over_http_1         the nodes alone at WAVE streams over the real swarm's one stream (HTTP)
     wave_at_batch1_target    the nodes alone at WAVE streams over one stream that meets the batch-1
-                             target (TARGET_BATCH1_OVER_FLOOR x floor a token): under 8, the two targets cannot
-                             both hold here, whatever the coordinator costs
+                             target (TARGET_BATCH1_OVER_FLOOR x floor a token): under 8, the two targets
+                             cannot both hold here for a coordinator no cheaper than this bare client
 """
 
 from __future__ import annotations
@@ -74,12 +78,15 @@ from .generation import (
     echo_round_trip_s,
     stream_gaps_s,
 )
+from .grpc_echo import GrpcEcho
 from .relay_floor import star_and_chain_ms
 
 STEPS = 100  # per hop round (a stream's context is 128 tokens: one stream a round)
 WAVE = CONCURRENT  # streams stepped together in the wave rung, as many as the generation bench's
 WAVE_STEPS = 24  # tokens per stream in a wave round
+WAVE_GROUPS = (1, 2, 4)  # the schedules of the wave rung: streams in this many groups
 MONOLITH_REPS = 3  # monolith timings a round
+ECHO_TRIPS = 100  # the floor's echo, timed a round (the echo rung's figure is timed once, after)
 
 
 def _ms(seconds: float) -> float:
@@ -120,30 +127,45 @@ async def chain_steps(addresses: list[str], procs: list[Proc], dim: int) -> dict
 async def wave_tokens_per_s(
     addresses: list[str], procs: list[Proc], dim: int, streams: int, groups: int = 1
 ) -> dict[str, float]:
-    """`streams` fresh streams, WAVE_STEPS one-token steps each, stepped together through these nodes in
-    turn from a bare client: every node's steps of a turn go as one DecodeBatch (the coordinator's mux).
-    With `groups` > 1 the streams are split into that many groups, each over clients (channels, muxes)
-    of its own, so that the groups' messages go apart and two nodes may compute at once (a pipeline).
-    The streams' tokens per second, and the nodes' CPU per token."""
+    """`streams` streams, WAVE_STEPS one-token steps each after a first untimed one (which opens the
+    channels, the calls and the streams), stepped together through these nodes in turn from a bare
+    client: every node's steps of a turn go as one DecodeBatch (the coordinator's mux). With `groups` > 1
+    the streams are split into that many groups, each over clients (channels, muxes) of its own, so that
+    the groups' messages go apart and several nodes may compute at once (a pipeline). The streams'
+    tokens per second, the nodes' CPU per token and this process's (the client's)."""
     clients = [[NodeClient(a, 64 << 20) for a in addresses] for _ in range(groups)]
-    x = torch.randn(1, 1, dim) * 0.1
+    links = [[c.decode_link() for c in clients[i % groups]] for i in range(streams)]
+    ids = [secrets.token_hex(16) for _ in range(streams)]
+    x = codec.encode(torch.randn(1, 1, dim) * 0.1, torch.float32)
 
-    async def one(stream: str, group: list[NodeClient]) -> None:
-        links = [c.decode_link() for c in group]
-        for start in range(WAVE_STEPS):
-            for link in links:
-                request = pb.DecodeRequest(stream_id=stream, start=start, activations=codec.encode(x, torch.float32))
-                await link.step(request, 10.0)
+    async def one(i: int, starts: range) -> None:
+        for start in starts:
+            for link in links[i]:
+                await link.step(pb.DecodeRequest(stream_id=ids[i], start=start, activations=x), 10.0)
 
-    before, started = _cpu(procs), time.perf_counter()
+    async def together(starts: range) -> None:
+        tasks = [asyncio.ensure_future(one(i, starts)) for i in range(streams)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one failed: the others stop before their clients close under them
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     try:
-        await asyncio.gather(*(one(secrets.token_hex(16), clients[i % groups]) for i in range(streams)))
-        wall, cpu = time.perf_counter() - started, _cpu(procs) - before
+        await together(range(1))
+        before, own, started = _cpu(procs), time.process_time(), time.perf_counter()
+        await together(range(1, WAVE_STEPS + 1))
+        wall, cpu, client = time.perf_counter() - started, _cpu(procs) - before, time.process_time() - own
     finally:  # the calls end: the nodes free the streams opened over them
-        for client in itertools.chain.from_iterable(clients):
-            await client.close()
+        for c in itertools.chain.from_iterable(clients):
+            await c.close()
     tokens = streams * WAVE_STEPS
-    return {"tokens_per_s": round(tokens / wall, 1), "nodes_cpu_ms_per_token": round(cpu / tokens * 1e3, 3)}
+    return {
+        "tokens_per_s": round(tokens / wall, 1),
+        "nodes_cpu_ms_per_token": round(cpu / tokens * 1e3, 3),
+        "client_cpu_ms_per_token": round(client / tokens * 1e3, 3),
+    }
 
 
 def stem_head_ms(member: Path, reps: int) -> float:
@@ -195,20 +217,24 @@ async def _rounds(member: Path, procs: list[Proc], http_base: str, rounds: int, 
     settings = CoordinatorSettings(model_dir=member, peers=tuple(addresses), mdns=False, wire_dtype="fp32")
     coord = Coordinator(settings)
     await coord.start()
-    hop, chain, inproc, http, wave, waves, monolith_s = [], [], [], [], [], [], []
-    monolith = Monolith(member, coord.generator.encode(PROMPT))
+    hop, chain, inproc, http, echo_s, monolith_s = [], [], [], [], [], []
+    waves: dict[int, list[dict[str, float]]] = {g: [] for g in WAVE_GROUPS}
+    echo_payload = pb.ForwardRequest(activations=codec.encode(torch.zeros(1, 1, dim))).SerializeToString()
     try:
+        monolith = Monolith(member, coord.generator.encode(PROMPT))
         while not coord.generator.depth_ready()[0]:
             await asyncio.sleep(0.05)
-        with httpx.Client(base_url=http_base, timeout=60.0) as client:
-            for _ in range(rounds):
-                hop.append(await chain_steps(addresses[:1], procs[:1], dim))
-                chain.append(await chain_steps(addresses, procs, dim))
-                inproc.append(await coordinator_tokens(coord, procs, 1))
-                http += await asyncio.to_thread(stream_gaps_s, client)
-                wave.append(await wave_tokens_per_s(addresses, procs, dim, WAVE))
-                waves.append(await wave_tokens_per_s(addresses, procs, dim, WAVE, groups=2))
-                monolith_s += monolith.per_token_s(MONOLITH_REPS)
+        async with GrpcEcho() as echo:
+            with httpx.Client(base_url=http_base, timeout=60.0) as client:
+                for _ in range(rounds):
+                    hop.append(await chain_steps(addresses[:1], procs[:1], dim))
+                    chain.append(await chain_steps(addresses, procs, dim))
+                    inproc.append(await coordinator_tokens(coord, procs, 1))
+                    http += await asyncio.to_thread(stream_gaps_s, client)
+                    for groups, seen in waves.items():
+                        seen.append(await wave_tokens_per_s(addresses, procs, dim, WAVE, groups))
+                    echo_s += [await echo.round_trip(echo_payload, "stream") for _ in range(ECHO_TRIPS)]
+                    monolith_s += monolith.per_token_s(MONOLITH_REPS)
     finally:
         await coord.stop()
     return {
@@ -216,8 +242,8 @@ async def _rounds(member: Path, procs: list[Proc], http_base: str, rounds: int, 
         "chain": _medians(chain),
         "coordinator": _medians(inproc),
         "http_per_token_ms": _ms(statistics.median(http)),
-        "wave": {"streams": WAVE, **_medians(wave)},
-        "two_waves": {"streams": WAVE, **_medians(waves)},
+        "waves": {str(g): {"streams": WAVE, "groups": g, **_medians(seen)} for g, seen in waves.items()},
+        "floor_echo_ms": _ms(statistics.median(echo_s)),
         "monolith_ms": _ms(statistics.median(monolith_s)),
     }
 
@@ -260,23 +286,29 @@ def run(quick: bool) -> dict[str, Any]:
         **parts,
         "split": split(depth, echo, stem_head, parts),
         "relay_floor": relay,
-        "bounds": bounds(depth, echo, stem_head, relay["saved_ms"], parts),
+        "bounds": bounds(depth, stem_head, relay["saved_ms"], parts),
         "load_average": [round(before[0], 2), round(os.getloadavg()[0], 2)],
     }
 
 
-def bounds(depth: int, echo: float, stem_head: float, saved: float, parts: dict[str, Any]) -> dict[str, float]:
+def bounds(depth: int, stem_head: float, saved: float, parts: dict[str, Any]) -> dict[str, Any]:
     """What a coordinator costing nothing beyond its stem and head could reach here (see the docstring)."""
-    floor = depth * echo + parts["monolith_ms"]
+    floor = depth * parts["floor_echo_ms"] + parts["monolith_ms"]
     chain_ms = parts["chain"]["per_token_ms"]
-    wave_tps = max(parts["wave"]["tokens_per_s"], parts["two_waves"]["tokens_per_s"])  # the better schedule
+    best = max(parts["waves"].values(), key=lambda w: w["tokens_per_s"])  # the best schedule of this run
+    lean = chain_ms + stem_head - saved
+    tps = best["tokens_per_s"]
     return {
         "floor_ms": round(floor, 3),
-        "lean_batch1_ms": round(chain_ms + stem_head - saved, 3),
-        "lean_batch1_over_floor": round((chain_ms + stem_head - saved) / floor, 3),
-        "wave_over_chain": round(wave_tps * chain_ms / 1e3, 2),
-        "wave_over_http_1": round(wave_tps * parts["http_per_token_ms"] / 1e3, 2),
-        "wave_at_batch1_target": round(wave_tps * TARGET_BATCH1_OVER_FLOOR * floor / 1e3, 2),
+        "lean_batch1_ms": round(lean, 3),
+        "lean_batch1_over_floor": round(lean / floor, 3),
+        "wave_groups": best["groups"],
+        "wave_cpu_share": round(
+            tps * (best["nodes_cpu_ms_per_token"] + best["client_cpu_ms_per_token"]) / 1e3 / (os.cpu_count() or 1), 3
+        ),
+        "wave_over_chain": round(tps * chain_ms / 1e3, 2),
+        "wave_over_http_1": round(tps * parts["http_per_token_ms"] / 1e3, 2),
+        "wave_at_batch1_target": round(tps * TARGET_BATCH1_OVER_FLOOR * floor / 1e3, 2),
     }
 
 
