@@ -26,15 +26,15 @@ Rounds interleave the rungs, so a busy machine slows all of them alike. Nothing 
 are for docs/generation-coordinator.md ("Where a token's time goes").
 
 `bounds`: what a coordinator costing nothing beyond its stem and head could reach with these nodes on
-this machine, against issue 40's two speed targets (docs/generation-coordinator.md, "What no coordinator
-could change here"):
+this machine, against issue 40's two speed targets (docs/generation-coordinator.md, "What a coordinator as
+lean as a bare client could reach here"):
 
     lean_batch1_over_floor   (chain + stem_head - relay_floor's saved_ms) / floor: a token through the
                              nodes alone, with the stem and head, less what bare processes save
                              chain-wise (an estimate: a real relay's nodes would check more)
     wave_groups              the schedule of the waves rung with the most tokens/s, which the rest use
     wave_cpu_share           its CPU (nodes and client) over all the machine's cores: under 1, the
-                             wave waits on more than CPU
+                             wave waits on more than its own CPU (other work on the machine included)
     wave_over_chain          the nodes alone: WAVE streams' tokens/s over one stream's (the chain's)
     wave_over_http_1         the nodes alone at WAVE streams over the real swarm's one stream (HTTP)
     wave_at_batch1_target    the nodes alone at WAVE streams over one stream that meets the batch-1
