@@ -3,7 +3,8 @@
 The swarm of bench/generation.py (zoo:lm/layershuffle-0, a node process per block, fp32 wire), measured
 from the bottom up, each rung adding one layer, so a difference between rungs is that layer's cost:
 
-    echo        a bare gRPC stream round trip of one token's activation (grpc_echo.py's `raw`)
+    echo        a bare gRPC stream round trip of one token's activation (grpc_echo.py's `raw`), timed in
+                every round, as the generation bench times its floor's
     hop         one Decode step of a lone stream on one node over its DecodeStream: the round trip, the
                 node's compute (its reply's compute_ms), and the node's CPU per step (/proc)
     chain       the same steps through every node in turn, from a bare client: no coordinator logic
@@ -16,8 +17,7 @@ from the bottom up, each rung adding one layer, so a difference between rungs is
                 in 1, 2 and 4 groups over clients of their own (a pipeline: several nodes at once). The
                 client's CPU per token is this process's
     monolith    the whole model in this process, one thread: the floor's compute for a token (its
-                `Monolith`); it and the floor's echo (floor_echo_ms) are timed in every round, and the
-                floor is depth x that echo + monolith, as the issue's
+                `Monolith`), timed in every round; the floor is depth x echo + monolith, as the issue's
 
 Beside the ladder, `relay_floor` (relay_floor.py): the same token through as many bare gRPC processes,
 star-wise and chain-wise, the most a decoder relay chain could save on messages here.
@@ -78,7 +78,6 @@ from .generation import (
     echo_round_trip_s,
     stream_gaps_s,
 )
-from .grpc_echo import GrpcEcho
 from .relay_floor import star_and_chain_ms
 
 STEPS = 100  # per hop round (a stream's context is 128 tokens: one stream a round)
@@ -86,7 +85,7 @@ WAVE = CONCURRENT  # streams stepped together in the wave rung, as many as the g
 WAVE_STEPS = 24  # tokens per stream in a wave round
 WAVE_GROUPS = (1, 2, 4)  # the schedules of the wave rung: streams in this many groups
 MONOLITH_REPS = 3  # monolith timings a round
-ECHO_TRIPS = 100  # the floor's echo, timed a round (the echo rung's figure is timed once, after)
+ECHO_TRIPS = 100  # echo round trips a round
 
 
 def _ms(seconds: float) -> float:
@@ -217,24 +216,22 @@ async def _rounds(member: Path, procs: list[Proc], http_base: str, rounds: int, 
     settings = CoordinatorSettings(model_dir=member, peers=tuple(addresses), mdns=False, wire_dtype="fp32")
     coord = Coordinator(settings)
     await coord.start()
-    hop, chain, inproc, http, echo_s, monolith_s = [], [], [], [], [], []
+    hop, chain, inproc, http, echoes, monolith_s = [], [], [], [], [], []
     waves: dict[int, list[dict[str, float]]] = {g: [] for g in WAVE_GROUPS}
-    echo_payload = pb.ForwardRequest(activations=codec.encode(torch.zeros(1, 1, dim))).SerializeToString()
     try:
         monolith = Monolith(member, coord.generator.encode(PROMPT))
         while not coord.generator.depth_ready()[0]:
             await asyncio.sleep(0.05)
-        async with GrpcEcho() as echo:
-            with httpx.Client(base_url=http_base, timeout=60.0) as client:
-                for _ in range(rounds):
-                    hop.append(await chain_steps(addresses[:1], procs[:1], dim))
-                    chain.append(await chain_steps(addresses, procs, dim))
-                    inproc.append(await coordinator_tokens(coord, procs, 1))
-                    http += await asyncio.to_thread(stream_gaps_s, client)
-                    for groups, seen in waves.items():
-                        seen.append(await wave_tokens_per_s(addresses, procs, dim, WAVE, groups))
-                    echo_s += [await echo.round_trip(echo_payload, "stream") for _ in range(ECHO_TRIPS)]
-                    monolith_s += monolith.per_token_s(MONOLITH_REPS)
+        with httpx.Client(base_url=http_base, timeout=60.0) as client:
+            for _ in range(rounds):
+                hop.append(await chain_steps(addresses[:1], procs[:1], dim))
+                chain.append(await chain_steps(addresses, procs, dim))
+                inproc.append(await coordinator_tokens(coord, procs, 1))
+                http += await asyncio.to_thread(stream_gaps_s, client)
+                for groups, seen in waves.items():
+                    seen.append(await wave_tokens_per_s(addresses, procs, dim, WAVE, groups))
+                echoes.append(await echo_round_trip_s(dim, ECHO_TRIPS))
+                monolith_s += monolith.per_token_s(MONOLITH_REPS)
     finally:
         await coord.stop()
     return {
@@ -243,7 +240,7 @@ async def _rounds(member: Path, procs: list[Proc], http_base: str, rounds: int, 
         "coordinator": _medians(inproc),
         "http_per_token_ms": _ms(statistics.median(http)),
         "waves": {str(g): {"streams": WAVE, "groups": g, **_medians(seen)} for g, seen in waves.items()},
-        "floor_echo_ms": _ms(statistics.median(echo_s)),
+        "echo_ms": _ms(statistics.median(echoes)),  # of the rounds' medians
         "monolith_ms": _ms(statistics.median(monolith_s)),
     }
 
@@ -270,7 +267,6 @@ def run(quick: bool) -> dict[str, Any]:
                 parts = asyncio.run(_rounds(member, procs, base, rounds, dim))
             finally:
                 stop_all([coordinator])
-        echo = _ms(asyncio.run(echo_round_trip_s(dim, 200 if quick else 1000)))
         payload = pb.ForwardRequest(activations=codec.encode(torch.zeros(1, 1, dim))).SerializeToString()
         relay = asyncio.run(star_and_chain_ms(depth, payload, 100 if quick else 500))
         stem_head = stem_head_ms(member, 200)
@@ -281,10 +277,9 @@ def run(quick: bool) -> dict[str, Any]:
         "depth": depth,
         "dim": dim,
         "rounds": rounds,
-        "echo_ms": echo,
         "stem_head_ms": stem_head,
         **parts,
-        "split": split(depth, echo, stem_head, parts),
+        "split": split(depth, parts["echo_ms"], stem_head, parts),
         "relay_floor": relay,
         "bounds": bounds(depth, stem_head, relay["saved_ms"], parts),
         "load_average": [round(before[0], 2), round(os.getloadavg()[0], 2)],
@@ -293,7 +288,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 def bounds(depth: int, stem_head: float, saved: float, parts: dict[str, Any]) -> dict[str, Any]:
     """What a coordinator costing nothing beyond its stem and head could reach here (see the docstring)."""
-    floor = depth * parts["floor_echo_ms"] + parts["monolith_ms"]
+    floor = depth * parts["echo_ms"] + parts["monolith_ms"]
     chain_ms = parts["chain"]["per_token_ms"]
     best = max(parts["waves"].values(), key=lambda w: w["tokens_per_s"])  # the best schedule of this run
     lean = chain_ms + stem_head - saved
